@@ -1,0 +1,1 @@
+"""REST API (DRF) under /api/v1/."""

@@ -1,0 +1,52 @@
+"""Typed parsers for settings read from the environment.
+
+Each parser raises ``ImproperlyConfiguredValue`` (a ``ValueError``) naming the variable when its value is
+malformed, so a broken deployment fails at start-up with a message instead of misbehaving later.
+"""
+from __future__ import annotations
+
+import os
+
+
+class ImproperlyConfiguredValue(ValueError):
+    """An environment variable holds a value its parser cannot accept."""
+
+
+def env_str(name: str, default: str) -> str:
+    """Return ``$name`` or ``default`` when unset or empty."""
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Parse ``$name`` as a boolean (``1/true/yes/on`` or ``0/false/no/off``, case-insensitive)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfiguredValue(f"{name}={raw!r} is not a boolean (use true/false)")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    """Parse ``$name`` as a decimal integer, at least ``minimum`` when given."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfiguredValue(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfiguredValue(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """Parse ``$name`` as a comma-separated list; blanks are dropped."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]

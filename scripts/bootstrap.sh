@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Creates .venv and installs everything the project needs on a fresh Debian machine.
+#   scripts/bootstrap.sh          runtime + test packages
+#   scripts/bootstrap.sh browser  also Debian's chromium for the browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+apt_install() {  # apt_install PKG... : installs Debian packages when root, else explains what is missing.
+  if [ "$(id -u)" = 0 ]; then
+    if [ ! -f /var/lib/apt/.kvpool-updated ]; then apt-get update -qq && touch /var/lib/apt/.kvpool-updated; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "error: missing Debian packages: $* (run: sudo apt-get install $*)" >&2
+    exit 1
+  fi
+}
+
+# The Mooncake wheel links against libibverbs even for TCP transport.
+if ! ldconfig -p | grep -q 'libibverbs.so.1'; then
+  echo "installing libibverbs1 (needed by the Mooncake Store wheel)"
+  apt_install libibverbs1
+fi
+if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
+  echo "installing chromium (browser tests)"
+  apt_install chromium
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.installed"
+if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -r requirements.txt -r requirements-dev.txt
+  touch "$stamp"
+fi

@@ -1,0 +1,1 @@
+"""The registry: tenants, served models, release namespaces, request groups, nodes and assignments."""
