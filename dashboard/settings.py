@@ -39,6 +39,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -114,6 +115,46 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "dashboard.control"
+CELERY_TASK_ROUTES = {"dashboard.ingest": {"queue": "dashboard.ingest"}}
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# visibility_timeout: seconds before a message a worker took but never acked (it died, or Redis restarted under
+# it) is delivered again; ingest and push are idempotent, so a redelivery is harmless.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "socket_connect_timeout": 3,
+    "visibility_timeout": env_int("KVPOOL_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1),
+}
+# Periodic tasks (run `celery -A dashboard.celery beat`); periods in seconds.
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-configs": {"task": "dashboard.reconcile_configs",
+                          "schedule": env_int("KVPOOL_RECONCILE_SECONDS", 30, minimum=1)},
+    "rollup-occupancy": {"task": "dashboard.rollup_occupancy",
+                         "schedule": env_int("KVPOOL_ROLLUP_SECONDS", 60, minimum=1)},
+    "sync-master-quotas": {"task": "dashboard.sync_master_quotas",
+                           "schedule": env_int("KVPOOL_MASTER_SYNC_SECONDS", 60, minimum=1)},
+    "sample-master-quotas": {"task": "dashboard.sample_master_quotas",
+                             "schedule": env_int("KVPOOL_MASTER_SAMPLE_SECONDS", 15, minimum=1)},
+}
+# Push: a node whose ack lags its desired version gets the latest document again after this many seconds.
+KVPOOL_REPUSH_AFTER_SECONDS = env_int("KVPOOL_REPUSH_AFTER_SECONDS", 30, minimum=1)
+# A pushed document left unconsumed this long expires in the queue (a re-push sends the newest one).
+KVPOOL_PUSH_EXPIRES_SECONDS = env_int("KVPOOL_PUSH_EXPIRES_SECONDS", 3600, minimum=1)
+# Telemetry rollups: raw (per-report) samples older than this become 1-minute rows, 1-minute rows older than
+# the next become 1-hour rows, and 1-hour rows / master quota samples older than the retention are deleted.
+KVPOOL_ROLLUP_RAW_AFTER_SECONDS = env_int("KVPOOL_ROLLUP_RAW_AFTER_SECONDS", 3600, minimum=60)
+KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS = env_int("KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS", 2 * 86400, minimum=3600)
+KVPOOL_RETENTION_SECONDS = env_int("KVPOOL_RETENTION_SECONDS", 90 * 86400, minimum=3600)
+KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS = env_int("KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS", 14 * 86400, minimum=60)
+# Sync registry quotas to the master's admin API (KVPOOL_MASTER_ADMIN_URL); tenant_quotas.yaml is written here.
+KVPOOL_MASTER_SYNC = env_bool("KVPOOL_MASTER_SYNC", True)
+KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS = env_int("KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", 3, minimum=1)
+KVPOOL_TENANT_QUOTAS_PATH = env_str("KVPOOL_TENANT_QUOTAS_PATH", str(VAR_DIR / "tenant_quotas.yaml"))
+# Optional bearer token for /metrics (empty: open, as Prometheus scrapers usually expect on a private network).
+KVPOOL_METRICS_TOKEN = env_str("KVPOOL_METRICS_TOKEN", "")
+# /metrics sums each node's newest occupancy report younger than this (older nodes drop out of the sums).
+KVPOOL_METRICS_WINDOW_SECONDS = env_int("KVPOOL_METRICS_WINDOW_SECONDS", 120, minimum=1)
 
 # --- Mooncake Store endpoints the rendered configs point at ------------------------------------------------
 KVPOOL_MASTER_ADDRESS = env_str("KVPOOL_MASTER_ADDRESS", "127.0.0.1:50051")

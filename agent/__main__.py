@@ -1,0 +1,120 @@
+"""Command line of the node agent (no Django).
+
+    python -m agent run --node NAME --broker URL [--secret-file F] [--state-dir D]
+                        [--report-interval S] [--heartbeat-interval S] [--pool solo|threads]
+                        [--outbox-max N] [--loglevel LEVEL]
+
+The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
+agent refuses to start without one (it could not verify any document). The state directory (default
+``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
+outbox of undelivered reports across restarts.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m agent`` argument parser."""
+    parser = argparse.ArgumentParser(prog="python -m agent", description="KV-cache pool node agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the agent: a Celery worker on queue agent.<node> plus telemetry")
+    run.add_argument("--node", required=True, help="node name as registered in the dashboard")
+    run.add_argument("--broker", required=True, help="Celery broker URL, e.g. redis://host:6379/0")
+    run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
+    run.add_argument("--state-dir", help="directory for the applied document and the outbox")
+    run.add_argument("--report-interval", type=_positive_float, default=10.0, help="seconds between reports")
+    run.add_argument("--heartbeat-interval", type=_positive_float, default=5.0,
+                     help="seconds between heartbeats")
+    run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
+    run.add_argument("--outbox-max", type=_positive_int, default=20_000,
+                     help="most undelivered reports/acks kept on disk")
+    run.add_argument("--loglevel", default="INFO", help="logging level (default INFO)")
+    return parser
+
+
+def _secret(args: argparse.Namespace) -> str:
+    from agent.signing import load_secret
+
+    if args.secret_file:
+        try:
+            return load_secret(args.secret_file)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: cannot read --secret-file: {exc}") from None
+    secret = os.environ.get("KVPOOL_NODE_SECRET", "").strip()
+    if not secret:
+        raise SystemExit("error: no signing secret: pass --secret-file FILE or set KVPOOL_NODE_SECRET")
+    return secret
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    if args.state_dir:
+        return Path(args.state_dir)
+    if os.environ.get("KVPOOL_AGENT_STATE_DIR"):
+        return Path(os.environ["KVPOOL_AGENT_STATE_DIR"])
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "kvpool-agent" / args.node
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the daemon's telemetry thread and the Celery worker; returns the exit status."""
+    if not NODE_PATTERN.match(args.node):
+        raise SystemExit(f"error: --node {args.node!r} is not a valid node name (letters, digits, . _ -)")
+    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    from agent.celery_app import make_app, make_publisher, register_tasks, run_worker
+    from agent.daemon import Daemon
+
+    app = make_app(args.node, args.broker)
+    try:
+        daemon = Daemon(args.node, _secret(args), _state_dir(args), publish=make_publisher(app),
+                        report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
+                        outbox_max=args.outbox_max)
+    except RuntimeError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    register_tasks(app, daemon)
+    daemon.start()
+    try:
+        run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel.upper())
+    finally:
+        daemon.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m agent``."""
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

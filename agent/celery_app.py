@@ -1,0 +1,92 @@
+"""The agent's Celery application: a worker on ``agent.<node>`` and a publisher to ``dashboard.ingest``.
+
+No Django: the agent talks to the broker (Redis) with JSON messages only. The worker must run the ``solo`` or
+``threads`` pool — every process that creates a Mooncake Store client mounts its own segment (Mooncake
+0.3.13.post1), so a prefork pool would mount one segment per child; ``solo`` (the default) also applies
+documents strictly in queue order.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+
+from agent.messages import APPLY_CONFIG_TASK, INGEST_QUEUE, INGEST_TASK, node_queue
+
+if TYPE_CHECKING:
+    from agent.daemon import Daemon
+
+log = logging.getLogger("kvpool.agent.celery")
+
+#: Seconds a publish waits for the broker's TCP connection before the message stays in the outbox.
+CONNECT_TIMEOUT_SECONDS = 3.0
+
+
+def make_app(node: str, broker_url: str) -> Celery:
+    """Return a Celery app for ``node`` (JSON only, no result backend, retries the broker forever)."""
+    app = Celery(f"kvpool-agent-{node}", broker=broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_backend=None,
+        task_ignore_result=True,
+        task_default_queue=node_queue(node),
+        task_create_missing_queues=True,
+        worker_prefetch_multiplier=1,
+        worker_hijack_root_logger=False,
+        worker_enable_remote_control=False,
+        worker_send_task_events=False,
+        broker_connection_retry=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        broker_connection_timeout=CONNECT_TIMEOUT_SECONDS,
+        broker_transport_options={"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS},
+    )
+    return app
+
+
+def make_publisher(app: Celery):
+    """Return ``publish(messages)`` that sends one ``dashboard.ingest`` task carrying ``messages``.
+
+    Raises (kombu/redis connection errors) when the broker does not take the message after one reconnect.
+    """
+
+    def publish(messages: list[dict[str, Any]]) -> None:
+        app.send_task(
+            INGEST_TASK,
+            args=[messages],
+            queue=INGEST_QUEUE,
+            retry=True,
+            retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
+        )
+
+    return publish
+
+
+def register_tasks(app: Celery, daemon: Daemon) -> None:
+    """Register ``agent.apply_config`` on ``app``, handing each document to ``daemon.handle_document``."""
+
+    @app.task(name=APPLY_CONFIG_TASK, ignore_result=True)
+    def apply_config(document: dict[str, Any]) -> dict[str, Any]:
+        """Apply one pushed config document; returns the ack (also queued to the dashboard)."""
+        return daemon.handle_document(document)
+
+
+def run_worker(app: Celery, node: str, *, pool: str = "solo", loglevel: str = "INFO") -> None:
+    """Run the Celery worker on ``agent.<node>`` in this process until it is stopped (SIGTERM/SIGINT)."""
+    if pool not in {"solo", "threads"}:
+        raise ValueError(f"pool {pool!r} is not allowed: use solo or threads (one Store client per process)")
+    argv = [
+        "worker",
+        f"--hostname=agent@{node}",
+        f"--queues={node_queue(node)}",
+        f"--pool={pool}",
+        "--concurrency=1",
+        f"--loglevel={loglevel}",
+        "--without-mingle",
+        "--without-gossip",
+        "--without-heartbeat",
+    ]
+    app.worker_main(argv=argv)

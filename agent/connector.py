@@ -1,0 +1,403 @@
+"""The KV connector: zero-copy moves of paged KV blocks between torch tensors and a real Mooncake Store.
+
+One stored object is one block across all layers, as vLLM 0.33.0's ``MooncakeStoreConnector`` stores it (an
+SGLang 0.5.23 namespace stores a ``_k`` and a ``_v`` object per page, each across all layers, tied together
+with ``ReplicateConfig.group_ids`` so memory eviction takes both). Blocks are written straight from the cache
+tensors (registered with the store once) with ``batch_put_from`` (one contiguous region: cross-layer layout) or
+``batch_put_from_multi_buffers`` (one region per layer), and read back with ``batch_get_into`` /
+``batch_get_into_multi_buffers``. Blocks already in the store are skipped (``batch_is_exist``).
+
+Namespace swaps: every operation reads ``self._namespace`` exactly once, at its start, into a local, and uses
+only that local. :attr:`KVConnector.namespace`'s setter validates the new :class:`Namespace` and then performs a
+single reference assignment, so a daemon may swap namespaces from another thread at any time: batches already
+running finish under the old namespace, the next batch starts under the new one, and no batch mixes the two.
+A caller serving several request groups at once passes ``namespace=`` per call instead.
+
+Errors: negative store codes become the typed exceptions of :mod:`agent.errors` naming keys and codes; the
+ledger is updated before raising, and only for blocks that were really stored (a failed block is never
+claimed). Stored blocks that follow a failed block of the same chain are removed again: a lookup could never
+reach them (prefix semantics), so they would only waste the tenant's quota as orphans.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.errors import LayoutError, StoreError, store_error
+from agent.kv_cache import PagedKVCache
+from agent.ledger import Ledger, Outcome
+from agent.namespace import Namespace
+from agent.store import StoreClient
+
+log = logging.getLogger("kvpool.agent.connector")
+
+#: Missing-object code (OBJECT_NOT_FOUND): a get or remove of an absent block, not an error of the call.
+_NOT_FOUND = -704
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """Outcome of one put: blocks ``stored`` now, ``existing`` (skipped), ``failed`` (refused by the store),
+    ``dropped`` (stored, then removed because an ancestor failed); ``bytes_written`` of the stored ones;
+    ``failures`` as ``(key, code)``."""
+
+    stored: int = 0
+    existing: int = 0
+    failed: int = 0
+    dropped: int = 0
+    bytes_written: int = 0
+    failures: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in the batch."""
+        return self.stored + self.existing + self.failed + self.dropped
+
+
+class KVConnector:
+    """Moves blocks of one :class:`PagedKVCache` to and from the store under a :class:`Namespace`.
+
+    Args:
+        store: an open :class:`StoreClient`; its ``tenant_id`` must be the namespace's.
+        cache: the KV cache; its memory is registered with the store here, once.
+        namespace: the initial namespace (block size must equal the cache's).
+        ledger: occupancy ledger to update (a private one when None).
+        max_batch_blocks: blocks per store call (longer requests are split).
+        replica_num: replicas per object (``ReplicateConfig.replica_num``).
+
+    Raises:
+        LayoutError: the namespace's block size differs from the cache's.
+        ValueError: the namespace's tenant differs from the store client's.
+        StoreError: registering the cache memory failed.
+    """
+
+    def __init__(self, store: StoreClient, cache: PagedKVCache, namespace: Namespace, *,
+                 ledger: Ledger | None = None, max_batch_blocks: int = 1024, replica_num: int = 1) -> None:
+        if max_batch_blocks <= 0:
+            raise ValueError(f"max_batch_blocks must be positive, got {max_batch_blocks}")
+        self.store = store
+        self.cache = cache
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.max_batch_blocks = max_batch_blocks
+        self.replica_num = replica_num
+        self._check_namespace(namespace)
+        self._namespace = namespace
+        self._plain_config = store.replicate_config(replica_num=replica_num)
+        self._registered: list[int] = []
+        for ptr, size in cache.memory_regions():
+            store.register(ptr, size)
+            self._registered.append(ptr)
+
+    # --- namespace ------------------------------------------------------------------------------------------
+
+    def _check_namespace(self, ns: Namespace) -> None:
+        if not isinstance(ns, Namespace):
+            raise TypeError(f"namespace must be an agent.namespace.Namespace, got {type(ns).__name__}")
+        if ns.block_size != self.cache.spec.block_size:
+            raise LayoutError(f"namespace block_size {ns.block_size} != cache block_size "
+                              f"{self.cache.spec.block_size}")
+        if ns.tenant_id != self.store.tenant_id:
+            raise ValueError(f"tenant_id: namespace tenant {ns.tenant_id!r} differs from the store client's "
+                             f"{self.store.tenant_id!r}")
+
+    @property
+    def namespace(self) -> Namespace:
+        """The namespace the next batch uses."""
+        return self._namespace
+
+    @namespace.setter
+    def namespace(self, ns: Namespace) -> None:
+        self._check_namespace(ns)
+        self._namespace = ns  # one reference assignment: batches in flight keep their own local copy
+
+    def _ns(self, namespace: Namespace | None) -> Namespace:
+        if namespace is None:
+            return self._namespace  # read once per operation
+        self._check_namespace(namespace)
+        return namespace
+
+    # --- geometry -------------------------------------------------------------------------------------------
+
+    def block_bytes(self, namespace: Namespace | None = None) -> int:
+        """Bytes a block occupies in the store (all its objects)."""
+        return self.cache.spec.block_bytes
+
+    def _objects(self, ns: Namespace, block_ids: Sequence[int], hashes: Sequence[bytes]
+                 ) -> tuple[list[str], list[list[tuple[int, int]]]]:
+        """Flat keys and, per key, its (pointer, bytes) regions."""
+        keys = ns.keys(hashes)
+        cache = self.cache
+        if ns.objects_per_block == 1:
+            regions = [cache.block_regions(b) for b in block_ids]
+        else:
+            regions = []
+            for b in block_ids:
+                regions.append(cache.half_regions(b, 0))
+                regions.append(cache.half_regions(b, 1))
+        return keys, regions
+
+    @staticmethod
+    def _check_ids(block_ids: Sequence[int], hashes: Sequence[bytes]) -> None:
+        if len(block_ids) != len(hashes):
+            raise LayoutError(f"{len(block_ids)} block ids for {len(hashes)} block hashes")
+
+    def _exists(self, ns: Namespace, keys: list[str]) -> list[bool]:
+        """Per block: all of its objects exist."""
+        codes: list[int] = []
+        for start in range(0, len(keys), self.max_batch_blocks * 2):
+            codes.extend(self.store.exists(keys[start:start + self.max_batch_blocks * 2]))
+        errors = [(k, c) for k, c in zip(keys, codes) if c < 0]
+        if errors or len(codes) != len(keys):
+            raise store_error("exist", errors or [(keys[0], -1)], tenant_id=self.store.tenant_id)
+        per = ns.objects_per_block
+        if per == 1:
+            return [c == 1 for c in codes]
+        return [codes[i] == 1 and codes[i + 1] == 1 for i in range(0, len(codes), 2)]
+
+    # --- hashing and lookup ---------------------------------------------------------------------------------
+
+    def block_hashes(self, token_ids: Any, *, parent: bytes | None = None,
+                     namespace: Namespace | None = None) -> list[bytes]:
+        """Chained hashes of every full block of ``token_ids`` in the namespace."""
+        return self._ns(namespace).block_hashes(token_ids, parent)
+
+    def lookup(self, token_ids: Any = None, *, block_hashes: Sequence[bytes] | None = None,
+               namespace: Namespace | None = None) -> int:
+        """Number of leading blocks present in the store (the first missing block ends the prefix).
+
+        Give ``token_ids`` (hashed here) or ``block_hashes`` of a chain from its first block.
+
+        Raises:
+            ValueError: neither or both given.
+            StoreError: ``batch_is_exist`` answered -1.
+        """
+        ns = self._ns(namespace)
+        if (token_ids is None) == (block_hashes is None):
+            raise ValueError("lookup needs exactly one of token_ids or block_hashes")
+        hashes = list(block_hashes) if block_hashes is not None else ns.block_hashes(token_ids)
+        if not hashes:
+            return 0
+        present = self._exists(ns, ns.keys(hashes))
+        return self.ledger.record_lookup(ns, hashes, present)
+
+    # --- put ------------------------------------------------------------------------------------------------
+
+    def put(self, block_ids: Sequence[int], block_hashes: Sequence[bytes], *, parent: bytes | None = None,
+            namespace: Namespace | None = None) -> PutResult:
+        """Store cache blocks ``block_ids`` under ``block_hashes`` (one chain; ``parent`` precedes its first
+        block, None when it starts at block 0), skipping blocks already present.
+
+        Returns:
+            the :class:`PutResult` when every block is stored or present.
+
+        Raises:
+            StoreError: (typed: QuotaExceeded, UnknownTenant, NoSpace, ...) naming failing keys and codes; its
+                ``result`` attribute holds the :class:`PutResult`. The ledger holds only stored blocks.
+            LayoutError: ids and hashes differ in number, or a block id is outside the cache.
+        """
+        ns = self._ns(namespace)
+        hashes = list(block_hashes)
+        self._check_ids(block_ids, hashes)
+        if not hashes:
+            return PutResult()
+        per = ns.objects_per_block
+        keys, regions = self._objects(ns, block_ids, hashes)
+        present = self._exists(ns, keys)
+        self.ledger.observe(ns, hashes, present)
+        outcomes = [Outcome.EXISTED if p else Outcome.STORED for p in present]
+        todo = [i for i, p in enumerate(present) if not p]
+        failures: list[tuple[str, int]] = []
+        for start in range(0, len(todo), self.max_batch_blocks):
+            chunk = todo[start:start + self.max_batch_blocks]
+            obj = [i * per + j for i in chunk for j in range(per)]
+            codes = self._put_objects(ns, [keys[o] for o in obj], [regions[o] for o in obj])
+            for n, i in enumerate(chunk):
+                block_codes = codes[n * per:(n + 1) * per]
+                bad = [(keys[i * per + j], c) for j, c in enumerate(block_codes) if c != 0]
+                if bad:
+                    outcomes[i] = Outcome.FAILED
+                    failures.extend(bad)
+        dropped_keys: list[str] = []
+        if failures:
+            first_failed = outcomes.index(Outcome.FAILED)
+            for i in range(len(hashes)):
+                if outcomes[i] is Outcome.FAILED:
+                    # an SGLang half that was written is useless without its pair
+                    dropped_keys.extend(k for k, c in zip(keys[i * per:(i + 1) * per],
+                                                          self._half_codes(failures, keys, i, per)) if c == 0)
+                elif i > first_failed and outcomes[i] is Outcome.STORED:
+                    outcomes[i] = Outcome.DROPPED
+                    dropped_keys.extend(keys[i * per:(i + 1) * per])
+            if dropped_keys:
+                self.store.remove(dropped_keys)
+        self.ledger.record_put(ns, hashes, parent, outcomes, self.block_bytes(ns))
+        stored = outcomes.count(Outcome.STORED)
+        result = PutResult(stored=stored, existing=outcomes.count(Outcome.EXISTED),
+                           failed=outcomes.count(Outcome.FAILED), dropped=outcomes.count(Outcome.DROPPED),
+                           bytes_written=stored * self.block_bytes(ns), failures=tuple(failures))
+        if failures:
+            err = store_error("put", failures, tenant_id=self.store.tenant_id,
+                              detail=f"{result.stored} stored, {result.existing} present, {result.failed} failed, "
+                                     f"{result.dropped} dropped behind the first failure")
+            err.result = result  # type: ignore[attr-defined]
+            raise err
+        return result
+
+    @staticmethod
+    def _half_codes(failures: list[tuple[str, int]], keys: list[str], i: int, per: int) -> list[int]:
+        failed = {k for k, _ in failures}
+        return [-1 if k in failed else 0 for k in keys[i * per:(i + 1) * per]]
+
+    def _put_objects(self, ns: Namespace, keys: list[str], regions: list[list[tuple[int, int]]]) -> list[int]:
+        if ns.objects_per_block == 2:
+            config = self.store.replicate_config(replica_num=self.replica_num,
+                                                 group_ids=[k[:-2] for k in keys])
+        else:
+            config = self._plain_config
+        if all(len(r) == 1 for r in regions):
+            codes = self.store.put_from(keys, [r[0][0] for r in regions], [r[0][1] for r in regions], config)
+        else:
+            codes = self.store.put_from_multi(keys, [[p for p, _ in r] for r in regions],
+                                              [[s for _, s in r] for r in regions], config)
+        if len(codes) != len(keys):
+            raise LayoutError(f"store put returned {len(codes)} results for {len(keys)} keys")
+        return codes
+
+    def save(self, token_ids: Any, block_ids: Sequence[int], *, namespace: Namespace | None = None) -> PutResult:
+        """Hash ``token_ids`` and store its full blocks from cache blocks ``block_ids`` (at least one id per
+        full block; extra ids, e.g. of a trailing partial block, are ignored)."""
+        ns = self._ns(namespace)
+        hashes = ns.block_hashes(token_ids)
+        if len(block_ids) < len(hashes):
+            raise LayoutError(f"{len(block_ids)} block ids for {len(hashes)} full blocks")
+        return self.put(list(block_ids)[: len(hashes)], hashes, namespace=ns)
+
+    # --- get ------------------------------------------------------------------------------------------------
+
+    def get(self, block_ids: Sequence[int], block_hashes: Sequence[bytes], *,
+            namespace: Namespace | None = None) -> int:
+        """Read blocks ``block_hashes`` into cache blocks ``block_ids``; returns how many *leading* blocks were
+        loaded (a block evicted since the lookup ends the prefix; later blocks are not valid KV).
+
+        Raises:
+            LayoutError: ids/hashes mismatch, or an object's size differs from this cache's block layout (the
+                key was written with another KV layout: a namespace error).
+            StoreError: a negative code other than -704 (absent).
+        """
+        ns = self._ns(namespace)
+        hashes = list(block_hashes)
+        self._check_ids(block_ids, hashes)
+        if not hashes:
+            return 0
+        per = ns.objects_per_block
+        keys, regions = self._objects(ns, block_ids, hashes)
+        loaded = [True] * len(hashes)
+        failures: list[tuple[str, int]] = []
+        mismatched: list[tuple[str, int, int]] = []
+        step = self.max_batch_blocks * per
+        for start in range(0, len(keys), step):
+            ks, rs = keys[start:start + step], regions[start:start + step]
+            if all(len(r) == 1 for r in rs):
+                codes = self.store.get_into(ks, [r[0][0] for r in rs], [r[0][1] for r in rs])
+            else:
+                codes = self.store.get_into_multi(ks, [[p for p, _ in r] for r in rs], [[s for _, s in r] for r in rs])
+            if len(codes) != len(ks):
+                raise LayoutError(f"store get returned {len(codes)} results for {len(ks)} keys")
+            for n, (k, r, c) in enumerate(zip(ks, rs, codes)):
+                block = (start + n) // per
+                want = sum(s for _, s in r)
+                if c == want:
+                    continue
+                loaded[block] = False
+                if c == _NOT_FOUND:
+                    continue
+                if c < 0:
+                    failures.append((k, c))
+                else:
+                    mismatched.append((k, c, want))
+        self.ledger.record_get(ns, hashes, loaded)
+        if mismatched:
+            k, got, want = mismatched[0]
+            raise LayoutError(f"object {k!r} holds {got} bytes, this cache's layout reads {want}: it was "
+                              f"written with another KV layout ({len(mismatched)} such object(s))")
+        if failures:
+            raise store_error("get", failures, tenant_id=self.store.tenant_id)
+        hits = 0
+        for ok in loaded:
+            if not ok:
+                break
+            hits += 1
+        return hits
+
+    def load(self, token_ids: Any, block_ids: Sequence[int], *, namespace: Namespace | None = None) -> int:
+        """Look up ``token_ids`` and read its leading present blocks into ``block_ids``; returns blocks loaded."""
+        ns = self._ns(namespace)
+        hashes = ns.block_hashes(token_ids)
+        hit = self.lookup(block_hashes=hashes, namespace=ns)
+        if hit == 0:
+            return 0
+        if len(block_ids) < hit:
+            raise LayoutError(f"{len(block_ids)} block ids for {hit} blocks to load")
+        return self.get(list(block_ids)[:hit], hashes[:hit], namespace=ns)
+
+    # --- remove ---------------------------------------------------------------------------------------------
+
+    def remove(self, block_hashes: Sequence[bytes], *, namespace: Namespace | None = None) -> int:
+        """Remove blocks from the store (the agent's own eviction); returns how many counted blocks it freed.
+
+        The caller chooses blocks without present descendants (leaves), or it creates orphans.
+
+        Raises:
+            StoreError: a negative code other than -704 (already gone), after the ledger was updated.
+        """
+        ns = self._ns(namespace)
+        hashes = list(block_hashes)
+        if not hashes:
+            return 0
+        keys = ns.keys(hashes)
+        codes = self.store.remove(keys)
+        per = ns.objects_per_block
+        failures = [(k, c) for k, c in zip(keys, codes) if c < 0 and c != _NOT_FOUND]
+        failed_blocks = {keys.index(k) // per for k, _ in failures}
+        gone = [h for i, h in enumerate(hashes) if i not in failed_blocks]
+        freed = self.ledger.record_removed(ns, gone)
+        if failures:
+            raise store_error("remove", failures, tenant_id=self.store.tenant_id)
+        return freed
+
+    def purge_release(self, *, namespace: Namespace | None = None, all_models: bool = False) -> int:
+        """Remove every key of the namespace's release namespace (all ranks) with ``remove_by_regex``; the
+        ledger marks the namespace's blocks gone. Returns the number of objects removed."""
+        ns = self._ns(namespace)
+        count = self.store.remove_by_regex(ns.release_regex(all_models=all_models))
+        with self.ledger.lock:
+            for table in self.ledger.tables():
+                if (table.id.tenant_id == ns.tenant_id and table.id.namespace == ns.release_namespace
+                        and (all_models or table.id.served_model_name == ns.served_model_name)):
+                    keys = [e.key for e in table.entries.values() if e.present and e.ns.engine == ns.engine]
+                    for key in keys:
+                        entry = table.entries.get(key)
+                        if entry is not None:
+                            self.ledger.record_removed(entry.ns, [entry.block_hash])
+        return count
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unregister the cache memory (the store client stays open; its owner closes it)."""
+        for ptr in self._registered:
+            if not self.store.closed:
+                self.store.unregister(ptr)
+        self._registered.clear()
+
+    def __enter__(self) -> KVConnector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["KVConnector", "PutResult", "StoreError"]

@@ -1,0 +1,381 @@
+"""Chained block hashes exactly as the engines compute them: vLLM 0.33.0, SGLang 0.5.23, and FAST'25 traces.
+
+Every stored KV block is named by a hash of its whole prefix, so the key of block *i* depends on blocks
+*0..i-1*: prefix information survives into the store, and the parent of each block is the previous hash of
+its chain.
+
+vLLM 0.33.0 (``vllm/v1/core/kv_cache_utils.py``, ``vllm/utils/hashing.py``)
+    ``block_hash[i] = hash_fn((block_hash[i-1], tuple(token_ids of block i), extra_keys_i))`` for every *full*
+    block (a trailing partial block has no hash), with ``block_hash[-1] = NONE_HASH = hash_fn(seed)``.
+    ``hash_fn`` is one of ``sha256`` (SHA-256 of ``pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)``, vLLM's
+    default), ``sha256_cbor`` (SHA-256 of ``cbor2.dumps(x, canonical=True)``), ``xxhash`` / ``xxhash_cbor``
+    (XXH3-128 over the same two encodings). ``seed`` is ``PYTHONHASHSEED`` when set, else
+    ``"vllm-none-hash"`` for the SHA-256 variants; the xxhash variants use a random per-process seed unless
+    ``PYTHONHASHSEED`` is set, so this module *requires* an explicit seed for them (a random root can never be
+    shared). ``extra_keys`` is ``None`` when empty, else a tuple of tagged tuples in the order
+    ``("lora", lora_name, lora_path)`` (every block of a LoRA request) then ``("cache_salt", salt)`` (first
+    block only, non-empty salt): the salt changes block 0 and, through the chain, every later block.
+
+SGLang 0.5.23 (``mem_cache/utils.py``)
+    ``page_hash[i] = SHA-256(page_hash[i-1] digest bytes (if any) || token ids of page i as little-endian u32)``.
+    A storage chain of a request with an ``extra_key`` or ``cache_salt`` starts from a namespace seed instead
+    of no prior: ``SHA-256(b"sglang-cache-namespace-v1" || part(extra_key) || part(cache_salt))`` with
+    ``part(None) = b"\\x00"`` and ``part(s) = b"\\x01" || len(utf8(s)) as 8-byte LE || utf8(s)``.
+
+FAST'25 traces (Mooncake ``conversation_trace.jsonl``)
+    A request's ``hash_ids`` are already prefix-block ids (512 tokens each). :meth:`trace_hashes` hashes them
+    through the same chain, letting each id stand in for its block's tokens: the block is the one-token
+    block ``(hash_id,)``. For vLLM that is ``hash_fn((parent, (hash_id,), extra_keys))`` (so salts, LoRA
+    and the root seed separate namespaces exactly as for real tokens); for SGLang it is
+    ``SHA-256(prior || u32le(hash_id))`` with the namespace seed as the first prior.
+
+Speed: the vLLM chain runs one ``pickle.dumps``/``cbor2.dumps`` and one digest per block inside
+``itertools.accumulate`` over ``zip``-built block tuples; SGLang hashes slices of one ``array('I')`` buffer.
+``python -m bench.connector`` prints the measured tokens/s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import sys
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any, Protocol, runtime_checkable
+
+import cbor2
+import xxhash
+
+#: vLLM ``--prefix-caching-hash-algo`` values (vLLM 0.33.0).
+VLLM_HASH_ALGOS: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+#: Name used for SGLang 0.5.23's page hash (the registry's ``hash_algo`` for SGLang releases).
+SGLANG_HASH_ALGO = "sglang_sha256"
+#: Every algorithm name a namespace may carry.
+HASH_ALGOS: tuple[str, ...] = VLLM_HASH_ALGOS + (SGLANG_HASH_ALGO,)
+#: vLLM 0.33.0 ``DEFAULT_NONE_HASH_SEED``: the root seed of the SHA-256 variants when PYTHONHASHSEED is unset.
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+#: SGLang 0.5.23 storage namespace seed domain string.
+SGLANG_NAMESPACE_DOMAIN = b"sglang-cache-namespace-v1"
+
+_PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+_U32_MAX = 2**32 - 1
+
+
+def _sha256_pickle(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _xxhash_pickle(obj: Any) -> bytes:
+    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=_PICKLE_PROTOCOL))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+_VLLM_FNS: dict[str, Callable[[Any], bytes]] = {
+    "sha256": _sha256_pickle,
+    "sha256_cbor": _sha256_cbor,
+    "xxhash": _xxhash_pickle,
+    "xxhash_cbor": _xxhash_cbor,
+}
+_DIGEST_SIZES = {"sha256": 32, "sha256_cbor": 32, "xxhash": 16, "xxhash_cbor": 16, SGLANG_HASH_ALGO: 32}
+
+
+def vllm_hash_fn(algo: str) -> Callable[[Any], bytes]:
+    """vLLM 0.33.0 ``get_hash_fn_by_name(algo)``: object -> raw digest bytes (32 for SHA-256, 16 for XXH3-128).
+
+    Raises:
+        ValueError: ``algo`` is not one of :data:`VLLM_HASH_ALGOS`.
+    """
+    try:
+        return _VLLM_FNS[algo]
+    except KeyError:
+        raise ValueError(f"hash_algo {algo!r} is not a vLLM algorithm; expected one of "
+                         f"{', '.join(VLLM_HASH_ALGOS)}") from None
+
+
+def digest_size(algo: str) -> int:
+    """Bytes in one block hash of ``algo`` (any of :data:`HASH_ALGOS`)."""
+    try:
+        return _DIGEST_SIZES[algo]
+    except KeyError:
+        raise ValueError(f"unknown hash_algo {algo!r}; expected one of {', '.join(HASH_ALGOS)}") from None
+
+
+def resolve_seed(algo: str, seed: str | None) -> str:
+    """The root seed vLLM 0.33.0 derives ``NONE_HASH`` from, given the release's pinned ``PYTHONHASHSEED``.
+
+    ``seed`` None or "" means PYTHONHASHSEED unset: ``"vllm-none-hash"`` for ``sha256``/``sha256_cbor``. For
+    the xxhash variants vLLM would pick a random seed per process, which no other instance can reproduce.
+
+    Raises:
+        ValueError: xxhash variant without a seed (name the release's PYTHONHASHSEED), or unknown ``algo``.
+    """
+    vllm_hash_fn(algo)
+    if seed:
+        return seed
+    if algo.startswith("xxhash"):
+        raise ValueError(f"hash_seed is required for {algo!r}: vLLM seeds xxhash block hashes randomly per "
+                         "process unless PYTHONHASHSEED is set, so instances could never share blocks")
+    return DEFAULT_NONE_HASH_SEED
+
+
+def vllm_none_hash(algo: str, seed: str | None = None) -> bytes:
+    """vLLM 0.33.0 ``NONE_HASH = hash_fn(seed)``: the parent of block 0 (see :func:`resolve_seed`)."""
+    return vllm_hash_fn(algo)(resolve_seed(algo, seed))
+
+
+@dataclass(frozen=True)
+class LoraRef:
+    """The LoRA adapter of a request: vLLM 0.33.0 puts ``("lora", name, path)`` in every block's extra keys."""
+
+    name: str
+    path: str = ""
+
+
+def vllm_extra_keys(*, lora: LoraRef | None = None, cache_salt: str | None = None,
+                    first_block: bool) -> tuple[tuple[str, ...], ...] | None:
+    """vLLM 0.33.0 ``generate_block_hash_extra_keys`` for text requests: tagged tuples, ``None`` when empty.
+
+    ``("lora", name, path)`` on every block of a LoRA request, then ``("cache_salt", salt)`` on the first block
+    only when the salt is non-empty. (Multimodal and prompt-embedding keys are not produced by this agent.)
+    """
+    keys: list[tuple[str, ...]] = []
+    if lora is not None:
+        keys.append(("lora", lora.name, lora.path))
+    if first_block and cache_salt:
+        keys.append(("cache_salt", cache_salt))
+    return tuple(keys) if keys else None
+
+
+def hash_block_tokens(hash_fn: Callable[[Any], bytes], parent: bytes, token_ids: Sequence[int],
+                      extra_keys: tuple[Any, ...] | None = None) -> bytes:
+    """vLLM 0.33.0 ``hash_block_tokens``: ``hash_fn((parent, tuple(token_ids), extra_keys))`` (one block)."""
+    return hash_fn((parent, tuple(token_ids), extra_keys))
+
+
+def _tokens(token_ids: Iterable[int] | Any) -> Sequence[int]:
+    """A sequence of Python ints from a list/tuple, a torch tensor or an ``array`` (``tolist()``)."""
+    if isinstance(token_ids, (list, tuple)):
+        return token_ids
+    tolist = getattr(token_ids, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    return list(token_ids)
+
+
+def _check_parent(parent: bytes | None, size: int) -> None:
+    if parent is not None and (not isinstance(parent, bytes) or len(parent) != size):
+        raise ValueError(f"parent must be a {size}-byte block hash or None, got {parent!r:.80}")
+
+
+@runtime_checkable
+class BlockHasher(Protocol):
+    """What the connector needs from a hasher: one digest per full block, chained from ``parent``.
+
+    ``parent=None`` starts a chain (vLLM: from ``NONE_HASH`` with the salt in block 0's extra keys; SGLang:
+    from the namespace seed); a ``parent`` digest continues one, so a growing sequence can be hashed
+    incrementally: ``h(tokens[:k*B]) + h(tokens[k*B:], parent=h(...)[-1]) == h(tokens)``.
+    """
+
+    engine: str
+    algo: str
+    block_size: int
+    digest_size: int
+
+    def block_hashes(self, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+        """Digest of every full block of ``token_ids`` (``len // block_size`` of them)."""
+        ...
+
+    def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
+        """Digest of each FAST'25 trace block id, each standing in for its block's tokens."""
+        ...
+
+
+class VllmBlockHasher:
+    """Block hashes of one vLLM 0.33.0 namespace: algorithm, root seed, block size, cache_salt, LoRA.
+
+    Args:
+        algo: ``sha256`` (vLLM default, pickle), ``sha256_cbor``, ``xxhash`` or ``xxhash_cbor``.
+        block_size: tokens per block (vLLM ``--block-size``), > 0.
+        seed: the release's PYTHONHASHSEED ("" / None = unset; required for xxhash variants).
+        cache_salt: the request group's salt ("" / None = default shared cache); block 0 only.
+        lora: the LoRA adapter, if the namespace serves one.
+
+    Raises:
+        ValueError: unknown algo, non-positive block size, missing xxhash seed.
+    """
+
+    engine = "vllm"
+
+    def __init__(self, algo: str = "sha256", *, block_size: int = 16, seed: str | None = None,
+                 cache_salt: str | None = None, lora: LoraRef | None = None) -> None:
+        self._fn = vllm_hash_fn(algo)
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive number of tokens, got {block_size!r}")
+        self.algo = algo
+        self.block_size = block_size
+        self.seed = resolve_seed(algo, seed)
+        self.cache_salt = cache_salt or ""
+        self.lora = lora
+        self.digest_size = _DIGEST_SIZES[algo]
+        self.none_hash = self._fn(self.seed)
+        self._extra_first = vllm_extra_keys(lora=lora, cache_salt=cache_salt, first_block=True)
+        self._extra_rest = vllm_extra_keys(lora=lora, cache_salt=cache_salt, first_block=False)
+        self._step_first = self._make_step(self._extra_first)
+        self._step_rest = self._make_step(self._extra_rest)
+
+    def _make_step(self, extra: tuple[Any, ...] | None) -> Callable[[bytes, tuple[int, ...]], bytes]:
+        """``(parent, block tuple) -> digest`` with the encoder and digest bound as locals (the hot loop)."""
+        dumps_pickle = pickle.dumps
+        dumps_cbor = cbor2.dumps
+        proto = _PICKLE_PROTOCOL
+        sha = hashlib.sha256
+        xxh = xxhash.xxh3_128_digest
+        if self.algo == "sha256":
+            return lambda p, b: sha(dumps_pickle((p, b, extra), proto)).digest()
+        if self.algo == "sha256_cbor":
+            return lambda p, b: sha(dumps_cbor((p, b, extra), canonical=True)).digest()
+        if self.algo == "xxhash":
+            return lambda p, b: xxh(dumps_pickle((p, b, extra), proto))
+        return lambda p, b: xxh(dumps_cbor((p, b, extra), canonical=True))
+
+    def _chain(self, blocks: Iterable[tuple[int, ...]], parent: bytes | None) -> list[bytes]:
+        _check_parent(parent, self.digest_size)
+        it = iter(blocks)
+        first = next(it, None)
+        if first is None:
+            return []
+        if parent is None:
+            head = self._step_first(self.none_hash, first)
+        else:
+            head = self._step_rest(parent, first)
+        chain = accumulate(it, self._step_rest, initial=head)
+        return list(chain)
+
+    def block_hashes(self, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+        """vLLM 0.33.0 block hashes of every full block of ``token_ids`` (Python ints, or a tensor).
+
+        Returns ``len(token_ids) // block_size`` raw digests; ``parent`` continues an existing chain (its
+        first block then carries no salt, as in vLLM where only block 0 of a request is salted).
+        """
+        toks = _tokens(token_ids)
+        blocks = zip(*[iter(toks)] * self.block_size)
+        return self._chain(blocks, parent)
+
+    def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
+        """FAST'25 ``hash_ids`` chained as one-token blocks: ``hash_fn((parent, (hash_id,), extra_keys))``."""
+        ids = _tokens(hash_ids)
+        return self._chain(((int(i),) for i in ids), parent)
+
+
+def sglang_namespace_seed(extra_key: str | None, cache_salt: str | None) -> bytes | None:
+    """SGLang 0.5.23 ``storage_namespace_seed`` as raw digest bytes (``None`` when both parts are absent).
+
+    ``None`` and ``""`` differ (absent vs present-and-empty), exactly as upstream.
+    """
+    if extra_key is None and cache_salt is None:
+        return None
+    digest = hashlib.sha256(SGLANG_NAMESPACE_DOMAIN)
+    for part in (extra_key, cache_salt):
+        if part is None:
+            digest.update(b"\x00")
+            continue
+        encoded = part.encode("utf-8")
+        digest.update(b"\x01" + len(encoded).to_bytes(8, "little") + encoded)
+    return digest.digest()
+
+
+def _u32le(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian u32 bytes (SGLang page hash input)."""
+    arr = array("I")
+    if arr.itemsize != 4:  # pragma: no cover - every Linux/macOS CPython has a 4-byte "I"
+        arr = array("L")
+    try:
+        arr.fromlist(token_ids if isinstance(token_ids, list) else list(token_ids))
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"SGLang token ids must be integers in [0, 2**32): {exc}") from None
+    if sys.byteorder == "big":  # pragma: no cover - little-endian hosts only in practice
+        arr.byteswap()
+    return arr.tobytes()
+
+
+class SglangPageHasher:
+    """Page hashes of one SGLang 0.5.23 HiCache storage namespace (``extra_key`` and ``cache_salt`` seed).
+
+    Args:
+        page_size: tokens per page (SGLang ``--page-size``), > 0.
+        extra_key / cache_salt: the request's fields; ``None`` = absent (no namespace seed when both are).
+
+    Digests are 32 raw bytes; keys render them as lowercase hex (``digest.hex()``).
+    """
+
+    engine = "sglang"
+    algo = SGLANG_HASH_ALGO
+    digest_size = 32
+
+    def __init__(self, page_size: int = 64, *, extra_key: str | None = None,
+                 cache_salt: str | None = None) -> None:
+        if not isinstance(page_size, int) or page_size <= 0:
+            raise ValueError(f"page_size must be a positive number of tokens, got {page_size!r}")
+        self.block_size = page_size
+        self.extra_key = extra_key
+        self.cache_salt = cache_salt
+        self.namespace_seed = sglang_namespace_seed(extra_key, cache_salt)
+
+    def _chain(self, data: bytes, step: int, count: int, parent: bytes | None) -> list[bytes]:
+        _check_parent(parent, 32)
+        prior = self.namespace_seed if parent is None else parent
+        view = memoryview(data)
+        sha = hashlib.sha256
+        out: list[bytes] = []
+        append = out.append
+        for off in range(0, count * step, step):
+            h = sha() if prior is None else sha(prior)
+            h.update(view[off:off + step])
+            prior = h.digest()
+            append(prior)
+        return out
+
+    def block_hashes(self, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+        """SGLang 0.5.23 page hashes of every full page of ``token_ids`` (``len // page_size`` digests)."""
+        toks = _tokens(token_ids)
+        count = len(toks) // self.block_size
+        if count == 0:
+            return []
+        data = _u32le(toks[: count * self.block_size])
+        return self._chain(data, 4 * self.block_size, count, parent)
+
+    def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
+        """FAST'25 ``hash_ids`` chained as one-token pages: ``SHA-256(prior || u32le(hash_id))``."""
+        ids = _tokens(hash_ids)
+        if not ids:
+            return []
+        return self._chain(_u32le(ids), 4, len(ids), parent)
+
+
+def make_hasher(algo: str, *, block_size: int, seed: str | None = None, cache_salt: str | None = None,
+                lora: LoraRef | None = None, extra_key: str | None = None) -> VllmBlockHasher | SglangPageHasher:
+    """The hasher for ``algo``: :class:`SglangPageHasher` for ``sglang_sha256``, else :class:`VllmBlockHasher`.
+
+    For SGLang an empty ``cache_salt`` means "no salt" (the registry's default shared cache), i.e. absent,
+    and ``seed`` is ignored (SGLang page hashes have no root seed).
+
+    Raises:
+        ValueError: unknown algorithm, bad block size, LoRA given to SGLang, extra_key given to vLLM,
+            missing xxhash seed.
+    """
+    if algo == SGLANG_HASH_ALGO:
+        if lora is not None:
+            raise ValueError("lora is a vLLM extra key; SGLang page hashes do not carry it")
+        return SglangPageHasher(block_size, extra_key=extra_key, cache_salt=cache_salt or None)
+    if extra_key is not None:
+        raise ValueError("extra_key is an SGLang request field; vLLM block hashes do not carry it")
+    return VllmBlockHasher(algo, block_size=block_size, seed=seed, cache_salt=cache_salt, lora=lora)

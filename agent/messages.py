@@ -1,0 +1,326 @@
+"""Schemas of every message that crosses the broker, shared by the dashboard and the agent.
+
+Dashboard → agent (queue ``agent.<node>``, task ``agent.apply_config``):
+  * ``ConfigDocument`` — what a node must serve, signed (see ``agent.signing``).
+
+Agent → dashboard (queue ``dashboard.ingest``, task ``dashboard.ingest``, a JSON list of messages, each
+tagged by ``kind``):
+  * ``Ack`` — the outcome of one received document (``applied`` or ``rejected`` with a reason code);
+  * ``Report`` — occupancy per namespace (the ledger snapshot), idempotency key ``(node, sequence)``;
+  * ``Heartbeat`` — liveness plus the applied version and digest (drift is visible even if an ack is lost).
+
+Every message has ``schema`` (this module's ``SCHEMA_VERSION``); a receiver refuses a schema it does not know
+with a clear error instead of guessing. Models refuse unknown fields (``extra="forbid"``), so a typo in a
+producer fails loudly on receipt. Sizes are bytes, times are UTC ISO-8601 strings on the wire.
+
+The config document carries only integers, strings, booleans and lists/objects of them (no floats), so its
+canonical JSON encoding is the same from any encoder (see ``agent.signing``).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+SCHEMA_VERSION = 1
+
+#: Celery task the agent runs for each pushed document (one positional argument: the document dict).
+APPLY_CONFIG_TASK = "agent.apply_config"
+#: Celery task the dashboard runs for agent telemetry (one positional argument: a list of messages).
+INGEST_TASK = "dashboard.ingest"
+#: Queue of ``INGEST_TASK``: acks, reports and heartbeats of every node.
+INGEST_QUEUE = "dashboard.ingest"
+
+
+def node_queue(node: str) -> str:
+    """Name of the queue the agent of ``node`` consumes: ``agent.<node>``."""
+    return f"agent.{node}"
+
+
+NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NonNegative = Annotated[int, Field(ge=0)]
+
+#: Reason codes an ``Ack`` carries when ``status`` is ``rejected``.
+REJECT_REASONS = (
+    "unsigned",  # no signature member
+    "bad_signature",  # HMAC mismatch: tampered, or signed with another node's secret
+    "invalid",  # not a config document of this schema (field named in ``error``)
+    "unsupported_schema",  # a ``schema`` this agent does not speak
+    "wrong_node",  # addressed to another node
+    "stale",  # version older than the applied one
+    "version_conflict",  # same version as the applied one, different content
+    "apply_failed",  # valid, but building or persisting the new bindings failed
+)
+
+
+def utcnow() -> datetime:
+    """Current time, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+class Message(BaseModel):
+    """Base of all broker messages: immutable, unknown fields refused, ``schema`` checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: int = Field(SCHEMA_VERSION, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_schema(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"unsupported schema {value} (this side speaks schema {SCHEMA_VERSION})")
+        return value
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-ready dict (aliases applied, datetimes as ISO strings) for the broker."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- dashboard → agent ------------------------------------------------------------------------------------
+
+
+class StoreEndpoints(BaseModel):
+    """How the node's Mooncake Store client connects (Mooncake 0.3.13.post1 ``setup()`` / MOONCAKE_CONFIG_PATH).
+
+    ``global_segment_size`` is what each process that calls ``setup()`` mounts; ``local_buffer_size`` its
+    registered transfer buffer; both in bytes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master_server_address: str = Field(min_length=1)  # "host:rpc_port"
+    metadata_server: str = Field(min_length=1)  # "http://host:port/metadata"
+    protocol: str = Field("tcp", min_length=1)
+    device_name: str = ""
+    global_segment_size: NonNegative
+    local_buffer_size: NonNegative
+
+
+class RequestGroupSpec(BaseModel):
+    """A request group: requests sharing one ``cache_salt`` (vLLM 0.33.0 salts the first block hash).
+
+    An empty ``cache_salt`` is the tenant's default shared group. ``budget_bytes`` is the group's share of the
+    tenant quota (``None`` = no own budget).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    cache_salt: str = ""
+    budget_bytes: NonNegative | None = None
+
+
+class KVLayout(BaseModel):
+    """The release's cache-affecting settings that shape one stored block; equal layouts can share blocks.
+
+    ``block_size`` is tokens per block (vLLM ``--block-size``, SGLang ``--page-size``); ``kv_dtype`` the KV
+    cache dtype name; ``adapters`` the LoRA names (sorted); ``weights_revision`` the model weights revision.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_layers: Annotated[int, Field(ge=1)]
+    num_kv_heads: Annotated[int, Field(ge=1)]
+    head_dim: Annotated[int, Field(ge=1)]
+    block_size: Annotated[int, Field(ge=1)]
+    kv_dtype: str = "auto"
+    quantization: str = ""
+    adapters: list[str] = Field(default_factory=list)
+    weights_revision: str = ""
+
+    @property
+    def block_size_tokens(self) -> int:
+        """Alias of ``block_size`` (tokens per block) for duck-typed consumers."""
+        return self.block_size
+
+
+class Ranks(BaseModel):
+    """The instance's parallel layout; vLLM 0.33.0 puts ``tp_rank``, ``pcp``, ``dcp`` and ``pp_rank`` in keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp_rank: NonNegative = 0
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    pp_rank: NonNegative = 0
+    pp_size: Annotated[int, Field(ge=1)] = 1
+    pcp_rank: NonNegative = 0
+    pcp_size: Annotated[int, Field(ge=1)] = 1
+    dcp_rank: NonNegative = 0
+    dcp_size: Annotated[int, Field(ge=1)] = 1
+
+    @property
+    def tp_ranks(self) -> list[int]:
+        """The TP ranks this instance holds on the node: one assignment is one rank, ``[tp_rank]``."""
+        return [self.tp_rank]
+
+
+class InstanceSpec(BaseModel):
+    """One engine instance on the node and the cache namespace it reads and writes.
+
+    ``namespace`` is the release namespace: SGLang 0.5.23 ``extra_backend_tag`` / vLLM 0.33.0
+    ``cache_prefix``. ``vllm_model_name`` is the last path component of ``model_path`` (vLLM's key model
+    name). ``hash_algo`` is vLLM's ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``,
+    ``xxhash_cbor``; SGLang releases use ``sha256``), ``hash_seed`` the release's ``PYTHONHASHSEED``.
+    ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` the release's budget (``None`` = none),
+    ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on the node.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"]
+    engine_version: str = ""
+    role: Literal["prefill", "decode", "both"]
+    port: Annotated[int, Field(ge=1, le=65535)]
+    tenant_id: str = Field(min_length=1)
+    tenant_quota_bytes: NonNegative | None = None
+    served_model_name: str = Field(min_length=1)
+    model_path: str = ""
+    vllm_model_name: str = ""
+    namespace: str = Field(min_length=1)
+    release_state: str = Field(min_length=1)
+    release_fingerprint: str = ""
+    kv_layout: KVLayout
+    hash_algo: str = Field(min_length=1)
+    hash_seed: str = ""
+    ranks: Ranks = Field(default_factory=Ranks)
+    request_groups: list[RequestGroupSpec] = Field(default_factory=list)
+    budget_bytes: NonNegative | None = None
+
+
+class ConfigDocument(Message):
+    """Versioned, signed description of everything a node serves.
+
+    ``version`` grows by one for each change of content for this node (the dashboard keeps the counter in its
+    database); the agent refuses a version below the one it applied (``stale``). ``issued_at`` is when the
+    version was created. ``signature`` = HMAC-SHA256 over the canonical encoding (``agent.signing``).
+    """
+
+    kind: Literal["config"] = "config"
+    node: NodeName
+    version: Annotated[int, Field(ge=1)]
+    issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
+    store: StoreEndpoints
+    instances: list[InstanceSpec] = Field(default_factory=list)
+    signature: str = ""
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_instances(cls, value: list[InstanceSpec]) -> list[InstanceSpec]:
+        seen: set[str] = set()
+        for instance in value:
+            if instance.instance_id in seen:
+                raise ValueError(f"instance_id {instance.instance_id!r} appears twice")
+            seen.add(instance.instance_id)
+        return value
+
+
+# --- agent → dashboard ------------------------------------------------------------------------------------
+
+
+class Ack(Message):
+    """The agent's answer to one received document.
+
+    ``version``/``digest`` describe the received document (``None`` when it could not be read that far);
+    ``applied_version``/``applied_digest`` what the agent runs after handling it (0/"" before the first
+    document). ``reason`` is one of ``REJECT_REASONS`` when ``status`` is ``rejected``.
+    """
+
+    kind: Literal["ack"] = "ack"
+    node: NodeName
+    sequence: Annotated[int, Field(ge=1)]
+    sent_at: datetime
+    status: Literal["applied", "rejected"]
+    version: int | None = None
+    digest: str | None = None
+    reason: str = ""
+    error: str = ""
+    applied_version: NonNegative = 0
+    applied_digest: str = ""
+
+
+class NamespaceOccupancy(BaseModel):
+    """Occupancy of one namespace (tenant, served model, release namespace, salt group) on the node.
+
+    ``blocks``/``bytes``/``orphaned_bytes``/``in_flight_requests`` are gauges at ``Report.sent_at``;
+    ``puts``/``gets``/``hit_blocks``/``miss_blocks``/``evicted_blocks`` are counters since the agent started
+    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str = Field(min_length=1)
+    served_model_name: str = ""
+    namespace: str = ""
+    salt_group: str = ""
+    blocks: NonNegative = 0
+    bytes: NonNegative = 0
+    puts: NonNegative = 0
+    gets: NonNegative = 0
+    hit_blocks: NonNegative = 0
+    miss_blocks: NonNegative = 0
+    evicted_blocks: NonNegative = 0
+    orphaned_bytes: NonNegative = 0
+    in_flight_requests: NonNegative = 0
+
+
+class Report(Message):
+    """Occupancy report: one ledger snapshot. Stored once per ``(node, sequence)``."""
+
+    kind: Literal["report"] = "report"
+    node: NodeName
+    sequence: Annotated[int, Field(ge=1)]
+    sent_at: datetime
+    started_at: datetime
+    applied_version: NonNegative = 0
+    namespaces: list[NamespaceOccupancy] = Field(default_factory=list)
+
+
+class Heartbeat(Message):
+    """Liveness: sent every heartbeat interval, never buffered (only the latest one matters)."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    node: NodeName
+    sent_at: datetime
+    started_at: datetime
+    applied_version: NonNegative = 0
+    applied_digest: str = ""
+    hostname: str = ""
+    pid: NonNegative = 0
+    outbox_pending: NonNegative = 0
+    outbox_dropped: NonNegative = 0
+
+
+IngestMessage = Annotated[Union[Ack, Report, Heartbeat], Field(discriminator="kind")]
+_INGEST = TypeAdapter(IngestMessage)
+
+
+def parse_ingest(raw: Any) -> Ack | Report | Heartbeat:
+    """Validate one agent → dashboard message. Raises ``MessageError`` naming the offending field."""
+    try:
+        return _INGEST.validate_python(raw)
+    except ValidationError as exc:
+        raise MessageError(_describe(exc)) from None
+
+
+def parse_document(raw: Any) -> ConfigDocument:
+    """Validate a config document. Raises ``MessageError`` naming the offending field."""
+    try:
+        return ConfigDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise MessageError(_describe(exc)) from None
+
+
+class MessageError(ValueError):
+    """A message does not match its schema; the text names the field(s) and what is wrong."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(item) for item in error.get("loc", ())) or "(message)"
+        parts.append(f"{location}: {error.get('msg')}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")

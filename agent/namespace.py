@@ -1,0 +1,257 @@
+"""The cache namespace a connector reads and writes under: an immutable value decided by the registry.
+
+A :class:`Namespace` fixes everything that makes two blocks shareable or not (the seed's isolation
+boundaries): the Mooncake tenant (client ``tenant_id``), the engine and its key grammar, the model, the release
+namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag``), the request group and its ``cache_salt``, the
+parallel ranks, and the block-hash algorithm with its root seed and block size. From it follow the block hashes
+(:mod:`agent.hashing`), the object keys (:mod:`agent.keys`) and the ledger identity
+(tenant_id, served_model_name, release namespace, request group).
+
+Namespaces are frozen dataclasses: a daemon changes what a connector uses by *replacing* the object (one
+reference assignment, see :class:`agent.connector.KVConnector`), never by mutating it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from agent import keys as keygrammar
+from agent.hashing import (
+    HASH_ALGOS,
+    SGLANG_HASH_ALGO,
+    LoraRef,
+    SglangPageHasher,
+    VllmBlockHasher,
+    make_hasher,
+)
+
+ENGINES = ("vllm", "sglang")
+_FORBIDDEN_IN_RELEASE = "@_"
+
+
+class NamespaceId(NamedTuple):
+    """Ledger / report identity of a namespace: field names match ``agent.messages.NamespaceOccupancy``."""
+
+    tenant_id: str
+    served_model_name: str
+    namespace: str
+    salt_group: str
+
+
+def _require(cond: bool, field_name: str, message: str) -> None:
+    if not cond:
+        raise ValueError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Where one engine instance rank stores its KV blocks, and how their hashes and keys are made.
+
+    Attributes:
+        tenant_id: Mooncake tenant (the store client's ``tenant_id``; never part of a key).
+        engine: ``"vllm"`` or ``"sglang"``.
+        served_model_name: the registry's model name (SGLang key component with ``/`` -> ``-``; ledger key).
+        vllm_model_name: vLLM key model name; "" derives it from ``served_model_name`` (last path component).
+        release_namespace: vLLM ``cache_prefix`` / SGLang ``extra_backend_tag`` ("" = none). No ``@``, ``_`` or
+            whitespace (the registry's charset, which keeps both key grammars unambiguous).
+        request_group: name of the request group ("" = default shared cache).
+        cache_salt: the group's salt ("" = none); vLLM salts block 0, SGLang seeds the chain.
+        hash_algo: ``sha256`` | ``sha256_cbor`` | ``xxhash`` | ``xxhash_cbor`` (vLLM) or ``sglang_sha256``.
+        hash_seed: the release's PYTHONHASHSEED ("" = unset; required for xxhash).
+        block_size: tokens per block (vLLM block / SGLang page).
+        tp_rank, pcp_rank, dcp_rank, pp_rank: parallel ranks of this connector.
+        kv_group: vLLM KV-cache group id (key field ``group:<g>``).
+        pp_size: pipeline-parallel size; SGLang keys carry ``_<pp_rank>`` only when it is > 1.
+        lora_name, lora_path: vLLM LoRA adapter ("" = none); in every block's extra keys.
+        sglang_extra_key: SGLang request ``extra_key`` (None = absent); seeds the page chain with the salt.
+
+    Raises:
+        ValueError: naming the offending field, for any value outside the rules above.
+    """
+
+    tenant_id: str
+    engine: str
+    served_model_name: str
+    vllm_model_name: str = ""
+    release_namespace: str = ""
+    request_group: str = ""
+    cache_salt: str = ""
+    hash_algo: str = "sha256"
+    hash_seed: str = ""
+    block_size: int = 16
+    tp_rank: int = 0
+    pcp_rank: int = 0
+    dcp_rank: int = 0
+    pp_rank: int = 0
+    kv_group: int = 0
+    pp_size: int = 1
+    lora_name: str = ""
+    lora_path: str = ""
+    sglang_extra_key: str | None = None
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.tenant_id, str) and bool(self.tenant_id), "tenant_id", "must be a non-empty string")
+        _require(not self.tenant_id.startswith("_"), "tenant_id", "must not start with '_' (Mooncake rule)")
+        _require(self.engine in ENGINES, "engine", f"must be one of {ENGINES}, got {self.engine!r}")
+        _require(isinstance(self.served_model_name, str) and bool(self.served_model_name), "served_model_name",
+                 "must be a non-empty string")
+        _require(self.hash_algo in HASH_ALGOS, "hash_algo", f"must be one of {HASH_ALGOS}, got {self.hash_algo!r}")
+        if self.engine == "sglang":
+            _require(self.hash_algo == SGLANG_HASH_ALGO, "hash_algo",
+                     f"SGLang namespaces hash pages with {SGLANG_HASH_ALGO!r}, got {self.hash_algo!r}")
+            _require(not self.lora_name, "lora_name", "LoRA extra keys are a vLLM block-hash input")
+        else:
+            _require(self.hash_algo != SGLANG_HASH_ALGO, "hash_algo", "vLLM namespaces need a vLLM algorithm")
+            _require(self.sglang_extra_key is None, "sglang_extra_key", "is an SGLang request field")
+            _require("@" not in self.key_model, "vllm_model_name",
+                     f"{self.key_model!r} contains '@', which the vLLM key grammar uses as separator")
+        rel = self.release_namespace
+        _require(isinstance(rel, str) and not any(c in rel for c in _FORBIDDEN_IN_RELEASE)
+                 and not any(c.isspace() for c in rel), "release_namespace",
+                 f"{rel!r} must not contain '@', '_' or whitespace")
+        for name in ("block_size", "pp_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, name, f"must be a positive integer, got {value!r}")
+        for name in ("tp_rank", "pcp_rank", "dcp_rank", "pp_rank", "kv_group"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 0, name, f"must be a non-negative integer, got {value!r}")
+        _require(self.pp_rank < self.pp_size, "pp_rank", f"{self.pp_rank} is not below pp_size {self.pp_size}")
+        try:
+            self._cache["hasher"] = make_hasher(
+                self.hash_algo, block_size=self.block_size, seed=self.hash_seed or None,
+                cache_salt=self.cache_salt or None,
+                lora=LoraRef(self.lora_name, self.lora_path) if self.lora_name else None,
+                extra_key=self.sglang_extra_key)
+        except ValueError as exc:
+            raise ValueError(f"hash_algo/hash_seed: {exc}") from None
+        if self.engine == "vllm":
+            self._cache["prefix"] = keygrammar.vllm_key_prefix(
+                self.key_model, cache_prefix=self.release_namespace or None, tp_rank=self.tp_rank,
+                pcp_rank=self.pcp_rank, dcp_rank=self.dcp_rank, pp_rank=self.pp_rank, group=self.kv_group)
+        else:
+            pp = f"_{self.pp_rank}" if self.pp_size > 1 else ""
+            base = keygrammar.sglang_key_prefix(self.served_model_name, self.release_namespace or None)
+            self._cache["prefix"] = f"{base}_"
+            self._cache["suffixes"] = (f"_{self.tp_rank}{pp}_k", f"_{self.tp_rank}{pp}_v")
+
+    # --- identity -------------------------------------------------------------------------------------------
+
+    @property
+    def key_model(self) -> str:
+        """The model component of this namespace's keys (vLLM model name / SGLang ``/``->``-`` name)."""
+        if self.engine == "vllm":
+            return self.vllm_model_name or keygrammar.vllm_model_name(self.served_model_name)
+        return keygrammar.sglang_model_component(self.served_model_name)
+
+    @property
+    def id(self) -> NamespaceId:
+        """Ledger identity: (tenant_id, served_model_name, release namespace, request group)."""
+        return NamespaceId(self.tenant_id, self.served_model_name, self.release_namespace, self.request_group)
+
+    def replace(self, **changes: Any) -> Namespace:
+        """A new namespace with ``changes`` applied (validated again); this one is left as it is."""
+        return dataclasses.replace(self, **changes)
+
+    # --- hashes ---------------------------------------------------------------------------------------------
+
+    @property
+    def hasher(self) -> VllmBlockHasher | SglangPageHasher:
+        """The block hasher of this namespace (built once, at construction)."""
+        return self._cache["hasher"]
+
+    @property
+    def digest_size(self) -> int:
+        """Bytes per block hash (32 for SHA-256 algorithms, 16 for xxhash)."""
+        return self.hasher.digest_size
+
+    def block_hashes(self, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+        """Chained hashes of every full block of ``token_ids`` (see :mod:`agent.hashing`)."""
+        return self.hasher.block_hashes(token_ids, parent)
+
+    def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
+        """Chained hashes of FAST'25 trace block ids (each id stands in for its block's tokens)."""
+        return self.hasher.trace_hashes(hash_ids, parent)
+
+    # --- keys -----------------------------------------------------------------------------------------------
+
+    @property
+    def objects_per_block(self) -> int:
+        """Store objects per block: 1 for vLLM (all layers, K and V), 2 for SGLang (``_k`` and ``_v``)."""
+        return 1 if self.engine == "vllm" else 2
+
+    def keys_for(self, block_hash: bytes) -> tuple[str, ...]:
+        """The object key(s) of one block: ``(key,)`` for vLLM, ``(k_key, v_key)`` for SGLang."""
+        prefix = self._cache["prefix"]
+        if self.engine == "vllm":
+            return (prefix + block_hash.hex(),)
+        hexed = block_hash.hex()
+        sk, sv = self._cache["suffixes"]
+        return (prefix + hexed + sk, prefix + hexed + sv)
+
+    def primary_key(self, block_hash: bytes) -> str:
+        """The first object key of a block (its identity in the ledger)."""
+        return self.keys_for(block_hash)[0]
+
+    def keys(self, block_hashes: Iterable[bytes]) -> list[str]:
+        """Flat object keys of many blocks, block-major: ``[b0, b1, ...]`` or ``[b0_k, b0_v, b1_k, ...]``."""
+        prefix = self._cache["prefix"]
+        if self.engine == "vllm":
+            return [prefix + h.hex() for h in block_hashes]
+        sk, sv = self._cache["suffixes"]
+        out: list[str] = []
+        for h in block_hashes:
+            base = prefix + h.hex()
+            out.append(base + sk)
+            out.append(base + sv)
+        return out
+
+    def release_regex(self, *, all_models: bool = False) -> str:
+        """Regex of every key of this release namespace and model (all ranks and groups) for purging.
+
+        ``all_models=True`` widens it to every model under the release namespace (needs a non-empty one).
+        """
+        model = None if all_models else (self.key_model if self.engine == "vllm" else self.served_model_name)
+        return keygrammar.release_regex(self.engine, self.release_namespace, model)
+
+    def owns_key(self, key: str) -> bool:
+        """Whether ``key`` is an object of this exact namespace (same grammar, model, release, ranks)."""
+        parsed = keygrammar.parse(key, known_models=(self.served_model_name,))
+        if self.engine == "vllm":
+            return (isinstance(parsed, keygrammar.VllmKey) and key.startswith(self._cache["prefix"])
+                    and len(parsed.block_hash) == 2 * self.digest_size)
+        return (isinstance(parsed, keygrammar.SglangKey) and key.startswith(self._cache["prefix"])
+                and key.endswith(self._cache["suffixes"]))
+
+
+def namespaces_for_instance(instance: Any) -> dict[tuple[int, str], Namespace]:
+    """Every namespace of one configured engine instance, keyed by ``(tp_rank, request group name)``.
+
+    ``instance`` is duck-typed on ``agent.messages.InstanceSpec`` (engine, tenant_id, served_model_name,
+    vllm_model_name, namespace, hash_algo, hash_seed, kv_layout.block_size_tokens, ranks.tp_ranks /
+    pp_rank / pcp_rank / dcp_rank [/ pp_size], request_groups[].name / .cache_salt). An instance without
+    request groups gets the default group ``""`` (no salt) only. Without ``ranks.pp_size`` the PP size is taken
+    as ``pp_rank + 1``, which is exact for SGLang keys except PP rank 0 of a PP > 1 instance.
+
+    Raises:
+        ValueError: naming the field, when the instance's values do not make a valid namespace.
+    """
+    ranks = instance.ranks
+    groups = [(g.name, g.cache_salt) for g in instance.request_groups] or [("", "")]
+    # InstanceSpec has no pp_size: a rank > 0 implies PP > 1; an explicit ``ranks.pp_size`` wins.
+    pp_size = getattr(ranks, "pp_size", 0) or ranks.pp_rank + 1
+    out: dict[tuple[int, str], Namespace] = {}
+    for tp in ranks.tp_ranks:
+        for name, salt in groups:
+            out[(tp, name)] = Namespace(
+                tenant_id=instance.tenant_id, engine=instance.engine,
+                served_model_name=instance.served_model_name,
+                vllm_model_name=getattr(instance, "vllm_model_name", "") or "",
+                release_namespace=instance.namespace or "", request_group=name, cache_salt=salt or "",
+                hash_algo=instance.hash_algo, hash_seed=instance.hash_seed or "",
+                block_size=instance.kv_layout.block_size_tokens, tp_rank=tp, pcp_rank=ranks.pcp_rank,
+                dcp_rank=ranks.dcp_rank, pp_rank=ranks.pp_rank, pp_size=pp_size)
+    return out

@@ -1,0 +1,135 @@
+"""Bounded on-disk buffer of the agent's outgoing messages (reports and acks).
+
+Every report and ack is written here first, with the next value of a per-node **sequence** that survives
+restarts (the idempotency key on the dashboard is ``(node, sequence)``), and deleted only after the broker
+took it. While the broker is down messages accumulate; after a restart the agent finds them and delivers them
+in sequence order. A crash between publishing and deleting delivers a message twice — the dashboard stores it
+once. When the buffer holds ``max_messages`` the oldest are dropped (counted in ``dropped`` and logged), so a
+long outage costs the oldest telemetry, never the disk.
+
+Storage is one SQLite file (``outbox.sqlite3`` in the state directory, WAL journal, synchronous=FULL), so a
+message that ``add`` returned for is on disk. Thread-safe: one connection guarded by a lock.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("kvpool.agent.outbox")
+
+DEFAULT_MAX_MESSAGES = 20_000
+
+
+class Outbox:
+    """Persistent FIFO of JSON messages keyed by a monotonically increasing sequence (starting at 1).
+
+    ``path`` is the SQLite file; ``max_messages`` (≥ 1) bounds how many undelivered messages are kept.
+    """
+
+    def __init__(self, path: str | Path, *, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+        if max_messages < 1:
+            raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        self.path = Path(path)
+        self.max_messages = max_messages
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS outbox (sequence INTEGER PRIMARY KEY, body TEXT NOT NULL)"
+        )
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('last_sequence', 0), ('dropped', 0)")
+
+    def close(self) -> None:
+        """Close the database file; the object is unusable afterwards."""
+        with self._lock:
+            self._db.close()
+
+    def _meta(self, name: str) -> int:
+        return int(self._db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()[0])
+
+    def add(self, build: Callable[[int], dict[str, Any]]) -> int:
+        """Allocate the next sequence, store ``build(sequence)`` and return the sequence.
+
+        ``build`` receives the sequence so it can put it into the message. Drops the oldest messages beyond
+        ``max_messages``. Raises whatever ``build`` raises (nothing is stored then) and ``sqlite3.Error`` on a
+        disk failure.
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                sequence = self._meta("last_sequence") + 1
+                body = json.dumps(build(sequence), separators=(",", ":"))
+                self._db.execute("UPDATE meta SET value = ? WHERE name = 'last_sequence'", (sequence,))
+                self._db.execute("INSERT INTO outbox (sequence, body) VALUES (?, ?)", (sequence, body))
+                excess = self._count() - self.max_messages
+                if excess > 0:
+                    self._db.execute(
+                        "DELETE FROM outbox WHERE sequence IN "
+                        "(SELECT sequence FROM outbox ORDER BY sequence LIMIT ?)",
+                        (excess,),
+                    )
+                    self._db.execute("UPDATE meta SET value = value + ? WHERE name = 'dropped'", (excess,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        if excess > 0:
+            log.warning("outbox full (%d messages): dropped the %d oldest undelivered", self.max_messages, excess)
+        return sequence
+
+    def _count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._count()
+
+    @property
+    def dropped(self) -> int:
+        """Messages dropped since the state directory was created because the buffer was full."""
+        with self._lock:
+            return self._meta("dropped")
+
+    @property
+    def last_sequence(self) -> int:
+        """The highest sequence allocated so far (0 before the first message)."""
+        with self._lock:
+            return self._meta("last_sequence")
+
+    def peek(self, limit: int) -> list[dict[str, Any]]:
+        """Return up to ``limit`` undelivered messages, oldest first, without removing them."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT body FROM outbox ORDER BY sequence LIMIT ?", (limit,)
+            ).fetchall()
+        return [json.loads(body) for (body,) in rows]
+
+    def remove_through(self, sequence: int) -> None:
+        """Forget every message with a sequence ≤ ``sequence`` (they were delivered)."""
+        with self._lock:
+            self._db.execute("DELETE FROM outbox WHERE sequence <= ?", (sequence,))
+
+    def deliver(self, send: Callable[[list[dict[str, Any]]], None], *, batch: int = 200) -> int:
+        """Hand undelivered messages to ``send`` in batches of up to ``batch``, oldest first.
+
+        A batch is removed only after ``send`` returned; the first exception stops delivery and propagates
+        (the batch stays for the next attempt). Returns how many messages were delivered. Messages added while
+        delivering are delivered too. Callers must not run two ``deliver`` calls at once (the daemon holds a
+        lock), or a batch could be sent twice — harmless for the dashboard, but wasteful.
+        """
+        delivered = 0
+        while True:
+            messages = self.peek(batch)
+            if not messages:
+                return delivered
+            send(messages)
+            self.remove_through(int(messages[-1]["sequence"]))
+            delivered += len(messages)

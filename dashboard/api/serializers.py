@@ -1,0 +1,183 @@
+"""Serializers of the registry resources. Validation is the models' ``clean()`` (see ``base``)."""
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from dashboard.api.base import ValidatedModelSerializer
+from dashboard.api.fields import ByteSizeSerializerField
+from tenants import budgets
+from tenants.choices import Engine, HashAlgo, ReleaseState
+from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.quota import format_quota
+from tenants.validators import validate_adapters
+
+_TIMESTAMPS = ("created_at", "updated_at")
+
+
+class TenantSerializer(ValidatedModelSerializer):
+    """A Mooncake tenant; ``quota_bytes`` accepts ``8MB``-style strings and is returned in bytes."""
+
+    quota = serializers.SerializerMethodField(help_text="quota_bytes in the master's policy notation, e.g. '8MB'.")
+    budgeted_bytes = serializers.SerializerMethodField(help_text="Sum of the budgets given out inside the quota.")
+
+    class Meta:
+        model = Tenant
+        fields = ("id", "tenant_id", "quota_bytes", "quota", "budgeted_bytes", "description", *_TIMESTAMPS)
+
+    def get_quota(self, obj: Tenant) -> str:
+        return format_quota(obj.quota_bytes)
+
+    def get_budgeted_bytes(self, obj: Tenant) -> int:
+        return budgets.budgeted_bytes(obj)
+
+
+class ServedModelSerializer(ValidatedModelSerializer):
+    """A served model of a tenant; ``vllm_model_name`` is derived from ``model_path``."""
+
+    tenant_id = serializers.CharField(source="tenant.tenant_id", read_only=True, help_text="Mooncake tenant id.")
+
+    class Meta:
+        model = ServedModel
+        fields = (
+            "id", "tenant", "tenant_id", "served_model_name", "model_path", "vllm_model_name", "description",
+            *_TIMESTAMPS,
+        )  # fmt: skip
+        read_only_fields = ("vllm_model_name",)
+
+
+class AdapterListField(serializers.ListField):
+    """LoRA adapter names (validated by the model rule ``validate_adapters``)."""
+
+    child = serializers.CharField(trim_whitespace=False, allow_blank=True)
+
+
+class ReleaseSerializer(ValidatedModelSerializer):
+    """A release namespace with its cache settings; ``fingerprint`` and ``first_served_at`` are computed."""
+
+    tenant = serializers.IntegerField(source="model.tenant_id", read_only=True)
+    tenant_id = serializers.CharField(source="model.tenant.tenant_id", read_only=True)
+    served_model_name = serializers.CharField(source="model.served_model_name", read_only=True)
+    adapters = AdapterListField(required=False, validators=[validate_adapters])
+
+    class Meta:
+        model = Release
+        fields = (
+            "id", "model", "tenant", "tenant_id", "served_model_name", "namespace", "state",
+            "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype",
+            "quantization", "adapters", "engine", "engine_version", "hash_algo", "hash_seed",
+            "fingerprint", "budget_bytes", "first_served_at", "description", *_TIMESTAMPS,
+        )  # fmt: skip
+        read_only_fields = ("fingerprint", "first_served_at")
+
+
+class ReleaseCopySerializer(serializers.Serializer):
+    """Input of ``POST /releases/{id}/copy/``: the new namespace and optional changed cache settings."""
+
+    namespace = serializers.CharField()
+    state = serializers.ChoiceField(choices=ReleaseState.choices, default=ReleaseState.WARMING)
+    budget_bytes = ByteSizeSerializerField(required=False, allow_null=True)
+    description = serializers.CharField(required=False, allow_blank=True)
+    weights_revision = serializers.CharField(required=False, allow_blank=True)
+    num_layers = serializers.IntegerField(required=False)
+    num_kv_heads = serializers.IntegerField(required=False)
+    head_dim = serializers.IntegerField(required=False)
+    block_size = serializers.IntegerField(required=False)
+    kv_dtype = serializers.CharField(required=False)
+    quantization = serializers.CharField(required=False, allow_blank=True)
+    adapters = AdapterListField(required=False)
+    engine = serializers.ChoiceField(choices=Engine.choices, required=False)
+    engine_version = serializers.CharField(required=False)
+    hash_algo = serializers.ChoiceField(choices=HashAlgo.choices, required=False)
+    hash_seed = serializers.CharField(required=False)
+
+
+class RequestGroupSerializer(ValidatedModelSerializer):
+    """A request group; ``cache_salt`` is generated when omitted, ``""`` means the default shared cache."""
+
+    tenant_id = serializers.CharField(source="tenant.tenant_id", read_only=True)
+
+    class Meta:
+        model = RequestGroup
+        fields = ("id", "tenant", "tenant_id", "name", "cache_salt", "budget_bytes", "description", *_TIMESTAMPS)
+        extra_kwargs = {"cache_salt": {"trim_whitespace": False}}
+
+
+class NodeSerializer(ValidatedModelSerializer):
+    """A node; its signing secret is never part of this representation (see ``/nodes/{id}/secret/``)."""
+
+    queue_name = serializers.CharField(read_only=True, help_text="Celery queue of the node's agent.")
+
+    class Meta:
+        model = Node
+        fields = ("id", "name", "hostname", "queue_name", "description", *_TIMESTAMPS)
+
+
+class NodeSecretSerializer(serializers.Serializer):
+    """The node's HMAC signing secret (admin only)."""
+
+    node = serializers.CharField()
+    signing_secret = serializers.CharField()
+
+
+class InstanceAssignmentSerializer(ValidatedModelSerializer):
+    """One engine instance of a release on a node; ``engine`` defaults to the release's engine."""
+
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    namespace = serializers.CharField(source="release.namespace", read_only=True)
+
+    class Meta:
+        model = InstanceAssignment
+        fields = (
+            "id", "node", "node_name", "release", "namespace", "engine", "role",
+            "tp_rank", "tp_size", "pp_rank", "pp_size", "pcp_rank", "pcp_size", "dcp_rank", "dcp_size",
+            "port", "bootstrap_port", "gpu_ids", *_TIMESTAMPS,
+        )  # fmt: skip
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    """A read-only audit log entry."""
+
+    changed_fields = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditEntry
+        fields = (
+            "id", "timestamp", "actor", "actor_repr", "action", "object_type", "object_id", "object_repr",
+            "changed_fields", "before", "after", "request_id",
+        )  # fmt: skip
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_changed_fields(self, obj: AuditEntry) -> list[str]:
+        return obj.changed_fields()
+
+
+class RenderedConfigSerializer(serializers.Serializer):
+    """One rendered process: argv, env, files (absolute path -> content) and what it was rendered from."""
+
+    kind = serializers.CharField()
+    argv = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(child=serializers.CharField())
+    files = serializers.DictField(child=serializers.CharField())
+    command_line = serializers.CharField()
+    shell_line = serializers.CharField()
+    assignment = serializers.IntegerField(required=False)
+    node = serializers.CharField(required=False)
+    engine = serializers.CharField(required=False)
+    role = serializers.CharField(required=False)
+    release = serializers.IntegerField(required=False)
+    namespace = serializers.CharField(required=False)
+    fingerprint = serializers.CharField(required=False)
+    tenant_id = serializers.CharField(required=False)
+    served_model_name = serializers.CharField(required=False)
+    vllm_model_name = serializers.CharField(required=False)
+
+
+class ReleaseConfigSerializer(serializers.Serializer):
+    """Every instance of a release, rendered."""
+
+    release = serializers.IntegerField()
+    namespace = serializers.CharField()
+    fingerprint = serializers.CharField()
+    instances = RenderedConfigSerializer(many=True)

@@ -1,0 +1,13 @@
+"""Routes of the telemetry API, included from ``dashboard/urls.py`` under ``api/v1/``."""
+from django.urls import path
+
+from dashboard.api import telemetry
+
+urlpatterns = [
+    path("telemetry/nodes/", telemetry.NodeStateList.as_view(), name="telemetry-nodes"),
+    path("telemetry/nodes/<str:name>/", telemetry.NodeStateDetail.as_view(), name="telemetry-node"),
+    path("telemetry/nodes/<str:name>/push/", telemetry.NodePush.as_view(), name="telemetry-node-push"),
+    path("telemetry/occupancy/", telemetry.OccupancyList.as_view(), name="telemetry-occupancy"),
+    path("telemetry/master/", telemetry.MasterQuotaOverview.as_view(), name="telemetry-master"),
+    path("telemetry/master/samples/", telemetry.MasterQuotaSamples.as_view(), name="telemetry-master-samples"),
+]

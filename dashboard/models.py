@@ -1,0 +1,214 @@
+"""Telemetry and delivery state of the control plane: what was pushed to each node, what came back.
+
+Rows are keyed by **node name** and **tenant_id** strings, not by foreign keys into the registry: time series
+must outlive a deleted node or tenant, ingest must not look up registry rows per sample, and a node that is
+deleted and registered again under the same name keeps counting versions upwards (its agent remembers the last
+version it applied and refuses older ones).
+
+Levels of ``OccupancySample``: ``RAW`` (one row per namespace per report, about every 10 s), ``MINUTE`` and
+``HOUR`` (rollups; gauges averaged, counters the last value in the bucket). See ``dashboard.rollup``.
+"""
+from __future__ import annotations
+
+from django.db import models
+
+
+class NodeState(models.Model):
+    """Per node: desired config version (the counter), last push, last ack, last heartbeat.
+
+    ``desired_version`` is the newest ``ConfigVersion`` of the node (0 before the first); it only grows.
+    ``version_floor`` is the highest version an agent reported as applied when it refused a document as stale —
+    the next version is created above it (recovers from a restored dashboard database).
+    ``applied_version``/``applied_digest`` come from the newest ack or heartbeat, whichever is newer.
+    """
+
+    node_name = models.CharField(max_length=128, unique=True)
+    desired_version = models.PositiveBigIntegerField(default=0)
+    desired_digest = models.CharField(max_length=64, blank=True, default="")
+    version_floor = models.PositiveBigIntegerField(default=0)
+    pushed_version = models.PositiveBigIntegerField(default=0)
+    pushed_at = models.DateTimeField(null=True, blank=True)
+    push_error = models.TextField(blank=True, default="")
+
+    acked_version = models.PositiveBigIntegerField(default=0)
+    acked_digest = models.CharField(max_length=64, blank=True, default="")
+    acked_at = models.DateTimeField(null=True, blank=True)
+    rejected_version = models.BigIntegerField(null=True, blank=True)
+    rejection_reason = models.CharField(max_length=32, blank=True, default="")
+    rejection_error = models.TextField(blank=True, default="")
+    rejected_at = models.DateTimeField(null=True, blank=True)
+
+    applied_version = models.PositiveBigIntegerField(default=0)
+    applied_digest = models.CharField(max_length=64, blank=True, default="")
+    applied_seen_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    agent_hostname = models.CharField(max_length=255, blank=True, default="")
+    agent_pid = models.PositiveIntegerField(default=0)
+    outbox_pending = models.PositiveIntegerField(default=0)
+    outbox_dropped = models.PositiveBigIntegerField(default=0)
+    last_report_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_name"]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} desired v{self.desired_version} acked v{self.acked_version}"
+
+
+class ConfigVersion(models.Model):
+    """One version of a node's config document, as rendered (unsigned; signed when sent).
+
+    ``digest`` = SHA-256 of the canonical document (what the agent acks); ``content_digest`` = the same
+    without ``version`` and ``issued_at`` (two renders with equal content do not make a new version).
+    """
+
+    node_name = models.CharField(max_length=128)
+    version = models.PositiveBigIntegerField()
+    digest = models.CharField(max_length=64)
+    content_digest = models.CharField(max_length=64)
+    document = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["node_name", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["node_name", "version"], name="dashboard_configversion_node_version")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} v{self.version}"
+
+
+class ConfigAck(models.Model):
+    """An agent's ack of one received document (applied or rejected with a reason). Unique per (node, sequence)."""
+
+    class Status(models.TextChoices):
+        APPLIED = "applied", "Applied"
+        REJECTED = "rejected", "Rejected"
+
+    node_name = models.CharField(max_length=128)
+    sequence = models.PositiveBigIntegerField()
+    version = models.BigIntegerField(null=True, blank=True)
+    digest = models.CharField(max_length=64, blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices)
+    reason = models.CharField(max_length=32, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    applied_version = models.PositiveBigIntegerField(default=0)
+    sent_at = models.DateTimeField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-sent_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["node_name", "sequence"], name="dashboard_configack_node_sequence")
+        ]
+        indexes = [models.Index(fields=["node_name", "-sent_at"], name="dashboard_ack_node_sent")]
+
+
+class Report(models.Model):
+    """Receipt of one occupancy report: makes ``(node, sequence)`` the idempotency key of ingest."""
+
+    node_name = models.CharField(max_length=128)
+    sequence = models.PositiveBigIntegerField()
+    sent_at = models.DateTimeField()
+    started_at = models.DateTimeField()
+    applied_version = models.PositiveBigIntegerField(default=0)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node_name", "sequence"], name="dashboard_report_node_sequence")
+        ]
+        indexes = [models.Index(fields=["sent_at"], name="dashboard_report_sent")]
+
+
+class OccupancySample(models.Model):
+    """Occupancy of one namespace on one node at one time (raw) or over one bucket (rolled up).
+
+    Gauges (``blocks``, ``bytes``, ``orphaned_bytes``, ``in_flight_requests``) in raw rows are the reported
+    values, in rollups the average over ``samples`` raw rows (``max_bytes`` keeps the peak). Counters (``puts``,
+    ``gets``, ``hit_blocks``, ``miss_blocks``, ``evicted_blocks``) are cumulative since ``started_at`` of the
+    agent; rollups keep the last value of the bucket. ``ts`` is the report's ``sent_at`` (raw) or the bucket
+    start (rollups).
+    """
+
+    class Level(models.IntegerChoices):
+        RAW = 0, "raw (per report)"
+        MINUTE = 1, "1 minute"
+        HOUR = 2, "1 hour"
+
+    level = models.PositiveSmallIntegerField(choices=Level.choices, default=Level.RAW)
+    ts = models.DateTimeField()
+    node_name = models.CharField(max_length=128)
+    tenant_id = models.CharField(max_length=128)
+    served_model_name = models.CharField(max_length=255, blank=True, default="")
+    namespace = models.CharField(max_length=255, blank=True, default="")
+    salt_group = models.CharField(max_length=255, blank=True, default="")
+    blocks = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    max_bytes = models.BigIntegerField(default=0)
+    orphaned_bytes = models.BigIntegerField(default=0)
+    in_flight_requests = models.BigIntegerField(default=0)
+    puts = models.BigIntegerField(default=0)
+    gets = models.BigIntegerField(default=0)
+    hit_blocks = models.BigIntegerField(default=0)
+    miss_blocks = models.BigIntegerField(default=0)
+    evicted_blocks = models.BigIntegerField(default=0)
+    samples = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["level", "ts"], name="dashboard_occ_level_ts"),
+            models.Index(fields=["tenant_id", "namespace", "level", "ts"], name="dashboard_occ_ns_level_ts"),
+        ]
+
+    GAUGES = ("blocks", "bytes", "orphaned_bytes", "in_flight_requests")
+    COUNTERS = ("puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks")
+    KEY = ("node_name", "tenant_id", "served_model_name", "namespace", "salt_group")
+
+
+class MasterQuotaSample(models.Model):
+    """A tenant's quota state read back from the Mooncake master admin API (0.3.13.post1 field names)."""
+
+    ts = models.DateTimeField()
+    tenant_id = models.CharField(max_length=128)
+    requested_quota_bytes = models.BigIntegerField(default=0)
+    effective_quota_bytes = models.BigIntegerField(default=0)
+    charged_bytes = models.BigIntegerField(default=0)
+    admission_closed = models.BooleanField(default=False)
+    over_quota = models.BooleanField(default=False)
+    has_explicit_policy = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["tenant_id", "-ts"]
+        indexes = [models.Index(fields=["tenant_id", "ts"], name="dashboard_mq_tenant_ts"),
+                   models.Index(fields=["ts"], name="dashboard_mq_ts")]
+
+
+class MasterQuotaSync(models.Model):
+    """Per tenant: what the registry wants on the master and how the last attempt went.
+
+    ``pending_delete`` marks a tenant removed from the registry whose quota the master still holds (the
+    master was unreachable, or refused because the tenant still owns objects — ``last_error`` says which).
+    """
+
+    tenant_id = models.CharField(max_length=128, unique=True)
+    desired_quota_bytes = models.BigIntegerField(null=True, blank=True)
+    synced_quota_bytes = models.BigIntegerField(null=True, blank=True)
+    synced_at = models.DateTimeField(null=True, blank=True)
+    pending_delete = models.BooleanField(default=False)
+    last_error = models.TextField(blank=True, default="")
+    last_error_code = models.IntegerField(null=True, blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} quota sync"
+
+
+# Receivers that push configs on commit and sync quotas. dashboard/apps.py has no ready() hook of its own yet;
+# importing here connects them once, when Django loads this app's models.
+from dashboard import signals as _signals  # noqa: E402,F401

@@ -1,0 +1,173 @@
+"""Registry changes → config push and master quota sync, after the transaction commits.
+
+Receivers work out which nodes a change affects (assignments reach a node through release → served model →
+tenant) and register them with ``transaction.on_commit``: nothing is sent for a rolled-back change, and the
+agents never see a state the database did not commit. Names collected during one transaction are sent as one
+``dashboard.push_nodes`` task (every receiver schedules the same flush; the first flush after the commit
+takes all names, later ones find nothing). Publishing failures are logged, never raised into the request: the
+periodic ``dashboard.reconcile_configs`` sends whatever was missed.
+
+Tenants: a saved tenant schedules ``dashboard.sync_master_quotas`` for its ``tenant_id`` (and the old one when
+it was renamed). A deleted tenant is removed from the master **before** the row goes, synchronously, so that a
+master refusal — 409 ``TENANT_NOT_EMPTY``, the tenant still owns objects — refuses the delete with
+``TenantStillOwnsObjects`` (HTTP 409 in the REST API) instead of leaving the master and the registry apart.
+An unreachable master does not block the delete: the tenant is marked ``pending_delete`` and retried.
+
+Senders are given as lazy ``"app_label.Model"`` strings, so this module imports no registry model at load.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save, pre_delete, pre_save
+from django.dispatch import receiver
+from rest_framework import status
+from rest_framework.exceptions import APIException
+
+log = logging.getLogger("kvpool.dashboard.signals")
+
+_pending = threading.local()
+
+
+class TenantStillOwnsObjects(APIException):
+    """The master refused to delete a tenant that still owns objects (409 ``TENANT_NOT_EMPTY``)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "tenant_not_empty"
+    default_detail = "The Mooncake master refused to delete the tenant: it still owns objects in the Store."
+
+
+def _names() -> set[str]:
+    if not hasattr(_pending, "nodes"):
+        _pending.nodes = set()
+        _pending.tenants = set()
+    return _pending.nodes
+
+
+def _tenants() -> set[str]:
+    _names()
+    return _pending.tenants
+
+
+def _flush() -> None:
+    nodes, tenants = sorted(_names()), sorted(_tenants())
+    _pending.nodes, _pending.tenants = set(), set()
+    from dashboard import tasks
+
+    if nodes:
+        try:
+            tasks.push_nodes.apply_async(args=[nodes], retry=True, retry_policy={"max_retries": 1})
+        except Exception as exc:  # broker down: the periodic reconcile pushes later
+            log.error("could not queue config push for nodes %s: %s", nodes, exc)
+    if tenants and settings.KVPOOL_MASTER_SYNC:
+        try:
+            tasks.sync_master_quotas.apply_async(args=[tenants], retry=True, retry_policy={"max_retries": 1})
+        except Exception as exc:
+            log.error("could not queue master quota sync for tenants %s: %s", tenants, exc)
+
+
+def schedule_push(names) -> None:
+    """Push the config of the named nodes once the current transaction commits (now, in autocommit)."""
+    names = {name for name in names if name}
+    if names:
+        _names().update(names)
+        transaction.on_commit(_flush, robust=True)
+
+
+def schedule_quota_sync(tenant_ids) -> None:
+    """Sync these tenants' quotas to the master once the current transaction commits."""
+    tenant_ids = {tid for tid in tenant_ids if tid}
+    if tenant_ids:
+        _tenants().update(tenant_ids)
+        transaction.on_commit(_flush, robust=True)
+
+
+def _node_names(**lookup) -> set[str]:
+    from tenants.models import Node
+
+    return set(Node.objects.filter(**lookup).values_list("name", flat=True).distinct())
+
+
+@receiver(post_save, sender="tenants.Tenant", dispatch_uid="kvpool-push-tenant-save")
+def tenant_saved(sender, instance, created, **kwargs):
+    """Quota or tenant_id changed: re-render the tenant's nodes and sync the master."""
+    schedule_push(_node_names(assignments__release__model__tenant=instance))
+    schedule_quota_sync({instance.tenant_id, getattr(instance, "_kvpool_old_tenant_id", "")})
+
+
+@receiver(pre_save, sender="tenants.Tenant", dispatch_uid="kvpool-tenant-old-id")
+def tenant_saving(sender, instance, **kwargs):
+    """Remember the stored ``tenant_id`` so a rename removes the old name from the master."""
+    if instance.pk is not None:
+        old = sender._base_manager.filter(pk=instance.pk).values_list("tenant_id", flat=True).first()
+        if old and old != instance.tenant_id:
+            instance._kvpool_old_tenant_id = old
+
+
+@receiver(pre_delete, sender="tenants.Tenant", dispatch_uid="kvpool-tenant-delete-master")
+def tenant_deleting(sender, instance, **kwargs):
+    """Remove the tenant from the master first; refuse the delete if the master says it still owns objects."""
+    if not settings.KVPOOL_MASTER_SYNC:
+        return
+    from dashboard.master_admin import TenantNotEmpty
+    from dashboard.master_admin import delete_tenant
+
+    try:
+        delete_tenant(instance.tenant_id)
+    except TenantNotEmpty as exc:
+        log.error("refusing to delete tenant %s: %s", instance.tenant_id, exc)
+        raise TenantStillOwnsObjects(str(exc)) from None
+
+
+@receiver(post_delete, sender="tenants.Tenant", dispatch_uid="kvpool-tenant-deleted")
+def tenant_deleted(sender, instance, **kwargs):
+    """Rewrite the master's policy file without the tenant."""
+    schedule_quota_sync({instance.tenant_id})
+
+
+@receiver(post_save, sender="tenants.ServedModel", dispatch_uid="kvpool-push-model-save")
+def served_model_saved(sender, instance, **kwargs):
+    schedule_push(_node_names(assignments__release__model=instance))
+
+
+@receiver(post_save, sender="tenants.Release", dispatch_uid="kvpool-push-release-save")
+def release_saved(sender, instance, **kwargs):
+    schedule_push(_node_names(assignments__release=instance))
+
+
+@receiver(post_save, sender="tenants.RequestGroup", dispatch_uid="kvpool-push-group-save")
+@receiver(pre_delete, sender="tenants.RequestGroup", dispatch_uid="kvpool-push-group-delete")
+def request_group_changed(sender, instance, **kwargs):
+    schedule_push(_node_names(assignments__release__model__tenant_id=instance.tenant_id))
+
+
+@receiver(pre_save, sender="tenants.InstanceAssignment", dispatch_uid="kvpool-assignment-old-node")
+def assignment_saving(sender, instance, **kwargs):
+    """Remember the node an assignment moves away from (that node must drop it)."""
+    if instance.pk is not None:
+        instance._kvpool_old_node_id = (
+            sender._base_manager.filter(pk=instance.pk).values_list("node_id", flat=True).first())
+
+
+@receiver(post_save, sender="tenants.InstanceAssignment", dispatch_uid="kvpool-push-assignment-save")
+def assignment_saved(sender, instance, **kwargs):
+    from tenants.models import Node
+
+    ids = {instance.node_id, getattr(instance, "_kvpool_old_node_id", None)} - {None}
+    schedule_push(Node.objects.filter(pk__in=ids).values_list("name", flat=True))
+
+
+@receiver(pre_delete, sender="tenants.InstanceAssignment", dispatch_uid="kvpool-push-assignment-delete")
+def assignment_deleting(sender, instance, **kwargs):
+    from tenants.models import Node
+
+    schedule_push(Node.objects.filter(pk=instance.node_id).values_list("name", flat=True))
+
+
+@receiver(post_save, sender="tenants.Node", dispatch_uid="kvpool-push-node-save")
+def node_saved(sender, instance, created, **kwargs):
+    """A new node gets its first document (no instances yet); other node edits re-render (usually unchanged)."""
+    schedule_push({instance.name})

@@ -1,0 +1,109 @@
+"""Django admin for every registry model. Validation is the models' ``clean()``: same rules as the API."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from tenants import budgets
+from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.quota import format_quota
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("tenant_id", "quota", "budgeted", "created_at")
+    search_fields = ("tenant_id", "description")
+    readonly_fields = ("created_at", "updated_at")
+
+    @admin.display(description="quota", ordering="quota_bytes")
+    def quota(self, obj: Tenant) -> str:
+        return format_quota(obj.quota_bytes)
+
+    @admin.display(description="budgeted bytes")
+    def budgeted(self, obj: Tenant) -> int:
+        return budgets.budgeted_bytes(obj)
+
+
+@admin.register(ServedModel)
+class ServedModelAdmin(admin.ModelAdmin):
+    list_display = ("served_model_name", "tenant", "model_path", "vllm_model_name")
+    list_filter = ("tenant",)
+    search_fields = ("served_model_name", "model_path", "vllm_model_name")
+    readonly_fields = ("vllm_model_name", "created_at", "updated_at")
+
+
+@admin.register(Release)
+class ReleaseAdmin(admin.ModelAdmin):
+    list_display = ("namespace", "model", "state", "engine", "engine_version", "short_fingerprint", "first_served_at")
+    list_filter = ("state", "engine", "hash_algo", "model__tenant")
+    search_fields = ("namespace", "model__served_model_name", "fingerprint")
+    readonly_fields = ("fingerprint", "first_served_at", "created_at", "updated_at")
+
+    @admin.display(description="fingerprint")
+    def short_fingerprint(self, obj: Release) -> str:
+        return obj.fingerprint[:12]
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.has_served:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset) -> None:
+        served = queryset.filter(first_served_at__isnull=False)
+        if served.exists():
+            names = ", ".join(served.values_list("namespace", flat=True))
+            self.message_user(
+                request,
+                f"Not deleted (have served; retire them instead so their namespaces stay reserved): {names}",
+                messages.WARNING,
+            )
+        super().delete_queryset(request, queryset.filter(first_served_at__isnull=True))
+
+
+@admin.register(RequestGroup)
+class RequestGroupAdmin(admin.ModelAdmin):
+    list_display = ("name", "tenant", "cache_salt", "budget_bytes")
+    list_filter = ("tenant",)
+    search_fields = ("name", "cache_salt")
+    readonly_fields = ("created_at", "updated_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        return (*fields, "tenant", "cache_salt") if obj is not None else fields
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "hostname", "queue_name", "created_at")
+    search_fields = ("name", "hostname")
+    readonly_fields = ("queue_name", "created_at", "updated_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        return (*fields, "name") if obj is not None else fields
+
+
+@admin.register(InstanceAssignment)
+class InstanceAssignmentAdmin(admin.ModelAdmin):
+    list_display = ("release", "node", "engine", "role", "tp_rank", "tp_size", "pp_rank", "pp_size", "port")
+    list_filter = ("engine", "role", "node")
+    search_fields = ("release__namespace", "node__name")
+    readonly_fields = ("created_at", "updated_at")
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin):
+    list_display = ("timestamp", "actor_repr", "action", "object_type", "object_repr", "request_id")
+    list_filter = ("action", "object_type")
+    search_fields = ("object_repr", "object_id", "actor_repr", "request_id")
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

@@ -1,0 +1,71 @@
+"""Budgets inside a tenant's quota: the byte budgets of its releases and request groups may not exceed it.
+
+A budget is the most bytes a release namespace or a request group may occupy in the Store (the agent
+enforces it before the master's global eviction). Retired releases do not count: retiring frees the budget.
+Errors name the field and say by how many bytes the quota would be exceeded.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ValidationError
+from django.db.models import Sum
+
+from tenants.choices import ReleaseState
+from tenants.quota import humanize_bytes
+
+if TYPE_CHECKING:
+    from tenants.models import Release, RequestGroup, Tenant
+
+
+def budgeted_bytes(tenant: "Tenant", *, exclude: object | None = None) -> int:
+    """Sum of ``budget_bytes`` over the tenant's non-retired releases and its request groups, in bytes.
+
+    ``exclude`` (a saved ``Release`` or ``RequestGroup``) is left out, so an object being edited is counted
+    with its new value by the caller.
+    """
+    from tenants.models import Release, RequestGroup
+
+    releases = Release.objects.filter(model__tenant=tenant, budget_bytes__isnull=False).exclude(
+        state=ReleaseState.RETIRED
+    )
+    groups = RequestGroup.objects.filter(tenant=tenant, budget_bytes__isnull=False)
+    if isinstance(exclude, Release) and exclude.pk is not None:
+        releases = releases.exclude(pk=exclude.pk)
+    if isinstance(exclude, RequestGroup) and exclude.pk is not None:
+        groups = groups.exclude(pk=exclude.pk)
+    total = releases.aggregate(total=Sum("budget_bytes"))["total"] or 0
+    return total + (groups.aggregate(total=Sum("budget_bytes"))["total"] or 0)
+
+
+def check_budget(obj: "Release | RequestGroup", tenant: "Tenant") -> None:
+    """Raise ``ValidationError({"budget_bytes": ...})`` when ``obj``'s budget would push the tenant over quota."""
+    budget = obj.budget_bytes
+    if not isinstance(budget, int) or not isinstance(tenant.quota_bytes, int):
+        return
+    total = budgeted_bytes(tenant, exclude=obj) + budget
+    excess = total - tenant.quota_bytes
+    if excess > 0:
+        raise ValidationError(
+            {
+                "budget_bytes": f"Budgets in tenant '{tenant.tenant_id}' would total {total} bytes, exceeding its "
+                f"quota_bytes {tenant.quota_bytes} by {excess} bytes ({humanize_bytes(excess)}). Lower this "
+                "budget or raise the tenant's quota."
+            },
+            code="over_quota",
+        )
+
+
+def check_quota(tenant: "Tenant") -> None:
+    """Raise ``ValidationError({"quota_bytes": ...})`` when the quota is below the budgets already given out."""
+    total = budgeted_bytes(tenant)
+    excess = total - tenant.quota_bytes
+    if excess > 0:
+        raise ValidationError(
+            {
+                "quota_bytes": f"quota_bytes {tenant.quota_bytes} is below the {total} bytes budgeted to releases "
+                f"and request groups of tenant '{tenant.tenant_id}': the budgets would exceed it by {excess} "
+                f"bytes ({humanize_bytes(excess)}). Lower those budgets first."
+            },
+            code="below_budgets",
+        )

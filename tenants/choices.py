@@ -1,0 +1,66 @@
+"""One choices class per status or kind, shared by models, serializers, filters and forms."""
+from __future__ import annotations
+
+from django.db import models
+
+
+class Engine(models.TextChoices):
+    """Inference engine of a release; decides the key grammar and the rendered command line."""
+
+    VLLM = "vllm", "vLLM"
+    SGLANG = "sglang", "SGLang"
+
+
+class InstanceRole(models.TextChoices):
+    """Role of an engine instance: prefill or decode of a disaggregated pair, or both (aggregated)."""
+
+    PREFILL = "prefill", "Prefill"
+    DECODE = "decode", "Decode"
+    BOTH = "both", "Prefill and decode"
+
+
+class HashAlgo(models.TextChoices):
+    """vLLM 0.33.0 ``--prefix-caching-hash-algo`` values (SGLang 0.5.23 always hashes pages with SHA-256)."""
+
+    SHA256 = "sha256", "sha256 (pickle)"
+    SHA256_CBOR = "sha256_cbor", "sha256_cbor"
+    XXHASH = "xxhash", "xxhash (pickle)"
+    XXHASH_CBOR = "xxhash_cbor", "xxhash_cbor"
+
+
+class ReleaseState(models.TextChoices):
+    """Lifecycle of a release namespace during a rolling upgrade (seed: warm, shift traffic, retire).
+
+    ``TRANSITIONS`` lists the states each state may move to; ``INITIAL`` the states a release may be created in.
+    """
+
+    WARMING = "warming", "Warming"
+    SERVING = "serving", "Serving"
+    DRAINING = "draining", "Draining"
+    RETIRED = "retired", "Retired"
+
+    @classmethod
+    def allowed_next(cls, current: str) -> tuple[str, ...]:
+        """States reachable from ``current`` in one step (``current`` itself is always allowed)."""
+        return _TRANSITIONS[current]
+
+    @classmethod
+    def initial(cls) -> tuple[str, ...]:
+        """States a new release may start in."""
+        return (cls.WARMING, cls.SERVING)
+
+
+_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    ReleaseState.WARMING: (ReleaseState.SERVING, ReleaseState.RETIRED),
+    ReleaseState.SERVING: (ReleaseState.DRAINING,),
+    ReleaseState.DRAINING: (ReleaseState.SERVING, ReleaseState.RETIRED),
+    ReleaseState.RETIRED: (),
+}
+
+
+class AuditAction(models.TextChoices):
+    """What happened to an audited object."""
+
+    CREATE = "create", "Create"
+    UPDATE = "update", "Update"
+    DELETE = "delete", "Delete"

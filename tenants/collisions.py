@@ -1,0 +1,93 @@
+"""Key-space collision rules between models of one tenant (a Mooncake tenant separates key spaces).
+
+* vLLM 0.33.0 keys start with ``[<cache_prefix>@]<vllm model name>@``: two models whose model paths end in the
+  same component (``Qwen/Qwen3-8B`` and ``/models/Qwen3-8B``) write the same keys unless their releases use
+  distinct ``cache_prefix`` values. Refused on the release's ``namespace`` (or the model's ``model_path``).
+* SGLang 0.5.23 keys start with ``<extra_backend_tag>_<served model name, '/' -> '-'>_``: ``org/m`` and
+  ``org-m`` write the same keys. Refused on ``served_model_name``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ValidationError
+from django.db.models import Value
+from django.db.models.functions import Replace
+
+if TYPE_CHECKING:
+    from tenants.models import Release, ServedModel
+
+
+def _collision_message(model: "ServedModel", other: "Release") -> str:
+    return (
+        f"vLLM model name '{model.vllm_model_name}' collides with served model "
+        f"'{other.model.served_model_name}' (model_path '{other.model.model_path}') of tenant "
+        f"'{other.model.tenant}', whose release already uses cache_prefix '{other.namespace}': models with the "
+        "same vLLM model name write the same store keys, so their releases need distinct cache_prefix values "
+        "(release namespaces)."
+    )
+
+
+def check_sglang_prefix(model: "ServedModel") -> None:
+    """Refuse a served model name whose SGLang key part (``/`` -> ``-``) equals another model's in the tenant."""
+    from tenants.models import ServedModel
+
+    key = model.served_model_name.replace("/", "-")
+    other = (
+        ServedModel.objects.filter(tenant_id=model.tenant_id)
+        .exclude(pk=model.pk)
+        .exclude(served_model_name=model.served_model_name)
+        .annotate(sglang_key=Replace("served_model_name", Value("/"), Value("-")))
+        .filter(sglang_key=key)
+        .first()
+    )
+    if other is not None:
+        raise ValidationError(
+            {
+                "served_model_name": f"served_model_name '{model.served_model_name}' and served model "
+                f"'{other.served_model_name}' give the same SGLang key prefix '{key}' (SGLang replaces '/' "
+                "by '-'), so their KV cache entries would mix. Choose a distinct name."
+            }
+        )
+
+
+def check_release_vllm_collision(release: "Release") -> None:
+    """Refuse a release namespace already used by a release of another model with the same vLLM model name."""
+    from tenants.models import Release
+
+    model = release.model
+    other = (
+        Release.objects.filter(
+            model__tenant_id=model.tenant_id,
+            model__vllm_model_name=model.vllm_model_name,
+            namespace=release.namespace,
+        )
+        .exclude(model_id=model.pk)
+        .select_related("model__tenant")
+        .first()
+    )
+    if other is not None:
+        raise ValidationError({"namespace": _collision_message(model, other)})
+
+
+def check_model_vllm_collisions(model: "ServedModel") -> None:
+    """Refuse a model path whose vLLM name collides with another model that shares one of its namespaces."""
+    from tenants.models import Release
+
+    if model.pk is None:
+        return
+    namespaces = list(Release.objects.filter(model_id=model.pk).values_list("namespace", flat=True))
+    if not namespaces:
+        return
+    other = (
+        Release.objects.filter(
+            model__tenant_id=model.tenant_id,
+            model__vllm_model_name=model.vllm_model_name,
+            namespace__in=namespaces,
+        )
+        .exclude(model_id=model.pk)
+        .select_related("model__tenant")
+        .first()
+    )
+    if other is not None:
+        raise ValidationError({"model_path": _collision_message(model, other)})

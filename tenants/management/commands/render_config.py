@@ -1,0 +1,102 @@
+"""``manage.py render_config``: print or write the engine (or master) configuration the registry implies."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from tenants.models import Release, Tenant
+from tenants.rendering import RenderedConfig, StoreEndpoints, render_assignment, render_master
+
+
+def find_release(selector: str) -> Release:
+    """A release by primary key or by namespace; an ambiguous namespace is refused with the candidates."""
+    releases = Release.objects.select_related("model__tenant")
+    if selector.isdigit():
+        release = releases.filter(pk=int(selector)).first()
+        if release is not None:
+            return release
+    matches = list(releases.filter(namespace=selector))
+    if not matches:
+        raise CommandError(f"No release with id or namespace '{selector}'.")
+    if len(matches) > 1:
+        listing = ", ".join(f"{r.pk} ({r.model.tenant}/{r.model.served_model_name})" for r in matches)
+        raise CommandError(f"Namespace '{selector}' is used by several releases: {listing}; pass the id instead.")
+    return matches[0]
+
+
+def launch_script(config: RenderedConfig) -> str:
+    """A POSIX shell script that exports the environment and execs the command."""
+    lines = ["#!/bin/sh", f"# rendered by manage.py render_config: {config.kind}", "set -e"]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(config.env.items())]
+    lines.append(f"exec {config.command_line}")
+    return "\n".join(lines) + "\n"
+
+
+class Command(BaseCommand):
+    help = (
+        "Render the SGLang/vLLM command line and config files of a release's instance assignments "
+        "(or, with --master, the mooncake_master flags and tenant_quotas.yaml)."
+    )
+
+    def add_arguments(self, parser):
+        target = parser.add_mutually_exclusive_group(required=True)
+        target.add_argument("--release", help="Release id or namespace.")
+        target.add_argument("--master", action="store_true", help="Render the Mooncake master instead.")
+        parser.add_argument("--assignment", type=int, help="Only this instance assignment id of the release.")
+        parser.add_argument(
+            "--out",
+            help="Write files under this directory (config files, and launch.sh per instance) instead of printing.",
+        )
+
+    def handle(self, *args, **options):
+        out = Path(options["out"]).resolve() if options["out"] else None
+        endpoints = StoreEndpoints.from_settings(**({"config_dir": str(out)} if out else {}))
+        if options["master"]:
+            if options["assignment"] is not None:
+                raise CommandError("--assignment applies to --release, not --master.")
+            configs = [(None, render_master(Tenant.objects.all(), endpoints))]
+        else:
+            release = find_release(options["release"])
+            assignments = release.assignments.select_related("node", "release__model__tenant").order_by(
+                "node__name", "port"
+            )
+            if options["assignment"] is not None:
+                assignments = assignments.filter(pk=options["assignment"])
+                if not assignments.exists():
+                    raise CommandError(
+                        f"Instance assignment {options['assignment']} does not belong to release "
+                        f"'{release.namespace}' (id {release.pk})."
+                    )
+            configs = [(a, render_assignment(a, endpoints)) for a in assignments]
+            if not configs:
+                raise CommandError(
+                    f"Release '{release.namespace}' has no instance assignments yet; assign it to a node first."
+                )
+        for assignment, config in configs:
+            if out is None:
+                self._print(assignment, config)
+            else:
+                self._write(out, assignment, config)
+
+    def _print(self, assignment, config: RenderedConfig) -> None:
+        title = config.kind if assignment is None else f"assignment {assignment.pk}: {assignment}"
+        self.stdout.write(f"# {title}")
+        for path, content in config.files.items():
+            self.stdout.write(f"# --- file {path}\n{content.rstrip()}")
+        self.stdout.write(config.shell_line)
+
+    def _write(self, out: Path, assignment, config: RenderedConfig) -> None:
+        for path, content in config.files.items():
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+            self.stdout.write(f"wrote {target}")
+        script_dir = out / ("master" if assignment is None else f"assignment-{assignment.pk}")
+        script_dir.mkdir(parents=True, exist_ok=True)
+        script = script_dir / "launch.sh"
+        script.write_text(launch_script(config), encoding="utf-8")
+        os.chmod(script, 0o755)
+        self.stdout.write(f"wrote {script}")

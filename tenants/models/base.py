@@ -1,0 +1,62 @@
+"""Common base of registry models: timestamps, audit snapshot, field-keyed uniqueness checks."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+
+class RegistryModel(models.Model):
+    """Abstract base: ``created_at``/``updated_at`` and the snapshot the audit log records.
+
+    Every domain rule lives in ``clean()`` of the concrete model, with errors keyed by field name, so the REST
+    API (whose serializers call ``full_clean()``), the admin and the page forms refuse the same input with the
+    same message. Multi-column uniqueness is checked there too (``unique_together_check``); the database
+    constraints declared in ``Meta`` are the backstop against races, and Django's own constraint validation
+    is skipped because it would report those as non-field errors with a generic message.
+
+    ``audit_redact`` names fields whose values never reach the audit log (secrets).
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    audit_redact: tuple[str, ...] = ()
+
+    class Meta:
+        abstract = True
+
+    def validate_constraints(self, exclude=None):
+        """Skipped on purpose: ``clean()`` checks each constraint with a field-specific message."""
+        return None
+
+    def stored(self):
+        """The row as it is in the database now (``None`` for an unsaved object or a deleted row)."""
+        if self.pk is None or self._state.adding:
+            return None
+        return type(self)._base_manager.filter(pk=self.pk).first()
+
+    def unique_together_check(self, field: str, message: str, **lookup: Any) -> None:
+        """Raise ``ValidationError({field: message})`` when another row matches ``lookup``."""
+        if any(value is None for value in lookup.values()):
+            return
+        others = type(self)._base_manager.filter(**lookup)
+        if self.pk is not None:
+            others = others.exclude(pk=self.pk)
+        if others.exists():
+            raise ValidationError({field: message}, code="unique")
+
+    def audit_snapshot(self) -> dict[str, Any]:
+        """JSON-ready dict of the concrete fields (foreign keys as ids), secrets replaced by ``"<redacted>"``."""
+        data: dict[str, Any] = {}
+        for field in self._meta.concrete_fields:
+            value = getattr(self, field.attname)
+            data[field.attname] = "<redacted>" if field.name in self.audit_redact else value
+        return json.loads(json.dumps(data, cls=DjangoJSONEncoder))
+
+    def audit_secret_values(self) -> dict[str, Any]:
+        """Raw values of the redacted fields, compared (never stored) to notice that a secret changed."""
+        return {name: getattr(self, name) for name in self.audit_redact}

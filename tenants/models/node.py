@@ -1,0 +1,148 @@
+"""Nodes that run engine instances, and the assignment of release instances to them."""
+from __future__ import annotations
+
+import secrets
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from tenants.choices import Engine, InstanceRole, ReleaseState
+from tenants.models.base import RegistryModel
+from tenants.models.release import Release
+from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname
+
+
+def generate_signing_secret() -> str:
+    """A fresh node signing secret: 32 random bytes as 64 lower-case hex characters."""
+    return secrets.token_hex(32)
+
+
+class Node(RegistryModel):
+    """A machine running an agent (Celery queue ``agent.<name>``) and engine instances.
+
+    ``signing_secret`` (HMAC key of the node's config documents) is generated on create, never shown in
+    lists, details or the audit log; ``rotate_secret()`` replaces it. ``name`` cannot change (it is the
+    agent's identity and queue name).
+    """
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[validate_dns_label],
+        error_messages={"unique": "A node with this name already exists."},
+        help_text="Agent identity; its Celery queue is 'agent.<name>'.",
+    )
+    hostname = models.CharField(max_length=255, validators=[validate_hostname])
+    signing_secret = models.CharField(max_length=64, default=generate_signing_secret, editable=False)
+    description = models.TextField(blank=True)
+
+    audit_redact = ("signing_secret",)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue_name(self) -> str:
+        """Celery queue the node's agent consumes: ``agent.<name>``."""
+        return f"agent.{self.name}"
+
+    def rotate_secret(self) -> str:
+        """Replace the signing secret with a fresh one, save, and return it."""
+        self.signing_secret = generate_signing_secret()
+        self.save(update_fields=["signing_secret", "updated_at"])
+        return self.signing_secret
+
+    def clean(self) -> None:
+        stored = self.stored()
+        if stored is not None and stored.name != self.name:
+            raise ValidationError(
+                {
+                    "name": f"A node's name cannot change (it is agent '{stored.name}''s identity and queue "
+                    f"'{stored.queue_name}'). Create a new node instead."
+                }
+            )
+
+
+_PORT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(65535)]
+_RANKS = ("tp", "pp", "pcp", "dcp")
+
+
+class InstanceAssignment(RegistryModel):
+    """One engine instance of a release on a node.
+
+    ``engine`` must equal the release's engine (filled from it when blank); ``role`` is ``prefill``,
+    ``decode`` or ``both``. Parallel layout: ``tp_rank``/``tp_size``, ``pp_rank``/``pp_size``,
+    ``pcp_rank``/``pcp_size``, ``dcp_rank``/``dcp_size`` (each rank below its size); these ranks are the ones
+    vLLM 0.33.0 puts in its keys. ``port`` is the engine's HTTP port (unique per node), ``bootstrap_port`` the
+    optional P/D bootstrap port (vLLM ``VLLM_MOONCAKE_BOOTSTRAP_PORT``, SGLang
+    ``--disaggregation-bootstrap-port``), ``gpu_ids`` the ``CUDA_VISIBLE_DEVICES`` list. Namespace values are
+    never stored here: rendering takes them from the release, so prefill and decode always agree.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments")
+    release = models.ForeignKey(Release, on_delete=models.PROTECT, related_name="assignments")
+    engine = models.CharField(max_length=16, choices=Engine.choices, blank=True)
+    role = models.CharField(max_length=16, choices=InstanceRole.choices, default=InstanceRole.BOTH)
+    tp_rank = models.PositiveSmallIntegerField(default=0)
+    tp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    pp_rank = models.PositiveSmallIntegerField(default=0)
+    pp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    pcp_rank = models.PositiveSmallIntegerField(default=0)
+    pcp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    dcp_rank = models.PositiveSmallIntegerField(default=0)
+    dcp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    port = models.PositiveIntegerField(validators=_PORT_VALIDATORS, help_text="Engine HTTP port on the node.")
+    bootstrap_port = models.PositiveIntegerField(null=True, blank=True, validators=_PORT_VALIDATORS)
+    gpu_ids = models.CharField(max_length=255, blank=True, validators=[validate_gpu_ids])
+
+    class Meta:
+        ordering = ["node__name", "port"]
+        constraints = [models.UniqueConstraint(fields=["node", "port"], name="uniq_assignment_port_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.release_id and self.release} {self.role} on {self.node_id and self.node}:{self.port}"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        for rank in _RANKS:
+            rank_value, size_value = getattr(self, f"{rank}_rank"), getattr(self, f"{rank}_size")
+            if isinstance(rank_value, int) and isinstance(size_value, int) and rank_value >= size_value >= 1:
+                errors[f"{rank}_rank"] = f"{rank}_rank must be below {rank}_size ({size_value})."
+        if self.bootstrap_port is not None and self.bootstrap_port == self.port:
+            errors["bootstrap_port"] = "bootstrap_port must differ from port."
+        if self.release_id is not None:
+            release = self.release
+            if not self.engine:
+                self.engine = release.engine
+            elif self.engine != release.engine:
+                errors["engine"] = (
+                    f"engine '{self.engine}' differs from release '{release.namespace}''s engine "
+                    f"'{release.engine}': instances of one release must run the same engine to share its cache."
+                )
+            stored = self.stored()
+            if release.state == ReleaseState.RETIRED and (stored is None or stored.release_id != self.release_id):
+                errors["release"] = f"Release '{release.namespace}' is retired; it cannot get new instances."
+        if errors:
+            raise ValidationError(errors)
+        if self.node_id is not None and isinstance(self.port, int):
+            self.unique_together_check(
+                "port",
+                f"Node '{self.node}' already runs an instance on port {self.port}.",
+                node_id=self.node_id,
+                port=self.port,
+            )
+            if self.bootstrap_port is not None:
+                clash = (
+                    InstanceAssignment.objects.filter(node_id=self.node_id)
+                    .filter(models.Q(port=self.bootstrap_port) | models.Q(bootstrap_port=self.bootstrap_port))
+                    .exclude(pk=self.pk)
+                    .exists()
+                )
+                if clash:
+                    raise ValidationError(
+                        {"bootstrap_port": f"Port {self.bootstrap_port} is already used on node '{self.node}'."}
+                    )

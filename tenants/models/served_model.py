@@ -1,0 +1,87 @@
+"""Served model: what SGLang calls ``--served-model-name`` and what vLLM derives from the model path."""
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from tenants import collisions
+from tenants.models.base import RegistryModel
+from tenants.models.tenant import Tenant
+from tenants.validators import derive_vllm_model_name, validate_model_path, validate_served_model_name
+
+
+class ServedModel(RegistryModel):
+    """A model served inside one tenant (a Mooncake tenant separates key spaces, so rules are per tenant).
+
+    * ``served_model_name`` — SGLang 0.5.23 ``--served-model-name``; its key prefix replaces ``/`` by ``-``,
+      so two names that differ only there are refused.
+    * ``model_path`` — what both engines load (hub id or directory).
+    * ``vllm_model_name`` — derived, stored, read-only: vLLM 0.33.0's key identifier (last path component).
+      Two models of a tenant with the same ``vllm_model_name`` may exist only while their releases use
+      distinct ``cache_prefix`` values (release namespaces).
+
+    Note: the foreign key attribute ``tenant_id`` here is the tenant's primary key; the Mooncake name is
+    ``tenant.tenant_id``. Once a release of the model has served, ``tenant``, ``served_model_name`` and
+    ``model_path`` are immutable (they are part of every stored key).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="served_models")
+    served_model_name = models.CharField(max_length=255, validators=[validate_served_model_name])
+    model_path = models.CharField(max_length=1024, validators=[validate_model_path])
+    vllm_model_name = models.CharField(max_length=1024, editable=False)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["tenant__tenant_id", "served_model_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "served_model_name"], name="uniq_served_model_name_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return self.served_model_name
+
+    @property
+    def sglang_model_key(self) -> str:
+        """The model part of SGLang 0.5.23 store keys: ``served_model_name`` with ``/`` replaced by ``-``."""
+        return self.served_model_name.replace("/", "-")
+
+    def has_served(self) -> bool:
+        """True when one of this model's releases has ever served."""
+        return self.pk is not None and self.releases.filter(first_served_at__isnull=False).exists()
+
+    def save(self, *args, **kwargs):
+        self.vllm_model_name = derive_vllm_model_name(self.model_path or "")
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        self.vllm_model_name = derive_vllm_model_name(self.model_path or "")
+        if self.tenant_id is None or not self.served_model_name or not self.model_path:
+            return
+        stored = self.stored()
+        if stored is not None and stored.has_served():
+            changed = {
+                name: value
+                for name, value in (
+                    ("tenant", stored.tenant_id != self.tenant_id),
+                    ("served_model_name", stored.served_model_name != self.served_model_name),
+                    ("model_path", stored.model_path != self.model_path),
+                )
+                if value
+            }
+            if changed:
+                raise ValidationError(
+                    {
+                        name: f"{name} cannot change: releases of served model '{stored.served_model_name}' have "
+                        "served and every cached key contains it. Create a new served model (with a new release "
+                        "namespace) instead."
+                        for name in changed
+                    }
+                )
+        self.unique_together_check(
+            "served_model_name",
+            f"Tenant '{self.tenant}' already has a served model named '{self.served_model_name}'.",
+            tenant_id=self.tenant_id,
+            served_model_name=self.served_model_name,
+        )
+        collisions.check_sglang_prefix(self)
+        collisions.check_model_vllm_collisions(self)

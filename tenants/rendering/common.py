@@ -1,0 +1,58 @@
+"""Helpers shared by the engine renderers."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tenants.rendering.types import StoreEndpoints
+
+
+def compact_json(value: Any) -> str:
+    """JSON with no spaces and non-ASCII kept (one shell argument; ``json.loads`` gives ``value`` back)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def pretty_json(value: Any) -> str:
+    """Indented JSON for config files, newline-terminated."""
+    return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+
+
+def store_client_config(endpoints: StoreEndpoints, tenant_id: str) -> dict[str, Any]:
+    """Keys of the Mooncake client config that vLLM 0.33.0 reads from ``MOONCAKE_CONFIG_PATH`` (sizes in bytes)."""
+    return {
+        "metadata_server": endpoints.metadata_server,
+        "master_server_address": endpoints.master_address,
+        "protocol": endpoints.protocol,
+        "device_name": endpoints.device_name,
+        "global_segment_size": endpoints.global_segment_size,
+        "local_buffer_size": endpoints.local_buffer_size,
+        "tenant_id": tenant_id,
+    }
+
+
+def instance_dir(endpoints: StoreEndpoints, assignment) -> str:
+    """Per-instance directory under ``endpoints.config_dir`` for rendered files."""
+    return f"{endpoints.config_dir.rstrip('/') or ''}/assignment-{assignment.pk}"
+
+
+def instance_meta(assignment) -> dict[str, Any]:
+    """What a rendered instance was made from, for API consumers and the config push."""
+    release = assignment.release
+    model = release.model
+    return {
+        "assignment": assignment.pk,
+        "node": assignment.node.name,
+        "engine": release.engine,
+        "role": assignment.role,
+        "release": release.pk,
+        "namespace": release.namespace,
+        "fingerprint": release.fingerprint,
+        "tenant_id": model.tenant.tenant_id,
+        "served_model_name": model.served_model_name,
+        "vllm_model_name": model.vllm_model_name,
+    }
+
+
+def cuda_env(assignment) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` when the assignment pins devices."""
+    return {"CUDA_VISIBLE_DEVICES": assignment.gpu_ids} if assignment.gpu_ids else {}

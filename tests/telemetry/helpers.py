@@ -1,0 +1,77 @@
+"""Builders shared by the telemetry tests: config documents, reports, acks (wire dicts)."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from agent import signing
+from agent.messages import (
+    Ack,
+    ConfigDocument,
+    Heartbeat,
+    InstanceSpec,
+    KVLayout,
+    NamespaceOccupancy,
+    Report,
+    RequestGroupSpec,
+    StoreEndpoints,
+)
+
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def instance(instance_id: str = "1", *, tenant_id: str = "acme", namespace: str = "prod-2026-07",
+             groups: tuple[tuple[str, str], ...] = (("default", ""), ("app-a", "salt-a"))) -> InstanceSpec:
+    """One vLLM instance spec with the given tenant, namespace and request groups (name, salt)."""
+    return InstanceSpec(
+        instance_id=instance_id, engine="vllm", engine_version="0.33.0", role="both", port=8000 + int(instance_id),
+        tenant_id=tenant_id, tenant_quota_bytes=1 << 30, served_model_name="qwen3-8b",
+        model_path="/models/Qwen3-8B", vllm_model_name="Qwen3-8B", namespace=namespace, release_state="serving",
+        kv_layout=KVLayout(num_layers=36, num_kv_heads=8, head_dim=128, block_size=16),
+        hash_algo="sha256_cbor", hash_seed="42",
+        request_groups=[RequestGroupSpec(name=name, cache_salt=salt) for name, salt in groups],
+        budget_bytes=1 << 28,
+    )
+
+
+def document(node: str = "node-a", version: int = 1, *, instances: list[InstanceSpec] | None = None,
+             secret: str | None = "s3cret") -> dict[str, Any]:
+    """A config document wire dict, signed with ``secret`` unless it is None."""
+    doc = ConfigDocument(
+        node=node, version=version, issued_at="2026-11-30T12:00:00.000000Z",
+        store=StoreEndpoints(master_server_address="127.0.0.1:50051",
+                             metadata_server="http://127.0.0.1:8080/metadata",
+                             global_segment_size=1 << 30, local_buffer_size=1 << 28),
+        instances=instances if instances is not None else [instance()],
+    ).to_wire()
+    doc.pop("signature")
+    return signing.signed(doc, secret) if secret is not None else doc
+
+
+def report(node: str = "node-a", sequence: int = 1, *, at: datetime = T0, namespaces: int = 2,
+           bytes_per_ns: int = 4096, hits: int = 3, misses: int = 1) -> dict[str, Any]:
+    """A report wire dict with ``namespaces`` namespaces of tenant ``acme``."""
+    return Report(
+        node=node, sequence=sequence, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=1,
+        namespaces=[NamespaceOccupancy(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod-2026-07",
+                                       salt_group=f"g{i}", blocks=bytes_per_ns // 1024, bytes=bytes_per_ns,
+                                       puts=10, gets=20, hit_blocks=hits, miss_blocks=misses)
+                    for i in range(namespaces)],
+    ).to_wire()
+
+
+def ack(node: str = "node-a", sequence: int = 1, *, version: int = 1, status: str = "applied",
+        digest: str = "d" * 64, reason: str = "", applied_version: int | None = None,
+        at: datetime = T0) -> dict[str, Any]:
+    """An ack wire dict."""
+    applied = applied_version if applied_version is not None else (version if status == "applied" else 0)
+    return Ack(node=node, sequence=sequence, sent_at=at, status=status, version=version,
+               digest=digest, reason=reason, error="refused" if reason else "", applied_version=applied,
+               applied_digest=digest if status == "applied" else "").to_wire()
+
+
+def heartbeat(node: str = "node-a", *, at: datetime = T0, applied_version: int = 1,
+              applied_digest: str = "d" * 64) -> dict[str, Any]:
+    """A heartbeat wire dict."""
+    return Heartbeat(node=node, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=applied_version,
+                     applied_digest=applied_digest, hostname="gpu-1", pid=123).to_wire()

@@ -1,0 +1,74 @@
+"""dashboard.ingest: idempotent reports, acks moving node state forward, heartbeats, invalid messages."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+
+from dashboard.ingest import ingest
+from dashboard.models import ConfigAck, NodeState, OccupancySample, Report
+from tests.telemetry.helpers import T0, ack, heartbeat, report
+
+pytestmark = pytest.mark.django_db
+
+
+def test_reports_are_stored_once_per_node_and_sequence():
+    first = ingest([report(sequence=1), report(sequence=2, at=T0 + timedelta(seconds=10))])
+    assert (first.reports, first.samples, first.duplicate_reports) == (2, 4, 0)
+    again = ingest([report(sequence=2), report(sequence=2), report(sequence=3, at=T0 + timedelta(seconds=20))])
+    assert (again.reports, again.samples, again.duplicate_reports) == (1, 2, 2)
+    assert Report.objects.count() == 3
+    assert OccupancySample.objects.count() == 6
+    assert NodeState.objects.get(node_name="node-a").last_report_at == T0 + timedelta(seconds=20)
+
+
+def test_same_sequence_of_another_node_is_a_different_report():
+    ingest([report(node="node-a", sequence=1), report(node="node-b", sequence=1)])
+    assert Report.objects.count() == 2
+
+
+def test_invalid_message_is_logged_and_the_rest_stored(caplog):
+    bad = report(sequence=9)
+    bad["namespaces"][0]["bytes"] = "lots"
+    with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.ingest"):
+        result = ingest([bad, report(sequence=1), {"kind": "nonsense"}])
+    assert result.invalid == 2 and result.reports == 1
+    assert "namespaces.0.bytes" in caplog.text
+
+
+def test_samples_carry_the_namespace_key_and_values():
+    ingest([report(sequence=1, bytes_per_ns=8192)])
+    sample = OccupancySample.objects.get(salt_group="g1")
+    assert (sample.tenant_id, sample.namespace, sample.bytes, sample.max_bytes, sample.blocks) == (
+        "acme", "prod-2026-07", 8192, 8192, 8)
+    assert sample.level == OccupancySample.Level.RAW and sample.ts == T0
+
+
+def test_acks_move_versions_forward_only():
+    NodeState.objects.create(node_name="node-a", desired_version=3, desired_digest="c" * 64)
+    ingest([ack(sequence=5, version=3, digest="c" * 64, at=T0 + timedelta(seconds=5)),
+            ack(sequence=4, version=2, digest="b" * 64, at=T0)])
+    state = NodeState.objects.get(node_name="node-a")
+    assert (state.acked_version, state.acked_digest, state.applied_version) == (3, "c" * 64, 3)
+    ingest([ack(sequence=5, version=3, digest="c" * 64)])  # duplicate delivery
+    assert ConfigAck.objects.count() == 2
+
+
+def test_rejection_is_recorded_and_stale_from_ahead_raises_the_floor(caplog):
+    NodeState.objects.create(node_name="node-a", desired_version=2)
+    with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.ingest"):
+        ingest([ack(sequence=1, version=2, status="rejected", reason="stale", applied_version=9, digest="")])
+    state = NodeState.objects.get(node_name="node-a")
+    assert (state.rejection_reason, state.rejected_version, state.version_floor) == ("stale", 2, 9)
+    assert "rejected config version 2: stale" in caplog.text
+
+
+def test_heartbeats_update_liveness_and_applied_version_newest_wins():
+    ingest([heartbeat(at=T0 + timedelta(seconds=10), applied_version=4, applied_digest="e" * 64),
+            heartbeat(at=T0, applied_version=3)])
+    state = NodeState.objects.get(node_name="node-a")
+    assert state.heartbeat_at == T0 + timedelta(seconds=10)
+    assert (state.applied_version, state.applied_digest, state.agent_hostname) == (4, "e" * 64, "gpu-1")
+    ingest([ack(sequence=1, version=3, digest="f" * 64, at=T0 + timedelta(seconds=5))])  # older than heartbeat
+    assert NodeState.objects.get(node_name="node-a").applied_version == 4
