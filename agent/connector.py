@@ -319,6 +319,13 @@ class KVConnector:
                 else:
                     mismatched.append((k, c, want))
         self.ledger.record_get(ns, hashes, loaded)
+        if failures and not mismatched:
+            # a buffer smaller than the object fails the whole read: ask the store what it holds
+            key_sizes = {k: sum(s for _, s in r) for k, r in zip(keys, regions)}
+            for k, _ in failures[:3]:
+                size = self.store.size_of(k)
+                if size > 0 and size != key_sizes[k]:
+                    mismatched.append((k, size, key_sizes[k]))
         if mismatched:
             k, got, want = mismatched[0]
             raise LayoutError(f"object {k!r} holds {got} bytes, this cache's layout reads {want}: it was "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -87,6 +87,17 @@ class KVCacheSpec:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+
+    @classmethod
+    def from_layout(cls, kv_layout: Any, num_blocks: int, *, layout: Layout = "per_layer",
+                    auto_dtype: torch.dtype | str = torch.bfloat16) -> KVCacheSpec:
+        """A spec from a config document's KV layout (duck-typed on ``agent.messages.KVLayout``: num_layers,
+        num_kv_heads, head_dim, block_size, kv_dtype; ``kv_dtype`` "auto"/"" takes ``auto_dtype``, the model's
+        dtype)."""
+        dtype = getattr(kv_layout, "kv_dtype", "") or "auto"
+        return cls(num_layers=kv_layout.num_layers, num_kv_heads=kv_layout.num_kv_heads,
+                   head_size=kv_layout.head_dim, block_size=kv_layout.block_size, num_blocks=num_blocks,
+                   dtype=auto_dtype if dtype == "auto" else dtype, layout=layout)
 
     @property
     def element_size(self) -> int:

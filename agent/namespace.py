@@ -227,19 +227,32 @@ class Namespace:
                 and key.endswith(self._cache["suffixes"]))
 
 
+def _block_size(layout: Any) -> int:
+    size = getattr(layout, "block_size", None)
+    if size is None:
+        size = getattr(layout, "block_size_tokens", None)
+    if size is None:
+        raise ValueError("kv_layout.block_size: missing from the instance's KV layout")
+    return int(size)
+
+
 def namespaces_for_instance(instance: Any) -> dict[tuple[int, str], Namespace]:
     """Every namespace of one configured engine instance, keyed by ``(tp_rank, request group name)``.
 
     ``instance`` is duck-typed on ``agent.messages.InstanceSpec`` (engine, tenant_id, served_model_name,
-    vllm_model_name, namespace, hash_algo, hash_seed, kv_layout.block_size_tokens, ranks.tp_ranks /
+    vllm_model_name, namespace, hash_algo, hash_seed, kv_layout.block_size, ranks.tp_ranks /
     pp_rank / pcp_rank / dcp_rank [/ pp_size], request_groups[].name / .cache_salt). An instance without
-    request groups gets the default group ``""`` (no salt) only. Without ``ranks.pp_size`` the PP size is taken
+    request groups gets the default group ``""`` (no salt) only. An SGLang instance's ``hash_algo`` may be
+    ``sha256`` (the registry's name) or ``sglang_sha256``. Without ``ranks.pp_size`` the PP size is taken
     as ``pp_rank + 1``, which is exact for SGLang keys except PP rank 0 of a PP > 1 instance.
 
     Raises:
         ValueError: naming the field, when the instance's values do not make a valid namespace.
     """
     ranks = instance.ranks
+    hash_algo = instance.hash_algo
+    if instance.engine == "sglang" and hash_algo == "sha256":
+        hash_algo = SGLANG_HASH_ALGO  # the registry calls SGLang's page hash plain "sha256"
     groups = [(g.name, g.cache_salt) for g in instance.request_groups] or [("", "")]
     # InstanceSpec has no pp_size: a rank > 0 implies PP > 1; an explicit ``ranks.pp_size`` wins.
     pp_size = getattr(ranks, "pp_size", 0) or ranks.pp_rank + 1
@@ -251,7 +264,7 @@ def namespaces_for_instance(instance: Any) -> dict[tuple[int, str], Namespace]:
                 served_model_name=instance.served_model_name,
                 vllm_model_name=getattr(instance, "vllm_model_name", "") or "",
                 release_namespace=instance.namespace or "", request_group=name, cache_salt=salt or "",
-                hash_algo=instance.hash_algo, hash_seed=instance.hash_seed or "",
-                block_size=instance.kv_layout.block_size_tokens, tp_rank=tp, pcp_rank=ranks.pcp_rank,
+                hash_algo=hash_algo, hash_seed=instance.hash_seed or "",
+                block_size=_block_size(instance.kv_layout), tp_rank=tp, pcp_rank=ranks.pcp_rank,
                 dcp_rank=ranks.dcp_rank, pp_rank=ranks.pp_rank, pp_size=pp_size)
     return out

@@ -257,6 +257,10 @@ class StoreClient:
             return []
         return self.raw.batch_is_exist(keys)
 
+    def size_of(self, key: str) -> int:
+        """``get_size``: bytes of one object, or a negative code (-704 when absent)."""
+        return self.raw.get_size(key)
+
     def remove(self, keys: list[str], *, force: bool = True) -> list[int]:
         """``batch_remove``: per key 0, or a negative code (-704 when it was already gone)."""
         if not keys:

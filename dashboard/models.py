@@ -47,7 +47,6 @@ class NodeState(models.Model):
     agent_pid = models.PositiveIntegerField(default=0)
     outbox_pending = models.PositiveIntegerField(default=0)
     outbox_dropped = models.PositiveBigIntegerField(default=0)
-    last_report_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["node_name"]

@@ -2,9 +2,9 @@
 
 Receivers work out which nodes a change affects (assignments reach a node through release → served model →
 tenant) and register them with ``transaction.on_commit``: nothing is sent for a rolled-back change, and the
-agents never see a state the database did not commit. Names collected during one transaction are sent as one
-``dashboard.push_nodes`` task (every receiver schedules the same flush; the first flush after the commit
-takes all names, later ones find nothing). Publishing failures are logged, never raised into the request: the
+agents never see a state the database did not commit. Names collected during one transaction are sent as
+``dashboard.push_nodes`` tasks of up to ``PUSH_CHUNK`` nodes each (every receiver schedules the same flush;
+the first flush after the commit takes all names, later ones find nothing). Publishing failures are logged, never raised into the request: the
 periodic ``dashboard.reconcile_configs`` sends whatever was missed.
 
 Tenants: a saved tenant schedules ``dashboard.sync_master_quotas`` for its ``tenant_id`` (and the old one when
@@ -30,6 +30,9 @@ from rest_framework.exceptions import APIException
 log = logging.getLogger("kvpool.dashboard.signals")
 
 _pending = threading.local()
+
+#: Nodes per ``dashboard.push_nodes`` task: a change that affects many nodes fans out over several workers.
+PUSH_CHUNK = 20
 
 
 class TenantStillOwnsObjects(APIException):
@@ -57,11 +60,12 @@ def _flush() -> None:
     _pending.nodes, _pending.tenants = set(), set()
     from dashboard import tasks
 
-    if nodes:
+    for start in range(0, len(nodes), PUSH_CHUNK):
+        chunk = nodes[start:start + PUSH_CHUNK]
         try:
-            tasks.push_nodes.apply_async(args=[nodes], retry=True, retry_policy={"max_retries": 1})
+            tasks.push_nodes.apply_async(args=[chunk], retry=True, retry_policy={"max_retries": 1})
         except Exception as exc:  # broker down: the periodic reconcile pushes later
-            log.error("could not queue config push for nodes %s: %s", nodes, exc)
+            log.error("could not queue config push for nodes %s: %s", chunk, exc)
     if tenants and settings.KVPOOL_MASTER_SYNC:
         try:
             tasks.sync_master_quotas.apply_async(args=[tenants], retry=True, retry_policy={"max_retries": 1})

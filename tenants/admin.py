@@ -1,7 +1,7 @@
 """Django admin for every registry model. Validation is the models' ``clean()``: same rules as the API."""
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from tenants import budgets
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
@@ -46,17 +46,6 @@ class ReleaseAdmin(admin.ModelAdmin):
         if obj is not None and obj.has_served:
             return False
         return super().has_delete_permission(request, obj)
-
-    def delete_queryset(self, request, queryset) -> None:
-        served = queryset.filter(first_served_at__isnull=False)
-        if served.exists():
-            names = ", ".join(served.values_list("namespace", flat=True))
-            self.message_user(
-                request,
-                f"Not deleted (have served; retire them instead so their namespaces stay reserved): {names}",
-                messages.WARNING,
-            )
-        super().delete_queryset(request, queryset.filter(first_served_at__isnull=True))
 
 
 @admin.register(RequestGroup)

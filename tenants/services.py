@@ -66,7 +66,10 @@ def copy_release(
     unknown = sorted(set(overrides) - set(CACHE_SETTING_FIELDS))
     if unknown:
         raise ValidationError(
-            {name: f"'{name}' is not a cache setting of a release; it cannot be overridden in a copy." for name in unknown}
+            {
+                name: f"'{name}' is not a cache setting of a release; it cannot be overridden in a copy."
+                for name in unknown
+            }
         )
     settings = {name: getattr(release, name) for name in CACHE_SETTING_FIELDS}
     settings["adapters"] = list(settings["adapters"] or [])

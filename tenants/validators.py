@@ -190,7 +190,9 @@ def validate_gpu_ids(value: str) -> None:
         return
     parts = value.split(",")
     if not all(part.isdigit() and part.isascii() for part in parts):
-        raise ValidationError(f"gpu_ids '{value}' must be comma-separated device ordinals like '0,1'.", code="invalid_value")
+        raise ValidationError(
+            f"gpu_ids '{value}' must be comma-separated device ordinals like '0,1'.", code="invalid_value"
+        )
     if len(set(int(part) for part in parts)) != len(parts):
         raise ValidationError(f"gpu_ids '{value}' lists a device twice.", code="duplicate")
 

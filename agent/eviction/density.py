@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from typing import Iterable
 
 from agent.eviction.base import EvictionPolicy, PlanState
@@ -85,6 +86,8 @@ class HitDensityPolicy(EvictionPolicy):
         decay: float = 0.9,
         prior_events: float = 16.0,
         seed: int = 0,
+        ghost_factor: float = 1.0,
+        ghost_tops_only: bool = True,
     ) -> None:
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
@@ -106,6 +109,9 @@ class HitDensityPolicy(EvictionPolicy):
         self._events = 0
         self._density: list[list[float]] | None = None
         self.updates = 0
+        self.ghost_factor = ghost_factor
+        self.ghost_tops_only = ghost_tops_only
+        self._ghost: OrderedDict = OrderedDict()
 
     # -- classification ----------------------------------------------------------------------------------
     @staticmethod
@@ -141,7 +147,19 @@ class HitDensityPolicy(EvictionPolicy):
         self._event()
         super()._access(node, now)
 
+    def _touched(self, node: Block, now: float, inserted: bool) -> None:
+        if inserted and self._ghost:
+            old = self._ghost.pop(node.key, None)
+            if old is not None:
+                node.count += old
+
     def _removing(self, node: Block) -> None:
+        if self.ghost_factor > 0 and (node.top is node or not self.ghost_tops_only):
+            ghost = self._ghost
+            ghost[node.key] = node.count
+            limit = max(1024, int(self.ghost_factor * len(self.tree)))
+            while len(ghost) > limit:
+                ghost.popitem(last=False)
         if node.attached:
             age = self.now - node.last
             self._ends[self.block_class(node)][_age_bucket(age if age > 0.0 else 0.0)] += 1.0

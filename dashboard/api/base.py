@@ -52,7 +52,10 @@ def save_or_400(instance):
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Model serializer whose writes go through ``full_clean()`` and a transaction (see module docstring)."""
 
-    serializer_field_mapping = {**serializers.ModelSerializer.serializer_field_mapping, ByteSizeField: ByteSizeSerializerField}
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        ByteSizeField: ByteSizeSerializerField,
+    }
 
     def get_fields(self):
         fields = super().get_fields()

@@ -12,6 +12,7 @@ Routes (``dashboard/api/telemetry_urls.py``, under ``/api/v1/telemetry/``):
 """
 from __future__ import annotations
 
+from django.db.models import OuterRef, Subquery
 from django.shortcuts import get_object_or_404
 from django.utils.dateparse import parse_datetime
 from rest_framework import generics, serializers
@@ -20,7 +21,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from dashboard.models import ConfigAck, ConfigVersion, MasterQuotaSample, MasterQuotaSync, NodeState, OccupancySample
+from dashboard.models import (
+    ConfigAck,
+    ConfigVersion,
+    MasterQuotaSample,
+    MasterQuotaSync,
+    NodeState,
+    OccupancySample,
+    Report,
+)
 
 DRIFT_FILTERS = ("behind", "silent", "digest_mismatch", "rejected", "out_of_sync")
 LEVELS = {"raw": OccupancySample.Level.RAW, "minute": OccupancySample.Level.MINUTE,
@@ -37,10 +46,17 @@ def _time_param(request: Request, name: str):
     return value
 
 
+def node_states():
+    """``NodeState`` rows annotated with ``last_report_at`` (the newest report receipt of the node)."""
+    newest = Report.objects.filter(node_name=OuterRef("node_name")).order_by("-sequence").values("sent_at")[:1]
+    return NodeState.objects.annotate(last_report_at=Subquery(newest))
+
+
 class NodeStateSerializer(serializers.ModelSerializer):
-    """A node's delivery state plus its drift flags (``dashboard.push.drift``)."""
+    """A node's delivery state, the time of its newest report, and its drift flags (``dashboard.push.drift``)."""
 
     drift = serializers.SerializerMethodField()
+    last_report_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
     class Meta:
         model = NodeState
@@ -87,7 +103,7 @@ class NodeStateList(generics.ListAPIView):
     serializer_class = NodeStateSerializer
 
     def get_queryset(self):
-        return NodeState.objects.all()
+        return node_states()
 
     def list(self, request: Request, *args, **kwargs) -> Response:
         wanted = request.query_params.get("drift")
@@ -111,7 +127,7 @@ class NodeStateDetail(APIView):
     """One node: state, drift, newest document (unsigned) and its last 20 acks."""
 
     def get(self, request: Request, name: str) -> Response:
-        state = get_object_or_404(NodeState, node_name=name)
+        state = get_object_or_404(node_states(), node_name=name)
         latest = ConfigVersion.objects.filter(node_name=name).order_by("-version").first()
         acks = ConfigAck.objects.filter(node_name=name).order_by("-sent_at")[:20]
         return Response({

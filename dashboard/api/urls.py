@@ -1,4 +1,6 @@
 """Routes of the REST API; each resource registers its viewset on the router."""
+from django.urls import path
+from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from dashboard.api import views
@@ -12,4 +14,8 @@ router.register("nodes", views.NodeViewSet, basename="node")
 router.register("assignments", views.InstanceAssignmentViewSet, basename="instanceassignment")
 router.register("audit", views.AuditEntryViewSet, basename="auditentry")
 
-urlpatterns = router.urls
+urlpatterns = [
+    # POST username + password -> {"token": ...} (same token as `manage.py drf_create_token USER`).
+    path("auth-token/", obtain_auth_token, name="api-auth-token"),
+    *router.urls,
+]

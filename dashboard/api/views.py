@@ -93,7 +93,8 @@ class ReleaseViewSet(RegistryViewSet):
             new = copy_release(release, options.pop("namespace"), **options)
         except DjangoValidationError as error:
             raise serializers.ValidationError(drf_detail(error)) from None
-        return Response(s.ReleaseSerializer(new, context=self.get_serializer_context()).data, status=status.HTTP_201_CREATED)
+        data = s.ReleaseSerializer(new, context=self.get_serializer_context()).data
+        return Response(data, status=status.HTTP_201_CREATED)
 
 
 class RequestGroupViewSet(RegistryViewSet):

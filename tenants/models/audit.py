@@ -33,7 +33,8 @@ class AuditEntry(models.Model):
         verbose_name_plural = "audit entries"
 
     def __str__(self) -> str:
-        return f"{self.timestamp:%Y-%m-%d %H:%M:%S} {self.actor_repr} {self.action} {self.object_type} {self.object_repr}"
+        when = f"{self.timestamp:%Y-%m-%d %H:%M:%S}"
+        return f"{when} {self.actor_repr} {self.action} {self.object_type} {self.object_repr}"
 
     def changed_fields(self) -> list[str]:
         """Names of the fields whose value differs between ``before`` and ``after``."""

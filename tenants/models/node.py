@@ -104,7 +104,9 @@ class InstanceAssignment(RegistryModel):
         constraints = [models.UniqueConstraint(fields=["node", "port"], name="uniq_assignment_port_per_node")]
 
     def __str__(self) -> str:
-        return f"{self.release_id and self.release} {self.role} on {self.node_id and self.node}:{self.port}"
+        release = self.release.namespace if self.release_id is not None else "?"
+        node = self.node.name if self.node_id is not None else "?"
+        return f"{release} {self.role} on {node}:{self.port}"
 
     def clean(self) -> None:
         errors: dict[str, str] = {}

@@ -77,6 +77,14 @@ class ServedModel(RegistryModel):
                         for name in changed
                     }
                 )
+        if stored is not None and stored.tenant_id != self.tenant_id and stored.releases.exists():
+            raise ValidationError(
+                {
+                    "tenant": f"Served model '{stored.served_model_name}' has releases in tenant '{stored.tenant}' "
+                    "(their budgets and cached keys belong to it); it cannot move to another tenant. Create the "
+                    "model in the other tenant instead."
+                }
+            )
         self.unique_together_check(
             "served_model_name",
             f"Tenant '{self.tenant}' already has a served model named '{self.served_model_name}'.",

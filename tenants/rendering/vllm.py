@@ -30,7 +30,11 @@ def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
     """
     store_extra = {"cache_prefix": cache_prefix}
     if role == InstanceRole.BOTH:
-        return {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_connector_extra_config": store_extra}
+        return {
+            "kv_connector": "MooncakeStoreConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": store_extra,
+        }
     if role == InstanceRole.PREFILL:
         outer, store_role = "kv_producer", "kv_both"
     elif role == InstanceRole.DECODE:
@@ -43,7 +47,11 @@ def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
         "kv_connector_extra_config": {
             "connectors": [
                 {"kv_connector": "MooncakeConnector", "kv_role": outer},
-                {"kv_connector": "MooncakeStoreConnector", "kv_role": store_role, "kv_connector_extra_config": store_extra},
+                {
+                    "kv_connector": "MooncakeStoreConnector",
+                    "kv_role": store_role,
+                    "kv_connector_extra_config": store_extra,
+                },
             ]
         },
     }

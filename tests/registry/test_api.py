@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from rest_framework.test import APIClient
 
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
 from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
@@ -265,3 +266,11 @@ def test_refused_writes_leave_nothing(api, tenant):
     api.post(f"{V1}/models/", {"tenant": tenant.pk, "served_model_name": "a b", "model_path": "x"}, format="json")
     api.post(f"{V1}/request-groups/", {"tenant": tenant.pk, "name": "g", "budget_bytes": "1TB"}, format="json")
     assert (ServedModel.objects.count(), RequestGroup.objects.count(), AuditEntry.objects.count()) == before
+
+
+def test_obtain_token_with_password(anon, operator):
+    response = anon.post(f"{V1}/auth-token/", {"username": "operator", "password": "operator-pw"}, format="json")
+    assert response.status_code == 200
+    anon.credentials(HTTP_AUTHORIZATION=f"Token {response.json()['token']}")
+    assert anon.get(f"{V1}/tenants/").status_code == 200
+    assert APIClient().post(f"{V1}/auth-token/", {"username": "operator", "password": "wrong"}).status_code == 400

@@ -379,3 +379,12 @@ def test_retired_release_gets_no_new_instances(node, release):
     assert refused(InstanceAssignment(node=node, release=release, port=8000))["release"] == [
         "Release 'production-2026-07' is retired; it cannot get new instances."
     ]
+
+
+def test_model_with_releases_cannot_move_tenant(release):
+    model = release.model
+    model.tenant = make_tenant("other")
+    assert refused(model)["tenant"] == [
+        "Served model 'qwen3-8b' has releases in tenant 'acme' (their budgets and cached keys belong to it); it cannot "
+        "move to another tenant. Create the model in the other tenant instead."
+    ]

@@ -20,7 +20,7 @@ def test_reports_are_stored_once_per_node_and_sequence():
     assert (again.reports, again.samples, again.duplicate_reports) == (1, 2, 2)
     assert Report.objects.count() == 3
     assert OccupancySample.objects.count() == 6
-    assert NodeState.objects.get(node_name="node-a").last_report_at == T0 + timedelta(seconds=20)
+    assert Report.objects.filter(node_name="node-a").latest("sent_at").sent_at == T0 + timedelta(seconds=20)
 
 
 def test_same_sequence_of_another_node_is_a_different_report():

@@ -1,0 +1,203 @@
+"""Agent side of a release purge: remove every Store key of one release namespace with ``remove_by_regex``.
+
+The dashboard sends a signed :class:`PurgeRequest` (Celery task ``agent.purge_namespace`` on queue
+``agent.<node>``) after an operator confirmed the purge of a **retired** release. The agent verifies the HMAC
+signature with its node secret (the same scheme as config documents, ``agent.signing``), builds the regex of
+the release namespace from the key grammar (``agent.keys.release_regex``: every rank, group and block of the
+release's model under that namespace), opens a Store client of the request's tenant, calls
+``remove_by_regex`` and answers with a :class:`PurgeResult` (task ``dashboard.purge_result`` on queue
+``dashboard.control``) carrying the number of objects the master removed.
+
+Mooncake 0.3.13.post1: ``remove_by_regex(pattern, force)`` takes an ECMAScript regex, acts on the client's
+tenant only and returns the count removed (negative on error). A tenant's keys are visible to every client of
+that tenant, so the first agent to run a purge removes them all and later agents report 0.
+
+No Django here: this module runs on the node.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import Field
+
+from agent import keys, signing
+from agent.messages import Message, MessageError, NodeName, utcnow
+
+log = logging.getLogger("kvpool.agent.purge")
+
+#: Celery task the agent runs for a purge request (one positional argument: the signed request dict).
+PURGE_TASK = "agent.purge_namespace"
+#: Celery task the dashboard runs for the agent's answer (one positional argument: the result dict).
+PURGE_RESULT_TASK = "dashboard.purge_result"
+#: Queue of ``PURGE_RESULT_TASK``.
+PURGE_RESULT_QUEUE = "dashboard.control"
+#: Bytes the purge client mounts into the pool while it runs (the smallest segment 0.3.13.post1 accepts).
+PURGE_SEGMENT_BYTES = 16 << 20
+
+
+class PurgeRequest(Message):
+    """Dashboard → agent: remove every key of one release namespace of one tenant.
+
+    ``engine`` decides the key grammar (``vllm``: ``model`` is the vLLM model name, the last path component;
+    ``sglang``: ``model`` is the served model name). ``namespace`` is the release namespace (vLLM
+    ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not be empty: an empty one would select the
+    model's unprefixed keys of every release. ``signature`` = HMAC-SHA256 of the canonical encoding with the
+    node's signing secret.
+    """
+
+    kind: Literal["purge"] = "purge"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    tenant_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"]
+    namespace: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    issued_at: str = Field(min_length=1)
+    signature: str = ""
+
+
+class PurgeResult(Message):
+    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed)."""
+
+    kind: Literal["purge_result"] = "purge_result"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    removed: Annotated[int, Field(ge=0)] = 0
+    error: str = ""
+    sent_at: datetime
+
+
+class RegexStore(Protocol):
+    """What a purge needs from ``agent.store.StoreClient``."""
+
+    def remove_by_regex(self, pattern: str, *, force: bool = True) -> int: ...
+
+
+def release_keys_regex(engine: str, namespace: str, model: str) -> str:
+    """The regex of every key of ``model`` under release ``namespace`` (``agent.keys.release_regex``).
+
+    Raises:
+        ValueError: empty namespace or model, or an unknown engine.
+    """
+    if not namespace:
+        raise ValueError("namespace: a purge needs a release namespace (an empty one matches other releases)")
+    if not model:
+        raise ValueError("model: a purge is scoped to one model of the namespace")
+    return keys.release_regex(engine, namespace, model)
+
+
+def purge_release_keys(store: RegexStore, namespace: str, *, engine: str, model: str) -> int:
+    """Remove every key of ``model`` under release ``namespace`` from ``store``'s tenant; returns the count.
+
+    ``store`` is an open ``agent.store.StoreClient`` (or anything with ``remove_by_regex``).
+
+    Raises:
+        ValueError: see :func:`release_keys_regex`.
+        agent.errors.StoreError: the store answered with a negative code.
+    """
+    pattern = release_keys_regex(engine, namespace, model)
+    count = store.remove_by_regex(pattern, force=True)
+    log.info("purged %d objects of release namespace %r (model %r, %s) with %s", count, namespace, model,
+             engine, pattern)
+    return count
+
+
+def signed_request(request: PurgeRequest, secret: str) -> dict[str, Any]:
+    """Wire dict of ``request`` signed with the node's ``secret`` (what the dashboard publishes)."""
+    wire = request.to_wire()
+    wire.pop("signature", None)
+    return signing.signed(wire, secret)
+
+
+def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str], Any]) -> dict[str, Any]:
+    """Verify, validate and run one purge request; return the :class:`PurgeResult` wire dict.
+
+    ``open_store(tenant_id)`` returns an open Store client of that tenant; it is closed afterwards when it has
+    a ``close`` method. Never raises for a bad request: a refused or failed purge comes back with ``error``
+    set and ``removed`` 0 (logged at WARNING). A request without a readable ``purge_id`` cannot be answered
+    and is only logged.
+    """
+    purge_id = raw.get("purge_id") if isinstance(raw, dict) else None
+    purge_id = purge_id if isinstance(purge_id, str) and 0 < len(purge_id) <= 64 else "unknown"
+    removed, error = 0, ""
+    try:
+        if not isinstance(raw, dict):
+            raise MessageError(f"expected a JSON object, got {type(raw).__name__}")
+        try:
+            signing.verify(raw, secret)
+        except signing.SignatureError as exc:
+            raise MessageError(f"{exc.reason}: {exc}") from None
+        try:
+            request = PurgeRequest.model_validate(raw)
+        except Exception as exc:  # pydantic ValidationError: name the fields
+            raise MessageError(f"invalid purge request: {exc}") from None
+        if request.node != node:
+            raise MessageError(f"purge request is for node {request.node!r}, this is {node!r}")
+        release_keys_regex(request.engine, request.namespace, request.model)
+        store = open_store(request.tenant_id)
+        try:
+            removed = purge_release_keys(store, request.namespace, engine=request.engine, model=request.model)
+        finally:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+    except Exception as exc:  # reported back to the dashboard, never raised into the worker
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        log.warning("node %s: purge %s refused or failed: %s", node, purge_id, error)
+    return PurgeResult(purge_id=purge_id, node=node, removed=removed, error=error, sent_at=utcnow()).to_wire()
+
+
+def daemon_store_opener(daemon: Any, *, segment_bytes: int = PURGE_SEGMENT_BYTES) -> Callable[[str], Any]:
+    """``open_store(tenant_id)`` for a running ``agent.daemon.Daemon``: the Store endpoints of its applied
+    config document, with a small segment (``segment_bytes``) since the purge client stores nothing.
+
+    Raises (when called) ``RuntimeError`` before the first document was applied, and the errors of
+    ``agent.store.open_store``.
+    """
+
+    def open_store(tenant_id: str) -> Any:
+        from agent.store import StoreEndpoints
+        from agent.store import open_store as open_client
+
+        current = daemon.current
+        if current is None:
+            raise RuntimeError("no config document applied yet: the Store endpoints are unknown")
+        store = current.document.store
+        endpoints = StoreEndpoints(
+            master_server_address=store.master_server_address, metadata_server=store.metadata_server,
+            protocol=store.protocol, device_name=store.device_name, global_segment_size=segment_bytes,
+            local_buffer_size=min(store.local_buffer_size, segment_bytes) or segment_bytes,
+        )
+        return open_client(endpoints, tenant_id)
+
+    return open_store
+
+
+def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callable[[str], Any],
+                        publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Register ``agent.purge_namespace`` on the agent's Celery ``app``.
+
+    Each request runs :func:`handle_purge`; the result goes back with ``publish(result)`` (default: the task
+    ``dashboard.purge_result`` on queue ``dashboard.control`` through ``app``). A result the broker does not
+    take is logged; the dashboard shows the node as not answered and the operator can request again.
+    """
+
+    def default_publish(result: dict[str, Any]) -> None:
+        app.send_task(PURGE_RESULT_TASK, args=[result], queue=PURGE_RESULT_QUEUE, retry=True,
+                      retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
+                                    "interval_max": 1.0})
+
+    send = publish or default_publish
+
+    @app.task(name=PURGE_TASK, ignore_result=True)
+    def purge_namespace(request: dict[str, Any]) -> dict[str, Any]:
+        """Run one purge request and send its result to the dashboard."""
+        result = handle_purge(request, node=node, secret=secret, open_store=open_store)
+        try:
+            send(result)
+        except Exception as exc:
+            log.error("node %s: could not send purge result %s: %s", node, result.get("purge_id"), exc)
+        return result

@@ -1,0 +1,294 @@
+"""Config push fan-out: one registry change affecting N nodes, until every node's agent acked it.
+
+    python -m bench.push [--nodes 200] [--rounds 10] [--database-url URL]
+
+Set-up: a private ``redis-server`` (free port), a private PostgreSQL database (as ``bench.ingest``), a registry
+of one tenant, model and release with one instance on each of ``N`` nodes; a real dashboard Celery worker
+(``celery -A dashboard.celery worker``, prefork, 2 processes, both dashboard queues) and one process that
+simulates the ``N`` agents: a Celery worker consuming the ``N`` queues ``agent.<node>`` (threads pool) that
+hands each document to that node's real ``agent.daemon.Daemon`` (signature check, validation, namespace
+binding, persisted state, ack through the on-disk outbox to ``dashboard.ingest``).
+
+A round: change the tenant's quota (every node's document changes) and commit; ``transaction.on_commit`` queues
+``dashboard.push_nodes`` tasks; the worker renders, versions, signs and sends ``N`` documents; the agents apply
+and ack; the ingest worker records the acks. Measured from just before the commit until the database shows
+all ``N`` nodes acked the new version (p50/p99 over rounds), plus each node's own latency (its ack's send
+time). Goal: p99 until all acked < 2 s.
+
+Baseline, same run, same Redis: the same fan-out with raw Redis — ``LPUSH`` one document-sized payload to
+each of ``N`` lists, a consumer thread ``BRPOP``s across them and ``LPUSH``es a reply, until ``N`` replies.
+Ratio = push p99 / baseline p99. The last stdout line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL_P99_S = 2.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+class Redis:
+    """A private redis-server for the run."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        import redis
+
+        self.client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def _spawn(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **env}
+    with open(log, "ab") as handle:
+        return subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_log(proc: subprocess.Popen, log: Path, needle: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args[:4]} not ready:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# --- the simulated agents (run in their own process) ------------------------------------------------------
+
+
+def simulate_agents(broker: str, secrets_file: str, state_dir: str, threads: int) -> None:
+    """Celery worker consuming every node's queue; each document goes to that node's ``Daemon``."""
+    from agent.celery_app import make_app, make_publisher
+    from agent.daemon import Daemon
+    from agent.messages import APPLY_CONFIG_TASK, node_queue
+
+    secrets = json.loads(Path(secrets_file).read_text())
+    app = make_app("bench-agents", broker)
+    publish = make_publisher(app)
+    daemons = {name: Daemon(name, secret, Path(state_dir) / name, publish=publish)
+               for name, secret in secrets.items()}
+
+    @app.task(name=APPLY_CONFIG_TASK, ignore_result=True)
+    def apply_config(document):
+        daemon = daemons[document["node"]]
+        daemon.handle_document(document)
+        daemon.flush()
+
+    app.worker_main(["worker", "--hostname=bench-agents@sim", f"--queues={','.join(map(node_queue, secrets))}",
+                     "--pool=threads", f"--concurrency={threads}", "--loglevel=WARNING", "--without-mingle",
+                     "--without-gossip", "--without-heartbeat"])
+
+
+# --- baseline ----------------------------------------------------------------------------------------------
+
+
+def baseline(redis, nodes: int, rounds: int, payload: bytes) -> list[float]:
+    """Seconds per round of the raw Redis fan-out (see the module docstring)."""
+    client = redis.client
+    keys = [f"bench.raw.{i:03d}" for i in range(nodes)]
+    stop = threading.Event()
+
+    def consumer() -> None:
+        import redis as redis_lib
+
+        own = redis_lib.Redis(port=redis.port)
+        while not stop.is_set():
+            item = own.brpop(keys, timeout=1)
+            if item is not None:
+                own.lpush("bench.raw.acks", item[0])
+
+    thread = threading.Thread(target=consumer, daemon=True)
+    thread.start()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lpush(key, payload)
+            pipe.execute()
+        for _ in range(nodes):
+            client.brpop(["bench.raw.acks"], timeout=30)
+        times.append(time.perf_counter() - start)
+    stop.set()
+    thread.join(timeout=5)
+    return times
+
+
+# --- the benchmark -----------------------------------------------------------------------------------------
+
+
+def run(nodes: int, rounds: int, database_url: str | None) -> dict:
+    from bench.ingest import private_database, server_url, setup_django
+
+    workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-push-"))
+    redis = Redis(workdir)
+    procs: list[subprocess.Popen] = []
+    try:
+        with private_database(server_url(database_url), prefix="kvpool_bench_push") as url:
+            setup_django(url, CELERY_BROKER_URL=redis.url, KVPOOL_VAR_DIR=str(workdir / "var"),
+                         KVPOOL_MASTER_SYNC="false")
+            from django.db import transaction
+            from django.db.models import Min
+
+            from dashboard.models import ConfigVersion, NodeState
+            from tenants.models import InstanceAssignment, Node, Release, ServedModel, Tenant
+            from tenants.services import validated_save
+
+            tenant = validated_save(Tenant(tenant_id="bench", quota_bytes=64 << 30))
+            model = validated_save(ServedModel(tenant=tenant, served_model_name="qwen3-8b",
+                                               model_path="/models/Qwen3-8B"))
+            release = validated_save(Release(model=model, namespace="bench-2026-11", num_layers=36, num_kv_heads=8,
+                                             head_dim=128, block_size=16, engine="vllm", engine_version="0.33.0"))
+            names = [f"bench-{i:03d}" for i in range(nodes)]
+            with transaction.atomic():
+                for name in names:
+                    node = validated_save(Node(name=name, hostname="10.0.0.1"))
+                    validated_save(InstanceAssignment(node=node, release=release, port=8000))
+            redis.client.flushdb()  # the set-up's own pushes: the first round sends every first document
+            secrets = dict(Node.objects.values_list("name", "signing_secret"))
+            secrets_file = workdir / "secrets.json"
+            secrets_file.write_text(json.dumps(secrets))
+
+            env = {"DATABASE_URL": url, "CELERY_BROKER_URL": redis.url, "KVPOOL_VAR_DIR": str(workdir / "var"),
+                   "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings"}
+            dash_log, agents_log = workdir / "dashboard.log", workdir / "agents.log"
+            procs.append(_spawn([sys.executable, "-m", "celery", "-A", "dashboard.celery", "worker", "-Q",
+                                 "dashboard.ingest,dashboard.control", "--pool", "prefork", "-c", "2",
+                                 "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"],
+                                dash_log, **env))
+            procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
+                                 "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
+                                agents_log))
+            _wait_log(procs[0], dash_log, "ready.")
+            time.sleep(2.0)  # the agents' worker logs at WARNING: give it time to subscribe to its queues
+
+            def all_acked(version: int) -> bool:
+                low = NodeState.objects.filter(node_name__in=names).aggregate(v=Min("acked_version"))["v"]
+                return NodeState.objects.filter(node_name__in=names).count() == nodes and (low or 0) >= version
+
+            round_times: list[float] = []
+            node_times: list[float] = []
+            for round_no in range(rounds + 1):  # round 0 is the warm-up (first documents)
+                from django.utils import timezone
+
+                started_wall, started = timezone.now(), time.perf_counter()
+                with transaction.atomic():
+                    tenant.quota_bytes += 1 << 20
+                    tenant.save()
+                deadline = started + 60
+                while not all_acked(round_no + 1):
+                    if time.perf_counter() > deadline:
+                        raise RuntimeError(f"round {round_no}: not all nodes acked within 60 s; logs in {workdir}")
+                    time.sleep(0.01)
+                elapsed = time.perf_counter() - started
+                if round_no == 0:
+                    continue
+                round_times.append(elapsed)
+                node_times += [(at - started_wall).total_seconds()
+                               for at in NodeState.objects.filter(node_name__in=names)
+                               .values_list("acked_at", flat=True)]
+            sample = ConfigVersion.objects.filter(node_name=names[0]).order_by("-version").first()
+            payload = json.dumps(sample.document).encode()
+            raw_times = baseline(redis, nodes, rounds, payload)
+            for proc in procs:
+                _stop(proc)
+    finally:
+        for proc in procs:
+            _stop(proc)
+        redis.stop()
+    p50, p99 = percentile(round_times, 50), percentile(round_times, 99)
+    b50, b99 = percentile(raw_times, 50), percentile(raw_times, 99)
+    return {
+        "bench": "push", "nodes": nodes, "rounds": rounds, "document_bytes": len(payload),
+        "all_acked_p50_s": round(p50, 3), "all_acked_p99_s": round(p99, 3),
+        "all_acked_mean_s": round(statistics.mean(round_times), 3),
+        "node_ack_p50_s": round(percentile(node_times, 50), 3), "node_ack_p99_s": round(percentile(node_times, 99), 3),
+        "baseline_p50_s": round(b50, 4), "baseline_p99_s": round(b99, 4), "ratio_p99": round(p99 / b99, 1),
+        "goal_p99_s": GOAL_P99_S, "meets_goal": p99 < GOAL_P99_S,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.push", description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
+    parser.add_argument("--rounds", type=int, default=10, help="measured rounds (default 10)")
+    parser.add_argument("--database-url", help="PostgreSQL server URL (a private database is created on it)")
+    parser.add_argument("--simulate-agents", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--broker", help=argparse.SUPPRESS)
+    parser.add_argument("--secrets-file", help=argparse.SUPPRESS)
+    parser.add_argument("--state-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=8, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.simulate_agents:
+        simulate_agents(args.broker, args.secrets_file, args.state_dir, args.threads)
+        return 0
+    if args.nodes < 1 or args.rounds < 1:
+        parser.error("--nodes and --rounds must be at least 1")
+    result = run(args.nodes, args.rounds, args.database_url)
+    print(f"push fan-out to {result['nodes']} nodes ({result['document_bytes']} byte documents), "
+          f"{result['rounds']} rounds: all acked p50 {result['all_acked_p50_s']:.3f} s, "
+          f"p99 {result['all_acked_p99_s']:.3f} s; per node p50 {result['node_ack_p50_s']:.3f} s, "
+          f"p99 {result['node_ack_p99_s']:.3f} s")
+    print(f"baseline raw Redis LPUSH/BRPOP fan-out: p50 {result['baseline_p50_s']:.4f} s, "
+          f"p99 {result['baseline_p99_s']:.4f} s; ratio p99 {result['ratio_p99']}x")
+    print(f"goal p99 < {GOAL_P99_S} s: {'met' if result['meets_goal'] else 'NOT met'}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

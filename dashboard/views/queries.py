@@ -1,0 +1,285 @@
+"""Read-side queries shared by the pages, the live checks and the rolling upgrade (no HTTP here).
+
+* ``occupancy_series(window, filters)`` — bytes per release namespace over time from ``OccupancySample``
+  (raw rows and the 1-minute / 1-hour rollups together: each time is held by exactly one level, because a
+  rollup deletes the rows it folds), bucketed for the chart, plus per-namespace summary numbers (latest,
+  average, peak bytes, hit ratio over the window, in-flight requests).
+* ``current_occupancy(filters)`` — per namespace, the sum over nodes of each node's newest raw sample.
+* ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
+
+A *namespace* here is ``(tenant_id, served_model_name, release namespace)``; request groups (``salt_group``)
+are summed inside it unless a filter selects one. Sizes are bytes, times timezone-aware UTC.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Max
+from django.utils import timezone
+
+from dashboard.models import MasterQuotaSample, OccupancySample
+
+#: Window name -> (length in seconds, bucket width in seconds). 15 minutes ... 30 days, 30-120 buckets each.
+WINDOWS: dict[str, tuple[int, int]] = {
+    "15m": (15 * 60, 30),
+    "1h": (3600, 60),
+    "6h": (6 * 3600, 300),
+    "24h": (86400, 900),
+    "7d": (7 * 86400, 7200),
+    "30d": (30 * 86400, 21600),
+}
+WINDOW_LABELS: dict[str, str] = {
+    "15m": "15 minutes", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days", "30d": "30 days",
+}
+DEFAULT_WINDOW = "1h"
+
+#: Seconds a node's newest sample may be old and still count as "current" occupancy.
+CURRENT_WINDOW_SECONDS = 15 * 60
+
+
+@dataclass(frozen=True)
+class OccupancyFilter:
+    """Which samples to include; an empty string means "all". ``salt_group`` is the request group name."""
+
+    tenant_id: str = ""
+    served_model_name: str = ""
+    namespace: str = ""
+    salt_group: str = ""
+
+    def apply(self, queryset):
+        """``queryset`` of ``OccupancySample`` narrowed to this filter."""
+        for name in ("tenant_id", "served_model_name", "namespace", "salt_group"):
+            value = getattr(self, name)
+            if value:
+                queryset = queryset.filter(**{name: value})
+        return queryset
+
+    def as_params(self) -> dict[str, str]:
+        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out)."""
+        names = {"tenant_id": "tenant", "served_model_name": "model", "namespace": "release", "salt_group": "group"}
+        return {param: getattr(self, attr) for attr, param in names.items() if getattr(self, attr)}
+
+
+NamespaceKey = tuple[str, str, str]  # (tenant_id, served_model_name, namespace)
+
+
+def namespace_label(key: NamespaceKey) -> str:
+    """``tenant/model/namespace`` (the chart's series label)."""
+    return "/".join(part or "-" for part in key)
+
+
+@dataclass
+class SeriesSummary:
+    """One namespace's line of the chart and its numbers over the window (bytes; ratio in [0, 1] or None)."""
+
+    key: NamespaceKey
+    data: list[int | None]
+    latest_bytes: int | None = None
+    average_bytes: int | None = None
+    peak_bytes: int | None = None
+    hit_blocks: int = 0
+    miss_blocks: int = 0
+    in_flight_requests: int = 0
+
+    @property
+    def label(self) -> str:
+        return namespace_label(self.key)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Hit blocks / (hit + miss blocks) counted during the window; None without lookups."""
+        total = self.hit_blocks + self.miss_blocks
+        return self.hit_blocks / total if total else None
+
+    def as_dict(self) -> dict[str, Any]:
+        tenant_id, model, namespace = self.key
+        return {
+            "label": self.label, "tenant_id": tenant_id, "served_model_name": model, "namespace": namespace,
+            "data": self.data, "latest_bytes": self.latest_bytes, "average_bytes": self.average_bytes,
+            "peak_bytes": self.peak_bytes, "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
+            "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
+        }
+
+
+@dataclass
+class OccupancySeries:
+    """Bucketed bytes per namespace: ``buckets`` (bucket starts), one ``SeriesSummary`` per namespace."""
+
+    window: str
+    bucket_seconds: int
+    start: datetime
+    end: datetime
+    buckets: list[datetime]
+    series: list[SeriesSummary] = field(default_factory=list)
+
+    def totals(self) -> list[int | None]:
+        """Stacked total per bucket (None where no namespace has data)."""
+        out: list[int | None] = []
+        for index in range(len(self.buckets)):
+            values = [s.data[index] for s in self.series if s.data[index] is not None]
+            out.append(sum(values) if values else None)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form served by the occupancy data endpoint."""
+        return {
+            "window": self.window,
+            "bucket_seconds": self.bucket_seconds,
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "labels": [bucket.isoformat() for bucket in self.buckets],
+            "timestamps_ms": [int(bucket.timestamp() * 1000) for bucket in self.buckets],
+            "series": [s.as_dict() for s in self.series],
+            "totals": self.totals(),
+        }
+
+
+def _floor(ts: datetime, seconds: int) -> datetime:
+    epoch = int(ts.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=ts.tzinfo or timezone.utc)
+
+
+def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
+                     now: datetime | None = None) -> OccupancySeries:
+    """Bytes per namespace over ``window`` (a key of ``WINDOWS``), bucketed.
+
+    In each bucket, a node's value for one (namespace, request group) is the sample-weighted average of its
+    rows in that bucket (rollup rows weigh ``samples``); a namespace's value is the sum of those over nodes and
+    request groups; ``None`` when no row of the namespace fell in the bucket. Hit and miss blocks count the
+    increases of the agents' cumulative counters between consecutive rows (a decrease is an agent restart:
+    the new value counts from zero). Raises ``KeyError`` for an unknown window.
+    """
+    length, width = WINDOWS[window]
+    filters = filters or OccupancyFilter()
+    end = now or timezone.now()
+    start = _floor(end - timedelta(seconds=length), width)
+    count = int((end - start).total_seconds() // width) + 1
+    buckets = [start + timedelta(seconds=width * i) for i in range(count)]
+    rows = (
+        filters.apply(OccupancySample.objects.filter(ts__gte=start, ts__lte=end))
+        .order_by("ts", "id")
+        .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "bytes",
+                     "samples", "hit_blocks", "miss_blocks", "in_flight_requests")
+    )
+    # (bucket, node, ns key, salt) -> [weighted bytes, samples]
+    cells: dict[tuple[int, str, NamespaceKey, str], list[int]] = defaultdict(lambda: [0, 0])
+    last_counters: dict[tuple[str, NamespaceKey, str], tuple[int, int]] = {}
+    hits: dict[NamespaceKey, list[int]] = defaultdict(lambda: [0, 0])
+    in_flight: dict[tuple[str, NamespaceKey, str], int] = {}
+    keys: set[NamespaceKey] = set()
+    for ts, node, tenant_id, model, namespace, salt, size, samples, hit, miss, flight in rows:
+        key = (tenant_id, model, namespace)
+        keys.add(key)
+        index = min(int((ts - start).total_seconds() // width), count - 1)
+        weight = max(samples, 1)
+        cell = cells[(index, node, key, salt)]
+        cell[0] += size * weight
+        cell[1] += weight
+        counter_key = (node, key, salt)
+        previous = last_counters.get(counter_key)
+        if previous is not None:
+            hits[key][0] += hit - previous[0] if hit >= previous[0] else hit
+            hits[key][1] += miss - previous[1] if miss >= previous[1] else miss
+        last_counters[counter_key] = (hit, miss)
+        in_flight[counter_key] = flight
+    sums: dict[NamespaceKey, list[int | None]] = {key: [None] * count for key in keys}
+    for (index, _node, key, _salt), (weighted, samples) in cells.items():
+        current = sums[key][index] or 0
+        sums[key][index] = current + round(weighted / samples)
+    series = []
+    for key in sorted(keys):
+        data = sums[key]
+        present = [value for value in data if value is not None]
+        summary = SeriesSummary(
+            key=key, data=data,
+            latest_bytes=next((value for value in reversed(data) if value is not None), None),
+            average_bytes=round(sum(present) / len(present)) if present else None,
+            peak_bytes=max(present) if present else None,
+            hit_blocks=hits[key][0], miss_blocks=hits[key][1],
+            in_flight_requests=sum(v for (node, k, salt), v in in_flight.items() if k == key),
+        )
+        series.append(summary)
+    return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,
+                           series=series)
+
+
+@dataclass
+class NamespaceNow:
+    """Current occupancy of one namespace: sums over nodes of each node's newest raw sample (bytes).
+
+    ``by_node`` maps node name -> bytes; ``by_group`` request group name -> bytes; ``hit_blocks`` /
+    ``miss_blocks`` are the agents' counters since they started.
+    """
+
+    key: NamespaceKey
+    bytes: int = 0
+    blocks: int = 0
+    in_flight_requests: int = 0
+    hit_blocks: int = 0
+    miss_blocks: int = 0
+    newest: datetime | None = None
+    by_node: dict[str, int] = field(default_factory=dict)
+    by_group: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return namespace_label(self.key)
+
+    @property
+    def hit_ratio(self) -> float | None:
+        total = self.hit_blocks + self.miss_blocks
+        return self.hit_blocks / total if total else None
+
+
+def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime | None = None,
+                      max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[NamespaceKey, NamespaceNow]:
+    """Per namespace, the sum over nodes of each node's newest raw sample of it (not older than
+    ``max_age_seconds``). A node that stopped reporting longer ago drops out."""
+    now = now or timezone.now()
+    filters = filters or OccupancyFilter()
+    base = filters.apply(OccupancySample.objects.filter(
+        level=OccupancySample.Level.RAW, ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
+    newest = {
+        (row["node_name"], row["tenant_id"], row["served_model_name"], row["namespace"]): row["newest"]
+        for row in base.values("node_name", "tenant_id", "served_model_name", "namespace").annotate(newest=Max("ts"))
+    }
+    result: dict[NamespaceKey, NamespaceNow] = {}
+    if not newest:
+        return result
+    rows = base.filter(ts__in=set(newest.values())).values_list(
+        "ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "bytes", "blocks",
+        "in_flight_requests", "hit_blocks", "miss_blocks")
+    for ts, node, tenant_id, model, namespace, salt, size, blocks, flight, hit, miss in rows:
+        if newest.get((node, tenant_id, model, namespace)) != ts:
+            continue
+        key = (tenant_id, model, namespace)
+        entry = result.setdefault(key, NamespaceNow(key=key))
+        entry.bytes += size
+        entry.blocks += blocks
+        entry.in_flight_requests += flight
+        entry.hit_blocks += hit
+        entry.miss_blocks += miss
+        entry.by_node[node] = entry.by_node.get(node, 0) + size
+        entry.by_group[salt] = entry.by_group.get(salt, 0) + size
+        entry.newest = ts if entry.newest is None or ts > entry.newest else entry.newest
+    return result
+
+
+def tenant_bytes(occupancy: dict[NamespaceKey, NamespaceNow]) -> dict[str, int]:
+    """Sum of ``current_occupancy`` per tenant_id."""
+    totals: dict[str, int] = defaultdict(int)
+    for key, entry in occupancy.items():
+        totals[key[0]] += entry.bytes
+    return dict(totals)
+
+
+def latest_master_quotas() -> dict[str, MasterQuotaSample]:
+    """tenant_id -> the newest ``MasterQuotaSample`` (the master's requested/effective/charged bytes)."""
+    newest = dict(MasterQuotaSample.objects.values("tenant_id").annotate(ts=Max("ts")).values_list("tenant_id", "ts"))
+    if not newest:
+        return {}
+    rows = MasterQuotaSample.objects.filter(tenant_id__in=list(newest), ts__in=set(newest.values()))
+    return {row.tenant_id: row for row in rows if newest.get(row.tenant_id) == row.ts}

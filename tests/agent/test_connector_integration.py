@@ -1,0 +1,218 @@
+"""The connector and ledger on a real multi-tenant mooncake_master (0.3.13.post1) on free loopback ports.
+
+Checks the issue's list: bit-exact round trips, releases and salts isolated, prefill/decode sharing, tenants
+isolated, over-quota refusal with a typed error, and the ledger equal to the store after the master evicted.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from agent.connector import KVConnector
+from agent.errors import NoSpace, QuotaExceeded, StoreUnavailable, UnknownTenant
+from agent.kv_cache import KVCacheSpec, PagedKVCache
+from agent.ledger import Ledger
+from agent.namespace import Namespace
+from agent.store import StoreEndpoints, open_store
+
+pytestmark = pytest.mark.integration
+
+BS = 16
+N_BLOCKS = 12
+TOKENS = [(i * 7919) % 150_000 for i in range(N_BLOCKS * BS + 5)]
+
+
+def make_cache(layout: str = "per_layer", seed: int = 0, num_blocks: int = 32, num_layers: int = 4) -> PagedKVCache:
+    spec = KVCacheSpec(num_layers=num_layers, num_kv_heads=2, head_size=64, block_size=BS, num_blocks=num_blocks,
+                       dtype="bfloat16", layout=layout)
+    cache = PagedKVCache.allocate(spec)
+    g = torch.Generator().manual_seed(seed)
+    for t in cache.tensors:
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    return cache
+
+
+def ns(release: str, engine: str = "vllm", **kw) -> Namespace:
+    base = dict(tenant_id="alpha", engine=engine, served_model_name="org/Model-1.5", release_namespace=release,
+                block_size=BS, hash_algo="sha256" if engine == "vllm" else "sglang_sha256")
+    base.update(kw)
+    return Namespace(**base)
+
+
+def same_blocks(a: PagedKVCache, ids_a, b: PagedKVCache, ids_b) -> bool:
+    return all(torch.equal(a.block_view(x).view(torch.uint8), b.block_view(y).view(torch.uint8))
+               for x, y in zip(ids_a, ids_b))
+
+
+@pytest.fixture
+def alpha(mooncake_master, store_client_factory):
+    return store_client_factory(mooncake_master, "alpha", "prefill")
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "cross_layer"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_round_trip_is_bit_exact(alpha, unique_name, layout: str, engine: str) -> None:
+    namespace = ns(unique_name("rt"), engine)
+    src, dst = make_cache(layout, 1), make_cache(layout, 2)
+    with KVConnector(alpha, src, namespace) as put_side, KVConnector(alpha, dst, namespace) as get_side:
+        result = put_side.save(TOKENS, list(range(N_BLOCKS + 1)))
+        assert (result.stored, result.failed) == (N_BLOCKS, 0)
+        assert not same_blocks(src, range(N_BLOCKS), dst, range(N_BLOCKS, 2 * N_BLOCKS))
+        assert get_side.load(TOKENS, list(range(N_BLOCKS, 2 * N_BLOCKS))) == N_BLOCKS
+        assert same_blocks(src, range(N_BLOCKS), dst, range(N_BLOCKS, 2 * N_BLOCKS))
+        again = put_side.save(TOKENS, list(range(N_BLOCKS)))
+        assert (again.stored, again.existing) == (0, N_BLOCKS)
+        row = put_side.ledger.snapshot()[0]
+        assert (row["blocks"], row["bytes"], row["puts"]) == (N_BLOCKS, N_BLOCKS * src.spec.block_bytes, N_BLOCKS)
+
+
+def test_two_releases_never_see_each_other(alpha, unique_name) -> None:
+    tag = unique_name("rel.v1+(a)")  # regex metacharacters are literal in the purge regex
+    r1, r2, decoy = ns(tag), ns(unique_name("rel")), ns(tag.replace(".", "X"))
+    src = make_cache(seed=3)
+    with KVConnector(alpha, src, r1) as c:
+        c.save(TOKENS, list(range(N_BLOCKS)))
+        assert c.lookup(TOKENS, namespace=r2) == 0
+        assert c.lookup(TOKENS, namespace=ns(tag, served_model_name="org/Other")) == 0  # another model, same tag
+        c.save(TOKENS, list(range(N_BLOCKS)), namespace=r2)
+        c.save(TOKENS, list(range(N_BLOCKS)), namespace=decoy)
+        assert c.lookup(TOKENS) == c.lookup(TOKENS, namespace=r2) == N_BLOCKS
+        assert c.purge_release() == N_BLOCKS  # remove_by_regex on the master: only r1's keys
+        assert c.lookup(TOKENS) == 0
+        assert c.lookup(TOKENS, namespace=r2) == c.lookup(TOKENS, namespace=decoy) == N_BLOCKS
+        assert c.ledger.table(r1).blocks == 0 and c.ledger.table(r2).blocks == N_BLOCKS
+
+
+def test_sglang_release_purge_removes_k_and_v(alpha, unique_name) -> None:
+    r1, r2 = ns(unique_name("sg"), "sglang"), ns(unique_name("sg"), "sglang")
+    with KVConnector(alpha, make_cache(), r1) as c:
+        c.save(TOKENS, list(range(N_BLOCKS)))
+        c.save(TOKENS, list(range(N_BLOCKS)), namespace=r2)
+        assert c.purge_release() == 2 * N_BLOCKS
+        assert c.lookup(TOKENS) == 0 and c.lookup(TOKENS, namespace=r2) == N_BLOCKS
+
+
+def test_two_salts_never_share_a_block(alpha, unique_name) -> None:
+    release = unique_name("salt")
+    a, b = ns(release, request_group="a", cache_salt="salt-a"), ns(release, request_group="b", cache_salt="salt-b")
+    assert set(a.keys(a.block_hashes(TOKENS))).isdisjoint(b.keys(b.block_hashes(TOKENS)))
+    with KVConnector(alpha, make_cache(), a) as c:
+        c.save(TOKENS, list(range(N_BLOCKS)))
+        assert c.lookup(TOKENS, namespace=b) == 0
+        # not even a later block matches: the salt in block 0 changed every hash of the chain
+        present = alpha.exists(b.keys(b.block_hashes(TOKENS)))
+        assert present == [0] * N_BLOCKS
+        assert c.lookup(TOKENS, namespace=a.replace(request_group="a2")) == N_BLOCKS  # same salt, same blocks
+        result = c.save(TOKENS, list(range(N_BLOCKS)), namespace=b)
+        assert result.stored == N_BLOCKS
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_prefill_and_decode_clients_share_everything(mooncake_master, store_client_factory, unique_name,
+                                                     engine: str) -> None:
+    prefill = store_client_factory(mooncake_master, "alpha", "prefill")
+    decode = store_client_factory(mooncake_master, "alpha", "decode")
+    namespace = ns(unique_name("pd"), engine)
+    src, dst = make_cache("per_layer", 5), make_cache("cross_layer", 6)
+    with KVConnector(prefill, src, namespace) as p, KVConnector(decode, dst, namespace) as d:
+        p.save(TOKENS, list(range(N_BLOCKS)))
+        assert d.lookup(TOKENS) == N_BLOCKS  # 100% of the prefix
+        assert d.load(TOKENS, list(range(N_BLOCKS))) == N_BLOCKS
+        assert same_blocks(src, range(N_BLOCKS), dst, range(N_BLOCKS))  # layouts differ, bytes agree
+        result = d.save(TOKENS, list(range(N_BLOCKS)))
+        assert (result.stored, result.existing) == (0, N_BLOCKS)
+        assert d.ledger.table(namespace).blocks == 0  # blocks the prefill wrote are not the decode's to count
+
+
+def test_tenants_do_not_see_each_other(mooncake_master, store_client_factory, unique_name) -> None:
+    alpha = store_client_factory(mooncake_master, "alpha", "prefill")
+    beta = store_client_factory(mooncake_master, "beta")
+    release = unique_name("ten")
+    with KVConnector(alpha, make_cache(), ns(release)) as a, \
+            KVConnector(beta, make_cache(), ns(release, tenant_id="beta")) as b:
+        a.save(TOKENS, list(range(N_BLOCKS)))
+        assert b.lookup(TOKENS) == 0
+        assert beta.remove_by_regex(ns(release).release_regex()) == 0  # beta cannot even remove alpha's keys
+        assert a.lookup(TOKENS) == N_BLOCKS
+
+
+def test_tenant_over_quota_is_refused_with_a_clear_error(mooncake_master, store_client_factory, unique_name) -> None:
+    tiny = store_client_factory(mooncake_master, "tiny")  # quota 64 KiB
+    cache = make_cache()  # 32 KiB blocks: two fit, the third does not
+    namespace = ns(unique_name("quota"), tenant_id="tiny")
+    with KVConnector(tiny, cache, namespace) as c:
+        with pytest.raises(QuotaExceeded) as info:
+            c.save(TOKENS, list(range(N_BLOCKS)))
+        err = info.value
+        keys = namespace.keys(namespace.block_hashes(TOKENS))
+        assert err.code == -1700 and err.code_name == "TENANT_QUOTA_EXCEEDED" and err.tenant_id == "tiny"
+        assert err.keys[0] == keys[err.result.stored] and err.keys[0] in str(err) and "-1700" in str(err)
+        assert err.result.stored * cache.spec.block_bytes <= 64 << 10 and err.result.failed >= 1
+        stored = set(keys[: err.result.stored])
+        assert {k for k, present in zip(keys, tiny.exists(keys)) if present} == stored
+        assert c.ledger.present_keys(namespace) == stored  # the failed blocks are not claimed
+        quota = mooncake_master.tenant_quota("tiny")
+        assert quota["charged_bytes"] == len(stored) * cache.spec.block_bytes
+
+
+def test_unregistered_tenant_is_refused(mooncake_master, store_client_factory, unique_name) -> None:
+    nobody = store_client_factory(mooncake_master, "nobody")
+    with KVConnector(nobody, make_cache(), ns(unique_name("x"), tenant_id="nobody")) as c:
+        with pytest.raises(UnknownTenant, match="TENANT_NOT_REGISTERED") as info:
+            c.save(TOKENS, list(range(N_BLOCKS)))
+        assert info.value.code == -1701 and c.ledger.table(c.namespace).blocks == 0
+
+
+def test_unreachable_master_fails_fast() -> None:
+    from agent.master import free_ports
+
+    (port,) = free_ports(1)
+    start = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="not reachable"):
+        open_store(StoreEndpoints(f"127.0.0.1:{port}", "http://127.0.0.1:1/metadata"), "alpha", connect_timeout=1)
+    assert time.monotonic() - start < 30
+
+
+def test_ledger_equals_store_after_master_eviction(mooncake_master_factory, unique_name) -> None:
+    master = mooncake_master_factory({"evt": 1 << 30}, eviction_high_watermark_ratio=0.7, eviction_ratio=0.3,
+                                     default_kv_lease_ttl=20)
+    store = open_store(master.endpoints(global_segment_size=16 << 20), "evt")
+    try:
+        cache = make_cache(num_blocks=40, num_layers=8)  # 64 KiB blocks; 16 MiB segment holds ~250
+        ledger = Ledger()
+        namespace = ns(unique_name("ev"), tenant_id="evt")
+        connector = KVConnector(store, cache, namespace, ledger=ledger)
+        all_hashes: list[list[bytes]] = []
+        for prompt in range(12):  # 12 chains x 40 blocks = 30 MiB into a 16 MiB pool
+            tokens = [prompt * 1_000_000 + i for i in range(40 * BS)]
+            hashes = namespace.block_hashes(tokens)
+            all_hashes.append(hashes)
+            try:
+                connector.put(list(range(40)), hashes)
+            except NoSpace:
+                pass  # the pool was full before the master evicted: a refused put is a valid outcome here
+            time.sleep(0.05)  # let leases lapse so the master may evict
+        result = ledger.reconcile(store, sample=32)
+        assert result.full and result.missing > 0, result
+        stored_keys = [namespace.primary_key(h) for hs in all_hashes for h in hs]
+        in_store = {k for k, c in zip(stored_keys, store.exists(stored_keys)) if c == 1}
+        table = ledger.table(namespace)
+        assert ledger.present_keys(namespace) == in_store
+        assert table.blocks == len(in_store) and table.bytes == len(in_store) * cache.spec.block_bytes
+        assert table.evicted_blocks == table.puts - table.blocks
+        metrics = master.metrics()
+        assert metrics["master_key_count"] == len(in_store)
+        assert metrics["master_evicted_key_count"] > 0
+        # orphans: present blocks whose parent the master evicted (it knows no prefixes)
+        orphans = 0
+        for hashes in all_hashes:
+            keys = [namespace.primary_key(h) for h in hashes]
+            orphans += sum(1 for parent, child in zip(keys, keys[1:]) if child in in_store and parent not in in_store)
+        assert table.orphaned_blocks == orphans and table.orphaned_bytes == orphans * cache.spec.block_bytes
+        row = next(r for r in ledger.snapshot() if r["namespace"] == namespace.release_namespace)
+        assert row["blocks"] == len(in_store) and row["evicted_blocks"] == table.evicted_blocks
+    finally:
+        store.close()
