@@ -42,7 +42,9 @@ def make_app(node: str, broker_url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         broker_connection_timeout=CONNECT_TIMEOUT_SECONDS,
-        broker_transport_options={"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS},
+        # One Redis list per queue: no message priorities are used, and kombu's default four priority steps
+        # would make every BRPOP name four keys per queue.
+        broker_transport_options={"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS, "priority_steps": [0]},
     )
     return app
 

@@ -41,8 +41,8 @@ _NOT_FOUND = -704
 @dataclass(frozen=True)
 class PutResult:
     """Outcome of one put: blocks ``stored`` now, ``existing`` (skipped), ``failed`` (refused by the store),
-    ``dropped`` (stored, then removed because an ancestor failed); ``bytes_written`` of the stored ones;
-    ``failures`` as ``(key, code)``."""
+    ``dropped`` (behind a failed block of the chain: removed again, or not sent at all); ``bytes_written`` of the
+    stored ones; ``failures`` as ``(key, code)``."""
 
     stored: int = 0
     existing: int = 0
@@ -121,8 +121,9 @@ class KVConnector:
 
     # --- geometry -------------------------------------------------------------------------------------------
 
-    def block_bytes(self, namespace: Namespace | None = None) -> int:
-        """Bytes a block occupies in the store (all its objects)."""
+    @property
+    def block_bytes(self) -> int:
+        """Bytes a block occupies in the store (all its objects; the same for both key grammars)."""
         return self.cache.spec.block_bytes
 
     def _objects(self, ns: Namespace, block_ids: Sequence[int], hashes: Sequence[bytes]
@@ -186,9 +187,10 @@ class KVConnector:
     # --- put ------------------------------------------------------------------------------------------------
 
     def put(self, block_ids: Sequence[int], block_hashes: Sequence[bytes], *, parent: bytes | None = None,
-            namespace: Namespace | None = None) -> PutResult:
+            namespace: Namespace | None = None, soft_pin: bool = False) -> PutResult:
         """Store cache blocks ``block_ids`` under ``block_hashes`` (one chain; ``parent`` precedes its first
-        block, None when it starts at block 0), skipping blocks already present.
+        block, None when it starts at block 0), skipping blocks already present. ``soft_pin`` asks the master
+        to evict these objects last (``ReplicateConfig.soft_pin_action``; e.g. hot prefix roots).
 
         Returns:
             the :class:`PutResult` when every block is stored or present.
@@ -213,31 +215,40 @@ class KVConnector:
         for start in range(0, len(todo), self.max_batch_blocks):
             chunk = todo[start:start + self.max_batch_blocks]
             obj = [i * per + j for i in chunk for j in range(per)]
-            codes = self._put_objects(ns, [keys[o] for o in obj], [regions[o] for o in obj])
+            codes = self._put_objects(ns, [keys[o] for o in obj], [regions[o] for o in obj], soft_pin)
             for n, i in enumerate(chunk):
                 block_codes = codes[n * per:(n + 1) * per]
                 bad = [(keys[i * per + j], c) for j, c in enumerate(block_codes) if c != 0]
                 if bad:
                     outcomes[i] = Outcome.FAILED
                     failures.extend(bad)
+            if failures:  # later chunks could only add blocks behind a failed one: unreachable, not sent
+                for i in todo[start + len(chunk):]:
+                    outcomes[i] = Outcome.DROPPED
+                break
         dropped_keys: list[str] = []
         if failures:
+            failed_keys = {k for k, _ in failures}
             first_failed = outcomes.index(Outcome.FAILED)
-            for i in range(len(hashes)):
+            for i in range(first_failed, len(hashes)):
+                block_keys = keys[i * per:(i + 1) * per]
                 if outcomes[i] is Outcome.FAILED:
-                    # an SGLang half that was written is useless without its pair
-                    dropped_keys.extend(k for k, c in zip(keys[i * per:(i + 1) * per],
-                                                          self._half_codes(failures, keys, i, per)) if c == 0)
-                elif i > first_failed and outcomes[i] is Outcome.STORED:
+                    if per > 1:  # an SGLang half that was written is useless without its pair
+                        dropped_keys.extend(k for k in block_keys if k not in failed_keys)
+                elif outcomes[i] is Outcome.STORED:
                     outcomes[i] = Outcome.DROPPED
-                    dropped_keys.extend(keys[i * per:(i + 1) * per])
+                    dropped_keys.extend(block_keys)
             if dropped_keys:
-                self.store.remove(dropped_keys)
-        self.ledger.record_put(ns, hashes, parent, outcomes, self.block_bytes(ns))
+                codes = self.store.remove(dropped_keys)
+                stuck = [(k, c) for k, c in zip(dropped_keys, codes) if c < 0 and c != _NOT_FOUND]
+                if stuck:
+                    log.warning("tenant %s: %d unreachable object(s) could not be removed after a failed put "
+                                "(first %s: %d)", self.store.tenant_id, len(stuck), stuck[0][0], stuck[0][1])
+        self.ledger.record_put(ns, hashes, parent, outcomes, self.block_bytes)
         stored = outcomes.count(Outcome.STORED)
         result = PutResult(stored=stored, existing=outcomes.count(Outcome.EXISTED),
                            failed=outcomes.count(Outcome.FAILED), dropped=outcomes.count(Outcome.DROPPED),
-                           bytes_written=stored * self.block_bytes(ns), failures=tuple(failures))
+                           bytes_written=stored * self.block_bytes, failures=tuple(failures))
         if failures:
             err = store_error("put", failures, tenant_id=self.store.tenant_id,
                               detail=f"{result.stored} stored, {result.existing} present, {result.failed} failed, "
@@ -246,15 +257,12 @@ class KVConnector:
             raise err
         return result
 
-    @staticmethod
-    def _half_codes(failures: list[tuple[str, int]], keys: list[str], i: int, per: int) -> list[int]:
-        failed = {k for k, _ in failures}
-        return [-1 if k in failed else 0 for k in keys[i * per:(i + 1) * per]]
-
-    def _put_objects(self, ns: Namespace, keys: list[str], regions: list[list[tuple[int, int]]]) -> list[int]:
-        if ns.objects_per_block == 2:
-            config = self.store.replicate_config(replica_num=self.replica_num,
-                                                 group_ids=[k[:-2] for k in keys])
+    def _put_objects(self, ns: Namespace, keys: list[str], regions: list[list[tuple[int, int]]],
+                     soft_pin: bool) -> list[int]:
+        if ns.objects_per_block == 2 or soft_pin:
+            group_ids = [k[:-2] for k in keys] if ns.objects_per_block == 2 else None
+            config = self.store.replicate_config(replica_num=self.replica_num, group_ids=group_ids,
+                                                 soft_pin=soft_pin)
         else:
             config = self._plain_config
         if all(len(r) == 1 for r in regions):
@@ -367,8 +375,12 @@ class KVConnector:
         keys = ns.keys(hashes)
         codes = self.store.remove(keys)
         per = ns.objects_per_block
-        failures = [(k, c) for k, c in zip(keys, codes) if c < 0 and c != _NOT_FOUND]
-        failed_blocks = {keys.index(k) // per for k, _ in failures}
+        failures: list[tuple[str, int]] = []
+        failed_blocks: set[int] = set()
+        for n, (k, c) in enumerate(zip(keys, codes)):
+            if c < 0 and c != _NOT_FOUND:
+                failures.append((k, c))
+                failed_blocks.add(n // per)
         gone = [h for i, h in enumerate(hashes) if i not in failed_blocks]
         freed = self.ledger.record_removed(ns, gone)
         if failures:

@@ -44,7 +44,7 @@ class Outcome(enum.Enum):
     STORED = "stored"      # written now by this node
     EXISTED = "existed"    # already present (skipped)
     FAILED = "failed"      # the store refused it
-    DROPPED = "dropped"    # written, then removed again because an ancestor in the batch failed
+    DROPPED = "dropped"    # behind a failed block of the chain: written then removed again, or never sent
 
 
 class BlockEntry:

@@ -138,6 +138,11 @@ class Namespace:
             self._cache["prefix"] = f"{base}_"
             self._cache["suffixes"] = (f"_{self.tp_rank}{pp}_k", f"_{self.tp_rank}{pp}_v")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by field values (the cached hasher holds closures); unpickling validates again."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return (_rebuild_namespace, (values,))
+
     # --- identity -------------------------------------------------------------------------------------------
 
     @property
@@ -200,7 +205,7 @@ class Namespace:
         """Flat object keys of many blocks, block-major: ``[b0, b1, ...]`` or ``[b0_k, b0_v, b1_k, ...]``."""
         prefix = self._cache["prefix"]
         if self.engine == "vllm":
-            return [prefix + h.hex() for h in block_hashes]
+            return list(map(prefix.__add__, map(bytes.hex, block_hashes)))
         sk, sv = self._cache["suffixes"]
         out: list[str] = []
         for h in block_hashes:
@@ -225,6 +230,10 @@ class Namespace:
                     and len(parsed.block_hash) == 2 * self.digest_size)
         return (isinstance(parsed, keygrammar.SglangKey) and key.startswith(self._cache["prefix"])
                 and key.endswith(self._cache["suffixes"]))
+
+
+def _rebuild_namespace(values: dict[str, Any]) -> Namespace:
+    return Namespace(**values)
 
 
 def _block_size(layout: Any) -> int:

@@ -192,7 +192,7 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
 
     send = publish or default_publish
 
-    @app.task(name=PURGE_TASK, ignore_result=True)
+    @app.task(name=PURGE_TASK, ignore_result=True, shared=False)
     def purge_namespace(request: dict[str, Any]) -> dict[str, Any]:
         """Run one purge request and send its result to the dashboard."""
         result = handle_purge(request, node=node, secret=secret, open_store=open_store)

@@ -130,7 +130,8 @@ class StoreClient:
     """A Mooncake Store client of one tenant (wraps ``MooncakeDistributedStore``).
 
     Batch methods take parallel lists and return the store's per-key integers unchanged. Use as a context
-    manager or call :meth:`close`. Calls are not serialised here: the Mooncake client is thread-safe.
+    manager or call :meth:`close`. Only registration bookkeeping is locked here; data calls go straight to the
+    Mooncake client.
 
     Raises (constructor):
         StoreUnavailable: master unreachable or ``setup()`` returned non-zero (the code is in the message).

@@ -82,6 +82,19 @@ class Redis:
         self.proc.wait(timeout=10)
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """User+system CPU seconds of ``pid`` and its live descendants (Linux ``/proc``; 0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return own + sum(_tree_cpu_seconds(child) for child in children)
+
+
 def _spawn(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **env}
     with open(log, "ab") as handle:
@@ -182,9 +195,9 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
             setup_django(url, CELERY_BROKER_URL=redis.url, KVPOOL_VAR_DIR=str(workdir / "var"),
                          KVPOOL_MASTER_SYNC="false")
             from django.db import transaction
-            from django.db.models import Min
+            from django.db.models import Count, Min
 
-            from dashboard.models import ConfigVersion, NodeState
+            from dashboard.models import ConfigAck, ConfigVersion, NodeState
             from tenants.models import InstanceAssignment, Node, Release, ServedModel, Tenant
             from tenants.services import validated_save
 
@@ -208,20 +221,21 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
             dash_log, agents_log = workdir / "dashboard.log", workdir / "agents.log"
             procs.append(_spawn([sys.executable, "-m", "celery", "-A", "dashboard.celery", "worker", "-Q",
                                  "dashboard.ingest,dashboard.control", "--pool", "prefork", "-c", "2",
-                                 "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"],
+                                 "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", os.environ.get("BENCH_LOG", "INFO")],
                                 dash_log, **env))
             procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
                                  "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
                                 agents_log))
-            _wait_log(procs[0], dash_log, "ready.")
+            _wait_log(procs[0], dash_log, "ready." if os.environ.get("BENCH_LOG", "INFO") == "INFO" else "[queues]")
             time.sleep(2.0)  # the agents' worker logs at WARNING: give it time to subscribe to its queues
 
             def all_acked(version: int) -> bool:
-                low = NodeState.objects.filter(node_name__in=names).aggregate(v=Min("acked_version"))["v"]
-                return NodeState.objects.filter(node_name__in=names).count() == nodes and (low or 0) >= version
+                row = NodeState.objects.filter(node_name__in=names).aggregate(n=Count("id"), v=Min("acked_version"))
+                return row["n"] == nodes and (row["v"] or 0) >= version
 
             round_times: list[float] = []
             node_times: list[float] = []
+            phases: dict[str, list[float]] = {"sent": [], "acked": [], "recorded": []}
             for round_no in range(rounds + 1):  # round 0 is the warm-up (first documents)
                 from django.utils import timezone
 
@@ -233,7 +247,7 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
                 while not all_acked(round_no + 1):
                     if time.perf_counter() > deadline:
                         raise RuntimeError(f"round {round_no}: not all nodes acked within 60 s; logs in {workdir}")
-                    time.sleep(0.01)
+                    time.sleep(0.05)
                 elapsed = time.perf_counter() - started
                 if round_no == 0:
                     continue
@@ -241,6 +255,14 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
                 node_times += [(at - started_wall).total_seconds()
                                for at in NodeState.objects.filter(node_name__in=names)
                                .values_list("acked_at", flat=True)]
+                for sent_at, acked_at in NodeState.objects.filter(node_name__in=names).values_list(
+                        "pushed_at", "acked_at"):
+                    phases["sent"].append((sent_at - started_wall).total_seconds())
+                    phases["acked"].append((acked_at - started_wall).total_seconds())
+                phases["recorded"] += [(at - started_wall).total_seconds() for at in ConfigAck.objects.filter(
+                    version=round_no + 1, status="applied").values_list("received_at", flat=True)]
+            cpu = {"dashboard_worker": _tree_cpu_seconds(procs[0].pid),
+                   "simulated_agents": _tree_cpu_seconds(procs[1].pid), "bench": time.process_time()}
             sample = ConfigVersion.objects.filter(node_name=names[0]).order_by("-version").first()
             payload = json.dumps(sample.document).encode()
             raw_times = baseline(redis, nodes, rounds, payload)
@@ -257,7 +279,10 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
         "all_acked_p50_s": round(p50, 3), "all_acked_p99_s": round(p99, 3),
         "all_acked_mean_s": round(statistics.mean(round_times), 3),
         "node_ack_p50_s": round(percentile(node_times, 50), 3), "node_ack_p99_s": round(percentile(node_times, 99), 3),
+        "phase_p50_s": {name: round(percentile(v, 50), 3) for name, v in phases.items()},
+        "phase_p99_s": {name: round(percentile(v, 99), 3) for name, v in phases.items()},
         "baseline_p50_s": round(b50, 4), "baseline_p99_s": round(b99, 4), "ratio_p99": round(p99 / b99, 1),
+        "cpu_s": {name: round(value, 2) for name, value in cpu.items()},
         "goal_p99_s": GOAL_P99_S, "meets_goal": p99 < GOAL_P99_S,
     }
 
@@ -285,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {result['node_ack_p99_s']:.3f} s")
     print(f"baseline raw Redis LPUSH/BRPOP fan-out: p50 {result['baseline_p50_s']:.4f} s, "
           f"p99 {result['baseline_p99_s']:.4f} s; ratio p99 {result['ratio_p99']}x")
+    print(f"phases p99 (from commit): sent {result['phase_p99_s']['sent']:.3f} s, applied+acked by the agent "
+          f"{result['phase_p99_s']['acked']:.3f} s, recorded by the dashboard {result['phase_p99_s']['recorded']:.3f} s; "
+          f"CPU seconds over all rounds incl. warm-up: {result['cpu_s']}")
     print(f"goal p99 < {GOAL_P99_S} s: {'met' if result['meets_goal'] else 'NOT met'}")
     print(json.dumps(result))
     return 0

@@ -152,8 +152,34 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     result.samples += len(samples)
 
 
-def _ensure_node(node: str) -> None:
-    NodeState.objects.get_or_create(node_name=node)
+def _lock_states(names) -> dict[str, NodeState]:
+    """The ``NodeState`` rows of ``names`` (created when missing), locked for this transaction, by name."""
+    names = sorted(set(names))
+    locked = NodeState.objects.select_for_update().order_by("node_name")
+    states = {state.node_name: state for state in locked.filter(node_name__in=names)}
+    missing = [name for name in names if name not in states]
+    if missing:
+        NodeState.objects.bulk_create([NodeState(node_name=name) for name in missing], ignore_conflicts=True)
+        states.update((state.node_name, state) for state in locked.filter(node_name__in=missing))
+    return states
+
+
+def _save_states(states: Iterable[NodeState], fields: list[str]) -> None:
+    """Write ``fields`` of the states: plain UPDATEs for a few rows (``bulk_update`` builds a costly CASE per
+    field), ``bulk_update`` for many."""
+    states = list(states)
+    if len(states) <= 4:
+        for state in states:
+            state.save(update_fields=fields)
+    else:
+        NodeState.objects.bulk_update(states, fields, batch_size=200)
+
+
+_ACK_FIELDS = ["acked_version", "acked_digest", "acked_at", "rejected_version", "rejection_reason",
+               "rejection_error", "rejected_at", "version_floor", "applied_version", "applied_digest",
+               "applied_seen_at"]
+_HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",
+                     "outbox_dropped", "applied_version", "applied_digest", "applied_seen_at"]
 
 
 def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
@@ -165,15 +191,10 @@ def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None
         ignore_conflicts=True,
     )
     result.acks += len(acks)
-    by_node: dict[str, list[Ack]] = {}
-    for ack in sorted(acks, key=lambda a: a.sequence):
-        by_node.setdefault(ack.node, []).append(ack)
-    for node, node_acks in by_node.items():
-        _ensure_node(node)
-        state = NodeState.objects.select_for_update().get(node_name=node)
-        for ack in node_acks:
-            apply_ack(state, ack)
-        state.save()
+    states = _lock_states(ack.node for ack in acks)
+    for ack in sorted(acks, key=lambda a: (a.node, a.sequence)):
+        apply_ack(states[ack.node], ack)
+    _save_states(states.values(), _ACK_FIELDS)
 
 
 def apply_ack(state: NodeState, ack: Ack) -> None:
@@ -213,9 +234,9 @@ def store_heartbeats(heartbeats: Sequence[Heartbeat], result: IngestResult) -> N
     for heartbeat in heartbeats:
         if heartbeat.node not in newest or heartbeat.sent_at > newest[heartbeat.node].sent_at:
             newest[heartbeat.node] = heartbeat
+    states = _lock_states(newest)
     for node, hb in newest.items():
-        _ensure_node(node)
-        state = NodeState.objects.select_for_update().get(node_name=node)
+        state = states[node]
         if state.heartbeat_at is None or hb.sent_at >= state.heartbeat_at:
             state.heartbeat_at = hb.sent_at
             state.agent_started_at = hb.started_at
@@ -224,5 +245,5 @@ def store_heartbeats(heartbeats: Sequence[Heartbeat], result: IngestResult) -> N
             state.outbox_pending = hb.outbox_pending
             state.outbox_dropped = hb.outbox_dropped
         _observe_applied(state, hb.sent_at, hb.applied_version, hb.applied_digest)
-        state.save()
+    _save_states(states.values(), _HEARTBEAT_FIELDS)
     result.heartbeats += len(heartbeats)

@@ -1,15 +1,15 @@
 """Config documents: render from the registry, version, sign, send to ``agent.<node>``; drift per node.
 
-* ``render_content(node)`` — the document without ``version``/``issued_at``/``signature``: store endpoints
+* ``render_contents(nodes)`` — per node, the document without ``version``/``issued_at``/``signature``: store endpoints
   (``tenants.rendering.StoreEndpoints.from_settings()``) and one ``agent.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the
   tenant's request groups with salts, budgets), ordered by port. Validated through the shared schema, so the
   dashboard never sends what the agent would refuse as ``invalid``.
-* ``ensure_version(name)`` — in one transaction with the node's ``NodeState`` row locked: a new
+* ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
-* ``send(node, config_version)`` — signs with the node's current ``signing_secret`` and publishes the Celery
-  task ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``).
+* ``send_many(pairs)`` — signs with each node's current ``signing_secret`` and publishes the Celery task
+  ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``).
 * ``push_nodes(names)`` — ensure + send when new, or when the node's ack lags and the last send is older than
   ``KVPOOL_REPUSH_AFTER_SECONDS``; ``reconcile()`` does that for every registered node (periodic).
 * ``drift(state)`` — behind / silent / digest mismatch flags.
@@ -94,25 +94,38 @@ def _instance(assignment, groups: list[RequestGroupSpec]) -> InstanceSpec:
     )
 
 
-def render_content(node) -> dict[str, Any]:
-    """The node's document content as a JSON-ready dict (no version, issued_at or signature).
+def render_contents(nodes) -> dict[str, dict[str, Any]]:
+    """Document contents of ``nodes`` (``tenants.models.Node``), keyed by node name, in two queries.
 
-    ``node`` is a ``tenants.models.Node``. Raises ``agent.messages.MessageError``-compatible pydantic errors
-    only if the registry holds something the schema refuses (a bug, logged by the caller).
+    Each content is a JSON-ready dict without version, issued_at or signature; instances are ordered by port.
+    Raises pydantic's ``ValidationError`` only if the registry holds something the schema refuses (a bug).
     """
-    from tenants.models import RequestGroup
+    from tenants.models import InstanceAssignment, RequestGroup
 
-    assignments = list(
-        node.assignments.select_related("release__model__tenant").order_by("port", "pk")
-    )
-    tenant_pks = {a.release.model.tenant_id for a in assignments}
+    nodes = list(nodes)
+    by_node: dict[int, list] = {node.pk: [] for node in nodes}
+    for assignment in (InstanceAssignment.objects.filter(node__in=nodes)
+                       .select_related("release__model__tenant").order_by("node_id", "port", "pk")):
+        by_node[assignment.node_id].append(assignment)
+    tenant_pks = {a.release.model.tenant_id for items in by_node.values() for a in items}
     groups: dict[int, list[RequestGroupSpec]] = {pk: [] for pk in tenant_pks}
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(
             RequestGroupSpec(name=group.name, cache_salt=group.cache_salt, budget_bytes=group.budget_bytes))
-    instances = [_instance(a, groups[a.release.model.tenant_id]).model_dump(mode="json") for a in assignments]
-    return {"schema": SCHEMA_VERSION, "kind": "config", "node": node.name, "store": _store_endpoints(),
-            "instances": instances}
+    store = _store_endpoints()
+    return {
+        node.name: {
+            "schema": SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
+            "instances": [_instance(a, groups[a.release.model.tenant_id]).model_dump(mode="json")
+                          for a in by_node[node.pk]],
+        }
+        for node in nodes
+    }
+
+
+def render_content(node) -> dict[str, Any]:
+    """The document content of one node (see ``render_contents``)."""
+    return render_contents([node])[node.name]
 
 
 def content_digest(content: dict[str, Any]) -> str:
@@ -126,67 +139,116 @@ def _issued_at(now: datetime) -> str:
 
 @dataclass
 class Ensured:
-    """Outcome of ``ensure_version``: the newest version of the node, whether it was just created."""
+    """Outcome of ``ensure_versions`` for one node: its newest version, whether it was just created, and its
+    state (ack and push fields as they were when the version was ensured)."""
 
     version: ConfigVersion
     created: bool
+    state: NodeState
+
+
+def ensure_versions(nodes) -> dict[str, Ensured]:
+    """Make sure the newest ``ConfigVersion`` of each node matches the registry; see the module docstring.
+
+    One transaction: the nodes' ``NodeState`` rows are locked (in name order, so concurrent calls cannot
+    deadlock), the contents rendered under the lock (a concurrent push that renders later also versions later),
+    new versions created in one bulk insert. Raises ``MessageError`` if a rendered document would not pass the
+    agent's schema (nothing is created then).
+    """
+    from agent.messages import parse_document
+
+    nodes = sorted(nodes, key=lambda node: node.name)
+    names = [node.name for node in nodes]
+    if not nodes:
+        return {}
+    with transaction.atomic():
+        NodeState.objects.bulk_create([NodeState(node_name=name) for name in names], ignore_conflicts=True)
+        states = {state.node_name: state for state in
+                  NodeState.objects.select_for_update().filter(node_name__in=names).order_by("node_name")}
+        contents = render_contents(nodes)
+        latest: dict[str, ConfigVersion] = {}
+        for version in ConfigVersion.objects.filter(
+                node_name__in=names, version__in={state.desired_version for state in states.values()}):
+            if states[version.node_name].desired_version == version.version:
+                latest[version.node_name] = version
+        result: dict[str, Ensured] = {}
+        created: list[ConfigVersion] = []
+        issued_at = _issued_at(timezone.now())
+        for name in names:
+            state, content = states[name], contents[name]
+            cdigest = content_digest(content)
+            current = latest.get(name)
+            if current is not None and current.content_digest == cdigest and state.version_floor < state.desired_version:
+                result[name] = Ensured(current, False, state)
+                continue
+            number = max(state.desired_version, state.version_floor) + 1
+            document = {**content, "version": number, "issued_at": issued_at}
+            parse_document(document)  # the agent would refuse it otherwise: fail here, loudly
+            version = ConfigVersion(node_name=name, version=number, digest=signing.digest(document),
+                                    content_digest=cdigest, document=document)
+            created.append(version)
+            state.desired_version, state.desired_digest = number, version.digest
+            result[name] = Ensured(version, True, state)
+        if created:
+            ConfigVersion.objects.bulk_create(created)
+            NodeState.objects.bulk_update([states[v.node_name] for v in created],
+                                          ["desired_version", "desired_digest"])
+    for version in created:
+        log.info("node %s: config version %d (digest %s, %d instances)", version.node_name, version.version,
+                 version.digest[:12], len(version.document["instances"]))
+    return result
 
 
 def ensure_version(node) -> Ensured:
-    """Make sure the newest ``ConfigVersion`` of ``node`` matches the registry; see the module docstring."""
-    from agent.messages import parse_document
+    """``ensure_versions`` for one node."""
+    return ensure_versions([node])[node.name]
 
-    with transaction.atomic():
-        state, _ = NodeState.objects.get_or_create(node_name=node.name)
-        state = NodeState.objects.select_for_update().get(pk=state.pk)
-        # Rendered under the lock: a concurrent push that renders later also versions later.
-        content = render_content(node)
-        cdigest = content_digest(content)
-        latest = ConfigVersion.objects.filter(node_name=node.name).order_by("-version").first()
-        if (latest is not None and latest.version == state.desired_version
-                and latest.content_digest == cdigest and state.version_floor < state.desired_version):
-            return Ensured(latest, False)
-        version = max(state.desired_version, state.version_floor) + 1
-        document = {**content, "version": version, "issued_at": _issued_at(timezone.now())}
-        parse_document(document)  # the agent would refuse it otherwise; fail here, loudly
-        digest = signing.digest(document)
-        created = ConfigVersion.objects.create(node_name=node.name, version=version, digest=digest,
-                                               content_digest=cdigest, document=document)
-        state.desired_version = version
-        state.desired_digest = digest
-        state.save(update_fields=["desired_version", "desired_digest"])
-    log.info("node %s: config version %d (digest %s, %d instances)", node.name, version, digest[:12],
-             len(content["instances"]))
-    return Ensured(created, True)
+
+def _publish(node, config_version: ConfigVersion) -> None:
+    from dashboard.celery import app
+
+    app.send_task(
+        APPLY_CONFIG_TASK, args=[signing.signed(config_version.document, node.signing_secret)],
+        queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
+        retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
+    )
+
+
+def send_many(pairs) -> int:
+    """Sign each ``(node, config_version)`` with the node's current ``signing_secret`` and publish it to
+    ``agent.<node>`` (task ``agent.apply_config``, expiring after ``KVPOOL_PUSH_EXPIRES_SECONDS``).
+
+    Returns how many the broker took. Failures are logged and kept in ``NodeState.push_error`` (the periodic
+    reconcile sends again); successes set ``pushed_version``/``pushed_at``.
+    """
+    sent: list[tuple[str, int]] = []
+    for node, config_version in pairs:
+        try:
+            _publish(node, config_version)
+        except Exception as exc:  # broker down: record, the reconcile task retries
+            NodeState.objects.filter(node_name=node.name).update(
+                push_error=f"{type(exc).__name__}: {exc}"[:2000])
+            log.error("node %s: pushing config version %d failed: %s", node.name, config_version.version, exc)
+            continue
+        sent.append((node.name, config_version.version))
+    if sent:
+        now = timezone.now()
+        states = list(NodeState.objects.filter(node_name__in=[name for name, _ in sent]))
+        versions = dict(sent)
+        for state in states:
+            state.pushed_version, state.pushed_at, state.push_error = versions[state.node_name], now, ""
+        NodeState.objects.bulk_update(states, ["pushed_version", "pushed_at", "push_error"])
+    return len(sent)
 
 
 def send(node, config_version: ConfigVersion) -> bool:
-    """Sign ``config_version`` with ``node.signing_secret`` and publish it to ``agent.<node>``.
-
-    Returns whether the broker took it; a failure is logged and kept in ``NodeState.push_error`` (the periodic
-    reconcile sends again).
-    """
-    from dashboard.celery import app
-
-    document = signing.signed(config_version.document, node.signing_secret)
-    now = timezone.now()
-    try:
-        app.send_task(
-            APPLY_CONFIG_TASK, args=[document], queue=node_queue(node.name),
-            expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
-            retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
-        )
-    except Exception as exc:  # broker down: record, the reconcile task retries
-        NodeState.objects.filter(node_name=node.name).update(push_error=f"{type(exc).__name__}: {exc}"[:2000])
-        log.error("node %s: pushing config version %d failed: %s", node.name, config_version.version, exc)
-        return False
-    NodeState.objects.filter(node_name=node.name).update(
-        pushed_version=config_version.version, pushed_at=now, push_error="")
-    return True
+    """``send_many`` for one node; returns whether the broker took the document."""
+    return send_many([(node, config_version)]) == 1
 
 
 def push_nodes(names: Iterable[str], *, force: bool = False) -> dict[str, int]:
-    """Ensure and send the documents of the named nodes; returns counts (``versions``, ``sent``, ``missing``).
+    """Ensure and send the documents of the named nodes; returns counts (``versions``, ``sent``, ``missing``,
+    ``failed``).
 
     A document is sent when a new version was created, when ``force`` is set, or when the node's ack lags the
     desired version and the last send is older than ``KVPOOL_REPUSH_AFTER_SECONDS``. Names not in the
@@ -194,27 +256,26 @@ def push_nodes(names: Iterable[str], *, force: bool = False) -> dict[str, int]:
     """
     from tenants.models import Node
 
-    counts = {"versions": 0, "sent": 0, "missing": 0, "failed": 0}
     names = sorted(set(names))
     nodes = {node.name: node for node in Node.objects.filter(name__in=names)}
+    counts = {"versions": 0, "sent": 0, "missing": len(names) - len(nodes), "failed": 0}
+    try:
+        ensured = ensure_versions(nodes.values())
+    except Exception:
+        counts["failed"] = len(nodes)
+        log.exception("rendering config documents of nodes %s failed", sorted(nodes))
+        return counts
     repush_before = timezone.now() - timedelta(seconds=settings.KVPOOL_REPUSH_AFTER_SECONDS)
-    for name in names:
-        node = nodes.get(name)
-        if node is None:
-            counts["missing"] += 1
-            continue
-        try:
-            ensured = ensure_version(node)
-        except Exception:
-            counts["failed"] += 1
-            log.exception("node %s: rendering its config document failed", name)
-            continue
-        counts["versions"] += int(ensured.created)
-        state = NodeState.objects.get(node_name=name)
+    to_send = []
+    for name, item in ensured.items():
+        state = item.state
         behind = state.acked_version < state.desired_version
-        stale_push = state.pushed_at is None or state.pushed_at < repush_before or state.pushed_version < state.desired_version
-        if ensured.created or force or (behind and stale_push):
-            counts["sent"] += int(send(node, ensured.version))
+        stale_push = (state.pushed_at is None or state.pushed_at < repush_before
+                      or state.pushed_version < state.desired_version)
+        if item.created or force or (behind and stale_push):
+            to_send.append((nodes[name], item.version))
+    counts["versions"] = sum(item.created for item in ensured.values())
+    counts["sent"] = send_many(to_send)
     return counts
 
 
@@ -222,7 +283,12 @@ def reconcile() -> dict[str, int]:
     """``push_nodes`` for every registered node (catches changes no signal saw, e.g. ``QuerySet.update``)."""
     from tenants.models import Node
 
-    return push_nodes(Node.objects.values_list("name", flat=True))
+    totals = {"versions": 0, "sent": 0, "missing": 0, "failed": 0}
+    names = list(Node.objects.order_by("name").values_list("name", flat=True))
+    for start in range(0, len(names), 100):
+        for key, value in push_nodes(names[start:start + 100]).items():
+            totals[key] += value
+    return totals
 
 
 def drift(state: NodeState, now: datetime | None = None) -> dict[str, Any]:

@@ -13,4 +13,5 @@ urlpatterns = [
     path("api/v1/", include("dashboard.api.urls")),
     path("api/v1/", include("dashboard.api.telemetry_urls")),
     path("metrics", metrics_view, name="metrics"),
+    path("", include("dashboard.page_urls")),
 ]

@@ -7,9 +7,9 @@ Mooncake fixtures (agent/master.py):
   namespaces (``unique_name``) so their keys never meet.
 * ``mooncake_master_factory`` (function): ``start(tenants, **MasterProcess kwargs)`` for a master with custom
   quotas or eviction flags; every master it started is stopped after the test.
-* ``store_client_factory`` (session): ``open(master, tenant_id, **endpoint overrides)`` -> an open
-  ``StoreClient``, cached per (master, tenant, overrides) and closed at session end (closing one takes ~2 s and
-  drops the objects in its segment, so tests share clients).
+* ``store_client_factory`` (session): ``open(master, tenant_id, name="", **endpoint overrides)`` -> an open
+  ``StoreClient``, cached per (master, tenant, name, overrides) and closed at session end before the session
+  master stops (closing a client drops the objects in its segment, so tests share clients).
 """
 
 from __future__ import annotations
@@ -50,10 +50,13 @@ def mooncake_master_factory() -> Iterator[Callable[..., Any]]:
 
 
 @pytest.fixture(scope="session")
-def store_client_factory() -> Iterator[Callable[..., Any]]:
+def store_client_factory(mooncake_master: Any) -> Iterator[Callable[..., Any]]:
     """``open(master, tenant_id, name="", **endpoint_overrides) -> StoreClient``, cached and closed at the end.
 
-    ``name`` tells apart two clients of one tenant (e.g. a prefill and a decode instance).
+    ``name`` tells apart two clients of one tenant (e.g. a prefill and a decode instance). Clients are closed
+    while their master still runs (~2 s each; a client whose master is gone takes 10 s or more to close, also
+    at interpreter exit), so use it for the session ``mooncake_master``; with a factory master, open your own
+    client and close it before the master stops.
     """
     from agent.store import open_store
 

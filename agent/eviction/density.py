@@ -31,6 +31,7 @@ a seeded generator keeps runs reproducible.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import OrderedDict
@@ -88,6 +89,8 @@ class HitDensityPolicy(EvictionPolicy):
         seed: int = 0,
         ghost_factor: float = 1.0,
         ghost_tops_only: bool = True,
+        with_oldest: bool = True,
+        leaf_hits_only: bool = False,
     ) -> None:
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
@@ -110,6 +113,10 @@ class HitDensityPolicy(EvictionPolicy):
         self._density: list[list[float]] | None = None
         self.updates = 0
         self.ghost_factor = ghost_factor
+        self.with_oldest = with_oldest
+        self.leaf_hits_only = leaf_hits_only
+        self._lru: list = []
+        self._seq = 0
         self.ghost_tops_only = ghost_tops_only
         self._ghost: OrderedDict = OrderedDict()
 
@@ -142,12 +149,15 @@ class HitDensityPolicy(EvictionPolicy):
 
     # -- events ------------------------------------------------------------------------------------------
     def _access(self, node: Block, now: float) -> None:
-        age = now - node.last
-        self._hits[self.block_class(node, now)][_age_bucket(age if age > 0.0 else 0.0)] += 1.0
-        self._event()
+        if node.slot >= 0 or not self.leaf_hits_only:
+            age = now - node.last
+            self._hits[self.block_class(node, now)][_age_bucket(age if age > 0.0 else 0.0)] += 1.0
+            self._event()
         super()._access(node, now)
 
     def _touched(self, node: Block, now: float, inserted: bool) -> None:
+        if not inserted and node.slot >= 0:
+            self._push_lru(node)
         if inserted and self._ghost:
             old = self._ghost.pop(node.key, None)
             if old is not None:
@@ -168,8 +178,20 @@ class HitDensityPolicy(EvictionPolicy):
     def _leaf_added(self, node: Block) -> None:
         node.slot = len(self._leaves)
         self._leaves.append(node)
+        self._push_lru(node)
+
+    def _push_lru(self, node: Block) -> None:
+        if not self.with_oldest:
+            return
+        node.ver += 1
+        self._seq += 1
+        heapq.heappush(self._lru, (node.last, self._seq, node.ver, node))
+        if len(self._lru) > 2 * len(self._leaves) + 1024:
+            self._lru = [(b.last, i, b.ver, b) for i, b in enumerate(self._leaves)]
+            heapq.heapify(self._lru)
 
     def _leaf_removed(self, node: Block) -> None:
+        node.ver += 1
         leaves = self._leaves
         last = leaves.pop()
         if last is not node:
@@ -225,6 +247,8 @@ class HitDensityPolicy(EvictionPolicy):
         rng = self._rng.random
         table = self._density
         samples = self.samples
+        lru = self._lru
+        restore: list = []
         while need > 0:
             n_leaves = len(leaves)
             total = n_leaves + len(virtual)
@@ -232,6 +256,15 @@ class HitDensityPolicy(EvictionPolicy):
                 break
             best: Block | None = None
             best_d = 0.0
+            while lru:
+                last, _, ver, cand = lru[0]
+                if ver != cand.ver or cand.slot < 0:
+                    heapq.heappop(lru)
+                elif id(cand) in planned:
+                    restore.append(heapq.heappop(lru))
+                else:
+                    best, best_d = cand, self._score(cand, now, table)
+                    break
             for _ in range(samples):
                 i = int(rng() * total)
                 cand = leaves[i] if i < n_leaves else virtual[i - n_leaves]
@@ -255,6 +288,8 @@ class HitDensityPolicy(EvictionPolicy):
             parent = state.plan(best)
             if parent is not None:
                 virtual.append(parent)
+        for entry in restore:
+            heapq.heappush(lru, entry)
         return out
 
     def _score(self, node: Block, now: float, table: list[list[float]] | None) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.db.models import Max
@@ -139,7 +140,7 @@ class OccupancySeries:
 
 def _floor(ts: datetime, seconds: int) -> datetime:
     epoch = int(ts.timestamp())
-    return datetime.fromtimestamp(epoch - epoch % seconds, tz=ts.tzinfo or timezone.utc)
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=ts.tzinfo or dt_timezone.utc)
 
 
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,

@@ -29,7 +29,7 @@ class FakeStore:
         self.registered.pop(ptr, None)
 
     def replicate_config(self, *, replica_num: int = 1, group_ids: Any = None, soft_pin: bool = False) -> Any:
-        return {"replica_num": replica_num, "group_ids": group_ids}
+        return {"replica_num": replica_num, "group_ids": group_ids, "soft_pin": soft_pin}
 
     # data
     def _put(self, key: str, pieces: list[tuple[int, int]]) -> int:

@@ -253,3 +253,16 @@ def test_close_unregisters() -> None:
     with KVConnector(store, cache(), vllm()):
         assert store.registered
     assert store.registered == {}
+
+
+def test_chunks_after_a_failed_chunk_are_not_sent() -> None:
+    store = FakeStore()
+    ns = vllm()
+    keys = ns.keys(ns.block_hashes(TOKENS))
+    store.fail[keys[1]] = -200
+    c = KVConnector(store, cache(), ns, max_batch_blocks=2)
+    with pytest.raises(StoreError, match="NO_AVAILABLE_HANDLE") as info:
+        c.save(TOKENS, list(range(6)))
+    assert store.calls.count("put_from_multi") == 1
+    assert (info.value.result.stored, info.value.result.failed, info.value.result.dropped) == (1, 1, 4)
+    assert set(store.objects) == {keys[0]} and c.ledger.present_keys(ns) == {keys[0]}

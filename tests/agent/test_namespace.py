@@ -127,3 +127,12 @@ def test_namespaces_for_duck_typed_instances() -> None:
     explicit = namespaces_for_instance(_duck(engine="sglang", hash_algo="sglang_sha256", ranks=SimpleNamespace(
         tp_ranks=[0], pp_rank=0, pp_size=4, pcp_rank=0, dcp_rank=0)))
     assert explicit[(0, "")].keys([b"\0" * 32])[0].endswith("_0_0_k")
+
+
+def test_namespaces_pickle_and_copy() -> None:
+    import copy
+    import pickle
+
+    ns = vllm_ns(cache_salt="s", request_group="g")
+    for clone in (pickle.loads(pickle.dumps(ns)), copy.deepcopy(ns), copy.copy(ns)):
+        assert clone == ns and clone.block_hashes(list(range(32))) == ns.block_hashes(list(range(32)))

@@ -1,0 +1,166 @@
+"""Forms of the dashboard pages. Registry forms are ModelForms: they reach each model's ``clean()`` (the one place
+the domain rules live, also used by the REST API's ``ValidatedModelSerializer``), so a page refuses the same
+input with the same message as the API. Saving goes through ``tenants.services.validated_save`` — the API's
+write path: one transaction holding the owning tenant's lock — and the audit middleware attributes the change
+to the logged-in user.
+"""
+from __future__ import annotations
+
+from django import forms
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import IntegrityError
+
+from tenants.fields import ByteSizeFormField
+from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.services import validated_save
+
+#: The API's message for a write that lost a race on a database constraint (``dashboard.api.base``).
+CONFLICT_MESSAGE = "The change conflicts with a concurrent change to the registry; retry."
+
+
+def add_validation_error(form: forms.Form, error: ValidationError) -> None:
+    """Put a Django ``ValidationError`` on ``form``: errors of fields the form shows go on the field, the others
+    become non-field errors prefixed with the field name (the message itself is unchanged)."""
+    if not hasattr(error, "error_dict"):
+        for message in error.messages:
+            form.add_error(None, message)
+        return
+    for name, messages in error.message_dict.items():
+        for message in messages:
+            if name == NON_FIELD_ERRORS:
+                form.add_error(None, message)
+            elif name in form.fields:
+                form.add_error(name, message)
+            else:
+                form.add_error(None, f"{name}: {message}")
+
+
+class RegistryModelForm(forms.ModelForm):
+    """Base of the registry forms: model-rule errors on fields the form lacks become non-field errors."""
+
+    def _update_errors(self, errors: ValidationError) -> None:
+        if hasattr(errors, "error_dict"):
+            foreign = {name: errors.error_dict.pop(name) for name in list(errors.error_dict)
+                       if name != NON_FIELD_ERRORS and name not in self.fields}
+            for name, error_list in foreign.items():
+                for error in error_list:
+                    message = error.message % error.params if error.params else error.message
+                    errors.error_dict.setdefault(NON_FIELD_ERRORS, []).append(
+                        ValidationError(f"{name}: {message}", code=error.code))
+        super()._update_errors(errors)
+
+    def save_validated(self) -> bool:
+        """Write the instance through ``validated_save``; on refusal put the errors on the form, return False."""
+        try:
+            validated_save(self.instance)
+        except ValidationError as error:
+            add_validation_error(self, error)
+            return False
+        except IntegrityError:
+            self.add_error(None, CONFLICT_MESSAGE)
+            return False
+        return True
+
+
+class TenantForm(RegistryModelForm):
+    class Meta:
+        model = Tenant
+        fields = ("tenant_id", "quota_bytes", "description")
+
+
+class ServedModelForm(RegistryModelForm):
+    class Meta:
+        model = ServedModel
+        fields = ("tenant", "served_model_name", "model_path", "description")
+
+
+class AdaptersField(forms.CharField):
+    """LoRA adapter names as a comma-separated line; cleans to a list (the model's ``validate_adapters`` checks it)."""
+
+    def prepare_value(self, value):
+        if isinstance(value, (list, tuple)):
+            return ", ".join(str(item) for item in value)
+        return value
+
+    def to_python(self, value):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        text = super().to_python(value)
+        return [part.strip() for part in text.split(",")] if text.strip() else []
+
+
+class ReleaseForm(RegistryModelForm):
+    adapters = AdaptersField(required=False, help_text="LoRA adapter names, comma-separated.")
+
+    class Meta:
+        model = Release
+        fields = ("model", "namespace", "state", "weights_revision", "num_layers", "num_kv_heads", "head_dim",
+                  "block_size", "kv_dtype", "quantization", "adapters", "engine", "engine_version", "hash_algo",
+                  "hash_seed", "budget_bytes", "description")
+
+
+class RequestGroupForm(RegistryModelForm):
+    class Meta:
+        model = RequestGroup
+        fields = ("tenant", "name", "cache_salt", "budget_bytes", "description")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Like the API (trim_whitespace=False): a salt with surrounding spaces is refused by the model rule,
+        # not silently trimmed.
+        self.fields["cache_salt"].strip = False
+
+
+class NodeForm(RegistryModelForm):
+    class Meta:
+        model = Node
+        fields = ("name", "hostname", "description")
+
+
+class InstanceAssignmentForm(RegistryModelForm):
+    class Meta:
+        model = InstanceAssignment
+        fields = ("node", "release", "engine", "role", "tp_rank", "tp_size", "pp_rank", "pp_size", "pcp_rank",
+                  "pcp_size", "dcp_rank", "dcp_size", "port", "bootstrap_port", "gpu_ids")
+
+
+class DeleteForm(forms.Form):
+    """Explicit confirmation of a delete."""
+
+    confirm = forms.BooleanField(label="Yes, delete it", required=True)
+
+
+#: Cache settings (``tenants.fingerprint.CACHE_SETTING_FIELDS``) the upgrade form can change for the new
+#: release (blank keeps the old value).
+UPGRADE_OVERRIDES = ("weights_revision", "engine_version", "kv_dtype", "quantization", "block_size")
+
+
+class StartUpgradeForm(forms.Form):
+    """Start of a rolling upgrade: the new release namespace and what differs from the old release."""
+
+    namespace = forms.CharField(max_length=63, help_text="New release namespace (extra_backend_tag / cache_prefix), "
+                                                         "e.g. 'production-2026-08'.")
+    weights_revision = forms.CharField(required=False, help_text="Blank keeps the old release's value.")
+    engine_version = forms.CharField(required=False, help_text="Blank keeps the old release's value.")
+    kv_dtype = forms.CharField(required=False, help_text="Blank keeps the old release's value.")
+    quantization = forms.CharField(required=False, help_text="Blank keeps the old release's value.")
+    block_size = forms.IntegerField(required=False, help_text="Tokens per block; blank keeps the old value.")
+    budget_bytes = ByteSizeFormField(required=False, help_text="Budget of the new release, e.g. '40GB' (optional).")
+    copy_instances = forms.BooleanField(required=False, initial=True,
+                                        help_text="Assign the new release to the same nodes, roles and ranks.")
+    port_offset = forms.IntegerField(initial=100, min_value=-65534, max_value=65534,
+                                     help_text="Added to each copied instance's port and bootstrap port.")
+    accept_over_quota = forms.BooleanField(
+        required=False, label="Start even if the projected peak exceeds the effective quota",
+        help_text="The master then evicts or refuses writes while both releases are warm.")
+
+    def overrides(self) -> dict:
+        """The changed cache settings (non-blank override fields)."""
+        return {name: self.cleaned_data[name] for name in UPGRADE_OVERRIDES
+                if self.cleaned_data.get(name) not in (None, "")}
+
+
+class PurgeForm(forms.Form):
+    """Confirmation of a purge: the operator types the release namespace."""
+
+    confirm = forms.CharField(label="Type the release namespace to confirm", max_length=63)

@@ -1,0 +1,121 @@
+/* Dashboard behaviour: copy buttons and the occupancy charts (vendored Chart.js, loaded before this file).
+ *
+ * A <canvas data-occupancy-url="..."> is filled from the occupancy JSON endpoint: one stacked area per release
+ * namespace (bytes), x = bucket start in UTC. The Chart instance is kept in window.kvpoolCharts[canvas.id]
+ * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
+ * A <button data-copy="ID"> copies the text of the element with that id.
+ */
+(function () {
+  "use strict";
+  var PALETTE = ["#2b62c9", "#e07b39", "#3a9e5c", "#b3261e", "#8a5cc2", "#1f9aa8", "#c2a12b", "#7a7f87",
+                 "#d35f9b", "#4c7a2e"];
+  var UNITS = ["B", "KB", "MB", "GB", "TB", "PB"];
+  window.kvpoolCharts = window.kvpoolCharts || {};
+
+  function humanBytes(value) {
+    if (value === null || value === undefined) { return "–"; }
+    var size = Math.abs(value), unit = 0;
+    while (size >= 1024 && unit < UNITS.length - 1) { size /= 1024; unit += 1; }
+    var sign = value < 0 ? "-" : "";
+    return sign + (unit === 0 ? size : size.toPrecision(3)) + " " + UNITS[unit];
+  }
+
+  function bucketLabel(iso, bucketSeconds) {
+    // iso like 2026-11-30T12:05:00+00:00 (UTC); show the date only for windows of days.
+    var day = iso.slice(5, 10), time = iso.slice(11, 16);
+    return bucketSeconds >= 3600 ? day + " " + time : time;
+  }
+
+  function withAlpha(hex, alpha) {
+    var n = parseInt(hex.slice(1), 16);
+    return "rgba(" + ((n >> 16) & 255) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
+  }
+
+  function drawOccupancy(canvas, payload) {
+    var datasets = payload.series.map(function (series, index) {
+      var colour = PALETTE[index % PALETTE.length];
+      return {
+        label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
+        fill: index === 0 ? "origin" : "-1", pointRadius: 0, borderWidth: 1.5, tension: 0.2, spanGaps: true,
+        kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
+                 namespace: series.namespace}
+      };
+    });
+    var existing = window.Chart.getChart(canvas);
+    if (existing) { existing.destroy(); }
+    var chart = new window.Chart(canvas, {
+      type: "line",
+      data: {labels: payload.labels.map(function (l) { return bucketLabel(l, payload.bucket_seconds); }),
+             datasets: datasets},
+      options: {
+        responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
+        scales: {
+          x: {ticks: {maxTicksLimit: 12, autoSkip: true}, title: {display: true, text: "time (UTC)"}},
+          y: {stacked: true, beginAtZero: true, ticks: {callback: function (v) { return humanBytes(v); }},
+              title: {display: true, text: "bytes"}}
+        },
+        plugins: {
+          legend: {position: "bottom"},
+          tooltip: {callbacks: {label: function (ctx) { return ctx.dataset.label + ": " + humanBytes(ctx.parsed.y); }}}
+        }
+      }
+    });
+    window.kvpoolCharts[canvas.id] = chart;
+    var empty = document.getElementById(canvas.id + "-empty");
+    if (empty) { empty.hidden = payload.series.length > 0; }
+    canvas.dataset.state = "ready";
+    return chart;
+  }
+
+  function loadOccupancy(canvas) {
+    canvas.dataset.state = "loading";
+    return fetch(canvas.dataset.occupancyUrl, {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then(function (response) {
+        if (!response.ok) { throw new Error("HTTP " + response.status); }
+        return response.json();
+      })
+      .then(function (payload) { return drawOccupancy(canvas, payload); })
+      .catch(function (error) {
+        canvas.dataset.state = "error";
+        var box = document.getElementById(canvas.id + "-error");
+        if (box) { box.hidden = false; box.textContent = "Could not load occupancy data: " + error.message; }
+      });
+  }
+
+  function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      return navigator.clipboard.writeText(text).catch(function () { return legacyCopy(text); });
+    }
+    return Promise.resolve(legacyCopy(text));
+  }
+
+  function legacyCopy(text) {
+    var area = document.createElement("textarea");
+    area.value = text; area.setAttribute("readonly", ""); area.style.position = "fixed"; area.style.top = "-1000px";
+    document.body.appendChild(area); area.select();
+    try { document.execCommand("copy"); } finally { document.body.removeChild(area); }
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-copy]");
+    if (!button) { return; }
+    var source = document.getElementById(button.dataset.copy);
+    if (!source) { return; }
+    copyText(source.textContent).then(function () {
+      var label = button.textContent;
+      button.textContent = "Copied";
+      button.dataset.copied = "true";
+      setTimeout(function () { button.textContent = label; }, 1500);
+    });
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("canvas[data-occupancy-url]").forEach(function (canvas) {
+      loadOccupancy(canvas);
+      var every = parseInt(canvas.dataset.refreshSeconds || "0", 10);
+      if (every > 0) { setInterval(function () { loadOccupancy(canvas); }, every * 1000); }
+    });
+  });
+
+  window.kvpool = {humanBytes: humanBytes, loadOccupancy: loadOccupancy};
+})();

@@ -1,0 +1,7 @@
+"""Server-rendered pages of the operators' dashboard (routes in ``dashboard/page_urls.py``; login required).
+
+Modules: ``overview`` (store, tenants, nodes, warnings), ``occupancy`` (chart page + JSON data), ``registry``
+(lists, detail pages, rendered config downloads), ``edit`` (create / edit / delete forms), ``upgrade`` (rolling
+upgrade and purge), ``checks`` (the seed's checklist), ``audit`` (audit log); ``queries`` holds the read-side
+queries they share with ``dashboard.checks`` and ``dashboard.upgrade``.
+"""

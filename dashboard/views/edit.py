@@ -1,0 +1,127 @@
+"""Create / edit / delete pages of the registry objects (one generic view per action, one ``Kind`` per model).
+
+Forms are ``dashboard.forms`` ModelForms: the models' ``clean()`` rules with the API's messages, saved through
+``validated_save``; the audit middleware records each change under the logged-in user. A delete the registry
+refuses (a protected reference, a served release, a tenant the master still holds objects for) shows the same
+reason the API answers with HTTP 409.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db import transaction
+from django.db.models import Model, ProtectedError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+
+from dashboard import forms as ui_forms
+from dashboard.api.base import protected_message
+from dashboard.signals import TenantStillOwnsObjects
+from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A registry model the pages edit: its form, its name in URLs and titles, where to go after a change."""
+
+    slug: str
+    model: type[Model]
+    form_class: type[forms.ModelForm]
+    label: str
+    after_save: Callable[[Any], str]
+    after_delete: Callable[[Any], str]
+    #: Query parameters that pre-fill a create form: parameter -> form field (values are primary keys).
+    prefill: tuple[str, ...] = ()
+
+
+def _registry(_obj: Any) -> str:
+    return reverse("ui:registry")
+
+
+KINDS: dict[str, Kind] = {kind.slug: kind for kind in (
+    Kind("tenant", Tenant, ui_forms.TenantForm, "tenant",
+         lambda obj: reverse("ui:tenant", args=[obj.pk]), _registry),
+    Kind("model", ServedModel, ui_forms.ServedModelForm, "served model",
+         lambda obj: reverse("ui:model", args=[obj.pk]),
+         lambda obj: reverse("ui:tenant", args=[obj.tenant_id]), prefill=("tenant",)),
+    Kind("release", Release, ui_forms.ReleaseForm, "release",
+         lambda obj: reverse("ui:release", args=[obj.pk]),
+         lambda obj: reverse("ui:model", args=[obj.model_id]), prefill=("model",)),
+    Kind("request-group", RequestGroup, ui_forms.RequestGroupForm, "request group",
+         lambda obj: reverse("ui:request-group", args=[obj.pk]),
+         lambda obj: reverse("ui:tenant", args=[obj.tenant_id]), prefill=("tenant",)),
+    Kind("node", Node, ui_forms.NodeForm, "node",
+         lambda obj: reverse("ui:node", args=[obj.pk]), _registry),
+    Kind("assignment", InstanceAssignment, ui_forms.InstanceAssignmentForm, "instance",
+         lambda obj: reverse("ui:release", args=[obj.release_id]),
+         lambda obj: reverse("ui:release", args=[obj.release_id]), prefill=("release", "node")),
+)}
+
+
+def _prefill(kind: Kind, request: HttpRequest) -> dict[str, str]:
+    return {name: request.GET[name] for name in kind.prefill if request.GET.get(name, "").isdigit()}
+
+
+@login_required
+def create(request: HttpRequest, kind: str) -> HttpResponse:
+    spec = KINDS[kind]
+    if request.method == "POST":
+        form = spec.form_class(request.POST)
+        if form.is_valid() and form.save_validated():
+            messages.success(request, f"Created {spec.label} '{form.instance}'.")
+            return redirect(spec.after_save(form.instance))
+        status = 400
+    else:
+        form = spec.form_class(initial=_prefill(spec, request))
+        status = 200
+    return render(request, "ui/form.html", {"form": form, "kind": spec, "title": f"New {spec.label}"},
+                  status=status)
+
+
+@login_required
+def edit(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
+    spec = KINDS[kind]
+    obj = get_object_or_404(spec.model, pk=pk)
+    if request.method == "POST":
+        form = spec.form_class(request.POST, instance=obj)
+        if form.is_valid() and form.save_validated():
+            messages.success(request, f"Saved {spec.label} '{form.instance}'.")
+            return redirect(spec.after_save(form.instance))
+        status = 400
+    else:
+        form = spec.form_class(instance=obj)
+        status = 200
+    return render(request, "ui/form.html", {"form": form, "kind": spec, "object": obj,
+                                             "title": f"Edit {spec.label} '{obj}'"}, status=status)
+
+
+@login_required
+def delete(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
+    spec = KINDS[kind]
+    obj = get_object_or_404(spec.model, pk=pk)
+    status = 200
+    if request.method == "POST":
+        form = ui_forms.DeleteForm(request.POST)
+        if form.is_valid():
+            target = spec.after_delete(obj)
+            name = str(obj)
+            try:
+                with transaction.atomic():
+                    obj.delete()
+            except ProtectedError as error:
+                form.add_error(None, protected_message(obj, error))
+            except TenantStillOwnsObjects as error:
+                form.add_error(None, str(error.detail))
+            else:
+                messages.success(request, f"Deleted {spec.label} '{name}'.")
+                return redirect(target)
+        status = 400
+    else:
+        form = ui_forms.DeleteForm()
+    return render(request, "ui/delete.html", {"form": form, "kind": spec, "object": obj,
+                                               "title": f"Delete {spec.label} '{obj}'"}, status=status)

@@ -1,0 +1,82 @@
+"""Occupancy page: stacked area chart of bytes per release namespace over a window (15 minutes ... 30 days),
+filters by tenant / served model / release namespace / request group, and the same numbers as tables.
+
+The chart is drawn in the browser by the vendored Chart.js from ``occupancy/data.json`` (same query
+parameters); the page's tables are rendered from the same ``queries.occupancy_series`` result, so the chart
+and the tables show identical numbers.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+
+from dashboard.views.base import WindowError, json_login_required, occupancy_filter, window_param
+from dashboard.views.queries import DEFAULT_WINDOW, WINDOW_LABELS, OccupancyFilter, occupancy_series
+from tenants.models import Release, RequestGroup, ServedModel, Tenant
+
+
+def filter_choices(filters: OccupancyFilter, seen: list[tuple[str, str, str]] = ()) -> dict[str, list[str]]:
+    """Values offered by the filter drop-downs: registry names (narrowed by the filters above them) and the
+    ``(tenant_id, served_model_name, namespace)`` keys ``seen`` in the telemetry of the window."""
+    models = ServedModel.objects.all()
+    releases = Release.objects.all()
+    groups = RequestGroup.objects.all()
+    if filters.tenant_id:
+        models = models.filter(tenant__tenant_id=filters.tenant_id)
+        releases = releases.filter(model__tenant__tenant_id=filters.tenant_id)
+        groups = groups.filter(tenant__tenant_id=filters.tenant_id)
+    if filters.served_model_name:
+        releases = releases.filter(model__served_model_name=filters.served_model_name)
+
+    def names(queryset, field: str, selected: str, extra) -> list[str]:
+        values = set(queryset.values_list(field, flat=True)) | {value for value in extra if value}
+        return sorted(values | ({selected} if selected else set()))
+
+    return {
+        "tenants": names(Tenant.objects.all(), "tenant_id", filters.tenant_id, (key[0] for key in seen)),
+        "models": names(models, "served_model_name", filters.served_model_name, (key[1] for key in seen)),
+        "releases": names(releases, "namespace", filters.namespace, (key[2] for key in seen)),
+        "groups": names(groups, "name", filters.salt_group, ()),
+    }
+
+
+@login_required
+def occupancy_page(request: HttpRequest) -> HttpResponse:
+    """The chart page; an unknown ``window`` shows the default window with the error (HTTP 400)."""
+    status, error = 200, ""
+    try:
+        window = window_param(request)
+    except WindowError as exc:
+        window, status, error = DEFAULT_WINDOW, 400, str(exc)
+    filters = occupancy_filter(request)
+    series = occupancy_series(window, filters)
+    unfiltered = occupancy_series(window, OccupancyFilter()) if filters != OccupancyFilter() else series
+    params = {"window": window, **filters.as_params()}
+    rows = [
+        {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total}
+        for index, (bucket, total) in enumerate(zip(series.buckets, series.totals()))
+    ]
+    context = {
+        "series": series, "filters": filters, "choices": filter_choices(filters, [s.key for s in unfiltered.series]), "window": window,
+        "windows": WINDOW_LABELS, "rows": rows, "error": error,
+        "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
+    }
+    return render(request, "ui/occupancy.html", context, status=status)
+
+
+@json_login_required
+def occupancy_data(request: HttpRequest) -> JsonResponse:
+    """JSON of ``queries.OccupancySeries.as_dict()`` plus the applied filters; 400 names a bad ``window``."""
+    try:
+        window = window_param(request)
+    except WindowError as exc:
+        return JsonResponse({"window": [str(exc)]}, status=400)
+    filters = occupancy_filter(request)
+    payload = occupancy_series(window, filters).as_dict()
+    payload["filters"] = {"tenant": filters.tenant_id, "model": filters.served_model_name,
+                          "release": filters.namespace, "group": filters.salt_group}
+    return JsonResponse(payload)

@@ -1,0 +1,171 @@
+"""Overview page: Store capacity and use, per-tenant quota gauges, nodes with drift flags, latest warnings."""
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboard.checks import run_checks
+from dashboard.models import MasterQuotaSync, NodeState
+from dashboard.push import drift
+from dashboard.upgrade import tenant_quota
+from dashboard.views.queries import current_occupancy, latest_master_quotas, tenant_bytes
+from tenants import budgets
+from tenants.models import Node, Tenant
+
+log = logging.getLogger("kvpool.dashboard.views")
+
+#: Seconds a read of the master's /metrics is reused between page loads.
+STORE_METRICS_CACHE_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class StoreCapacity:
+    """The master's view of the whole Store (Prometheus ``master_*`` gauges of mooncake_master 0.3.13.post1).
+
+    ``error`` is set (and the numbers are None) when the master's metrics could not be read.
+    """
+
+    total_capacity_bytes: int | None = None
+    allocated_bytes: int | None = None
+    key_count: int | None = None
+    error: str = ""
+
+    @property
+    def used_ratio(self) -> float | None:
+        if not self.total_capacity_bytes or self.allocated_bytes is None:
+            return None
+        return self.allocated_bytes / self.total_capacity_bytes
+
+
+def parse_store_metrics(text: str) -> StoreCapacity:
+    """Pick ``master_total_capacity_bytes``, ``master_allocated_bytes`` and ``master_key_count`` from a
+    Prometheus text exposition (missing families stay None)."""
+    values: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("master_total_capacity_bytes", "master_allocated_bytes", "master_key_count"):
+                values[sample.name] = int(sample.value)
+    return StoreCapacity(values.get("master_total_capacity_bytes"), values.get("master_allocated_bytes"),
+                         values.get("master_key_count"))
+
+
+def store_capacity() -> StoreCapacity:
+    """Read ``<KVPOOL_MASTER_ADMIN_URL>/metrics`` (cached for ``STORE_METRICS_CACHE_SECONDS``)."""
+    url = settings.KVPOOL_MASTER_ADMIN_URL.rstrip("/") + "/metrics"
+    cache_key = f"kvpool:store-capacity:{url}"
+    cached = cache.get(cache_key)
+    if cached is not None:
+        return cached
+    try:
+        with urllib.request.urlopen(url, timeout=settings.KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS) as response:
+            capacity = parse_store_metrics(response.read().decode("utf-8", errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        capacity = StoreCapacity(error=f"master metrics at {url} unavailable: {reason}")
+    cache.set(cache_key, capacity, STORE_METRICS_CACHE_SECONDS)
+    return capacity
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One line of the warnings list (``at`` None when the time is unknown)."""
+
+    at: datetime | None
+    kind: str
+    message: str
+
+
+def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> list[Notice]:
+    """Newest first: node drift, master quota flags and sync errors, failing checks."""
+    now = timezone.now()
+    warnings: list[Notice] = []
+    for row in node_rows:
+        state, flags = row["state"], row["drift"]
+        name = row["name"]
+        if state is None:
+            warnings.append(Notice(None, "node", f"node {name}: no agent has contacted the dashboard yet"))
+            continue
+        if flags["silent"]:
+            seen = f"last heartbeat {state.heartbeat_at:%Y-%m-%d %H:%M:%S}" if state.heartbeat_at else "no heartbeat"
+            warnings.append(Notice(state.heartbeat_at, "node", f"node {name} is silent ({seen})"))
+        if flags["rejected"]:
+            warnings.append(Notice(state.rejected_at, "node", f"node {name} rejected config version "
+                                     f"{state.rejected_version}: {state.rejection_reason} {state.rejection_error}"))
+        elif flags["behind"]:
+            warnings.append(Notice(state.pushed_at, "node", f"node {name} acked version {state.acked_version}, "
+                                     f"desired {state.desired_version}"))
+        if flags["digest_mismatch"]:
+            warnings.append(Notice(state.applied_seen_at, "node",
+                                     f"node {name} runs a document whose digest differs from the dashboard's"))
+        if state.push_error:
+            warnings.append(Notice(state.pushed_at, "node", f"node {name}: push failed: {state.push_error}"))
+    for row in tenant_rows:
+        quota = row["quota"]
+        if quota.over_quota:
+            warnings.append(Notice(quota.sampled_at, "tenant", f"tenant {quota.tenant_id} is over its quota"))
+        if quota.admission_closed:
+            warnings.append(Notice(quota.sampled_at, "tenant",
+                                     f"tenant {quota.tenant_id}: the master closed admission (writes refused)"))
+    for sync in MasterQuotaSync.objects.exclude(last_error=""):
+        warnings.append(Notice(sync.last_error_at, "master", f"quota sync of tenant {sync.tenant_id}: "
+                                 f"{sync.last_error}"))
+    for check in checks:
+        if not check.passed:
+            warnings.append(Notice(now, "check", f"check failed: {check.title} — {check.summary}"))
+    return sorted(warnings, key=lambda w: (w.at is not None, w.at or now), reverse=True)
+
+
+def node_rows() -> list[dict]:
+    """Registry nodes and nodes known only from telemetry, each with its state and drift flags."""
+    states = {state.node_name: state for state in NodeState.objects.all()}
+    names = sorted(set(Node.objects.values_list("name", flat=True)) | set(states))
+    registered = set(Node.objects.values_list("name", flat=True))
+    nodes = {node.name: node for node in Node.objects.all()}
+    rows = []
+    for name in names:
+        state = states.get(name)
+        rows.append({"name": name, "node": nodes.get(name), "registered": name in registered, "state": state,
+                     "drift": drift(state) if state is not None else None})
+    return rows
+
+
+def tenant_rows() -> list[dict]:
+    """Per tenant: registry quota, master read-back, agent-reported occupancy, budgets."""
+    samples = latest_master_quotas()
+    occupancy = tenant_bytes(current_occupancy())
+    rows = []
+    for tenant in Tenant.objects.all():
+        quota = tenant_quota(tenant, samples)
+        charged = quota.charged_bytes
+        limit = quota.limit_bytes
+        rows.append({
+            "tenant": tenant, "quota": quota, "occupancy_bytes": occupancy.get(tenant.tenant_id, 0),
+            "budgeted_bytes": budgets.budgeted_bytes(tenant),
+            "charged_percent": round(100 * charged / limit) if charged is not None and limit else None,
+            "occupancy_percent": round(100 * occupancy.get(tenant.tenant_id, 0) / limit) if limit else None,
+        })
+    return rows
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    nodes = node_rows()
+    tenants = tenant_rows()
+    checks = run_checks()
+    context = {
+        "capacity": store_capacity(), "nodes": nodes, "tenants": tenants, "checks": checks,
+        "reported_bytes": sum(row["occupancy_bytes"] for row in tenants),
+        "warnings": collect_warnings(nodes, tenants, checks)[:50],
+    }
+    return render(request, "ui/overview.html", context)

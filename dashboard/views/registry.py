@@ -1,0 +1,152 @@
+"""Registry pages: the registry index, tenant / served model / release / node detail pages, and downloads of
+the rendered engine configuration (the same JSON as ``GET /api/v1/releases/{id}/config/``)."""
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+
+from dashboard.checks import applied_instances, prescribed_values
+from dashboard.models import NodeState
+from dashboard.purge import purges_for_release
+from dashboard.push import drift
+from dashboard.upgrade import release_key, tenant_quota, upgrade_state
+from dashboard.views.queries import OccupancyFilter, current_occupancy
+from tenants import budgets
+from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.rendering import StoreEndpoints, render_assignment
+
+AUDIT_ROWS = 20
+
+
+def _audit(object_type: str, pk) -> list[AuditEntry]:
+    return list(AuditEntry.objects.filter(object_type=object_type, object_id=str(pk))[:AUDIT_ROWS])
+
+
+@login_required
+def registry_index(request: HttpRequest) -> HttpResponse:
+    """Every tenant with its models and releases, request groups, and the nodes."""
+    tenants = Tenant.objects.prefetch_related("served_models__releases", "request_groups")
+    return render(request, "ui/registry.html", {"tenants": tenants, "nodes": Node.objects.all()})
+
+
+@login_required
+def tenant_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = get_object_or_404(Tenant, pk=pk)
+    occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant.tenant_id))
+    models = list(tenant.served_models.prefetch_related("releases"))
+    context = {
+        "tenant": tenant, "quota": tenant_quota(tenant), "models": models,
+        "groups": tenant.request_groups.all(), "budgeted_bytes": budgets.budgeted_bytes(tenant),
+        "occupancy": sorted(occupancy.values(), key=lambda entry: entry.key),
+        "occupancy_bytes": sum(entry.bytes for entry in occupancy.values()),
+        "audit": _audit("tenants.tenant", tenant.pk),
+    }
+    return render(request, "ui/tenant_detail.html", context)
+
+
+@login_required
+def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
+    occupancy = current_occupancy(OccupancyFilter(tenant_id=model.tenant.tenant_id,
+                                                  served_model_name=model.served_model_name))
+    releases = []
+    for release in model.releases.order_by("-created_at"):
+        entry = occupancy.get(release_key(release))
+        releases.append({"release": release, "instances": release.assignments.count(),
+                         "bytes": entry.bytes if entry else 0})
+    context = {"model": model, "releases": releases, "upgrade": upgrade_state(model),
+               "audit": _audit("tenants.servedmodel", model.pk)}
+    return render(request, "ui/model_detail.html", context)
+
+
+def instance_rows(release: Release) -> list[dict]:
+    """Per instance of ``release``: its rendered config and what its node's agent applied."""
+    endpoints = StoreEndpoints.from_settings()
+    applied = applied_instances()
+    expected = prescribed_values(release)
+    states = {s.node_name: s for s in NodeState.objects.filter(
+        node_name__in=list(release.assignments.values_list("node__name", flat=True)))}
+    rows = []
+    for assignment in release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port"):
+        config = render_assignment(assignment, endpoints)
+        spec = applied.get((assignment.node.name, str(assignment.pk)))
+        if spec is None:
+            agent = {"status": "unconfirmed", "differs": []}
+        else:
+            differs = [name for name, value in expected.items() if str(spec.get(name, "")) != str(value)]
+            agent = {"status": "differs" if differs else "matches", "differs": differs}
+        state = states.get(assignment.node.name)
+        rows.append({
+            "assignment": assignment, "config": config, "agent": agent, "state": state,
+            "drift": drift(state) if state else None,
+            "json": json.dumps(config.to_dict(), indent=2, sort_keys=True),
+        })
+    return rows
+
+
+@login_required
+def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
+    tenant_id, model_name, namespace = release_key(release)
+    occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant_id, served_model_name=model_name,
+                                                  namespace=namespace)).get(release_key(release))
+    context = {
+        "release": release, "model": release.model, "tenant": release.model.tenant,
+        "instances": instance_rows(release), "occupancy": occupancy,
+        "purges": purges_for_release(release), "audit": _audit("tenants.release", release.pk),
+        "settings": [(name, getattr(release, name)) for name in (
+            "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype", "quantization",
+            "adapters", "engine", "engine_version", "hash_algo", "hash_seed")],
+    }
+    return render(request, "ui/release_detail.html", context)
+
+
+def _json_download(payload, filename: str) -> HttpResponse:
+    response = HttpResponse(json.dumps(payload, indent=2, sort_keys=True) + "\n", content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+@login_required
+def release_config_download(request: HttpRequest, pk: int) -> HttpResponse:
+    """Every instance's rendered config as one JSON file (the API's ``/releases/{id}/config/`` document)."""
+    release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
+    endpoints = StoreEndpoints.from_settings()
+    assignments = release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port")
+    payload = {"release": release.pk, "namespace": release.namespace, "fingerprint": release.fingerprint,
+               "instances": [render_assignment(a, endpoints).to_dict() for a in assignments]}
+    return _json_download(payload, f"{release.namespace}-config.json")
+
+
+@login_required
+def instance_config_download(request: HttpRequest, pk: int, assignment_pk: int) -> HttpResponse:
+    """One instance's rendered config as a JSON file (the API's ``?assignment=`` document)."""
+    assignment = get_object_or_404(InstanceAssignment.objects.select_related("node", "release__model__tenant"),
+                                   pk=assignment_pk, release_id=pk)
+    config = render_assignment(assignment, StoreEndpoints.from_settings())
+    return _json_download(config.to_dict(), f"{assignment.release.namespace}-{assignment.node.name}-"
+                                            f"{assignment.port}.json")
+
+
+@login_required
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(Node, pk=pk)
+    state = NodeState.objects.filter(node_name=node.name).first()
+    occupancy = current_occupancy()
+    rows = []
+    for assignment in node.assignments.select_related("release__model__tenant").order_by("port"):
+        entry = occupancy.get(release_key(assignment.release))
+        rows.append({"assignment": assignment, "bytes": entry.by_node.get(node.name, 0) if entry else 0})
+    context = {"node": node, "state": state, "drift": drift(state) if state else None, "assignments": rows,
+               "audit": _audit("tenants.node", node.pk)}
+    return render(request, "ui/node_detail.html", context)
+
+
+@login_required
+def request_group_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    group = get_object_or_404(RequestGroup.objects.select_related("tenant"), pk=pk)
+    return render(request, "ui/request_group_detail.html",
+                  {"group": group, "audit": _audit("tenants.requestgroup", group.pk)})

@@ -1,0 +1,191 @@
+"""The dashboard in real headless Chromium: log in, the occupancy chart with live data, the rolling upgrade
+walked end to end (with the purge), copy buttons, form errors; a screenshot of every page."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from dashboard.models import OccupancySample
+from tenants.models import AuditEntry, Release
+from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.ui.helpers import apply_config, master_sample
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+MB = 1 << 20
+
+# Chart.js state of a canvas, read in the page.
+DATASETS_JS = """id => {
+  const chart = Chart.getChart(id);
+  return {stacked: chart.options.scales.y.stacked, labels: chart.data.labels.length,
+          datasets: chart.data.datasets.map(d => ({label: d.label, data: d.data, fill: d.fill}))};
+}"""
+
+
+def deployment():
+    tenant = make_tenant("acme", quota="64GB")
+    model = make_model(tenant)
+    release = make_release(model, "production-2026-07", state="serving")
+    make_group(tenant, "app-a")
+    node = make_node("node-a")
+    make_assignment(node, release, port=8000, role="prefill", bootstrap_port=8998)
+    make_assignment(node, release, port=8001, role="decode")
+    return tenant, model, release, node
+
+
+def report(namespace: str, size: int, *, seconds_ago: float = 0, node: str = "node-a", tenant_id: str = "acme",
+           model: str = "qwen3-8b", **fields) -> None:
+    OccupancySample.objects.create(
+        level=OccupancySample.Level.RAW, ts=timezone.now() - timedelta(seconds=seconds_ago), node_name=node,
+        tenant_id=tenant_id, served_model_name=model, namespace=namespace, salt_group=fields.pop("group", ""),
+        bytes=size, max_bytes=size, **fields)
+
+
+def wait_chart(page, canvas_id: str) -> dict:
+    page.wait_for_function("id => document.getElementById(id).dataset.state === 'ready'", arg=canvas_id)
+    return page.evaluate(DATASETS_JS, canvas_id)
+
+
+def test_occupancy_chart_renders_the_live_series(page, shot):
+    deployment()
+    for i, seconds_ago in enumerate((600, 420, 240, 60)):
+        report("production-2026-07", (10 + i) * MB, seconds_ago=seconds_ago, hit_blocks=10 * i, miss_blocks=i)
+        report("production-2026-08", 2 * MB, seconds_ago=seconds_ago, node="node-b")
+    report("canary", 5 * MB, seconds_ago=60, tenant_id="beta", model="llama")
+    page.goto("/occupancy/?window=15m")
+    state = wait_chart(page, "occupancy-chart")
+    assert state["stacked"] is True and state["labels"] == 31
+    labels = [d["label"] for d in state["datasets"]]
+    assert labels == ["acme/qwen3-8b/production-2026-07", "acme/qwen3-8b/production-2026-08", "beta/llama/canary"]
+    assert [d["fill"] for d in state["datasets"]] == ["origin", "-1", "-1"]
+    first = [v for v in state["datasets"][0]["data"] if v is not None]
+    assert first == [10 * MB, 11 * MB, 12 * MB, 13 * MB]
+    assert [v for v in state["datasets"][2]["data"] if v is not None] == [5 * MB]
+    # The table under the chart carries the same numbers.
+    row = page.locator('#occupancy-summary tr[data-namespace="acme/qwen3-8b/production-2026-07"]')
+    assert row.locator("[data-bytes]").first.get_attribute("data-bytes") == str(13 * MB)
+    assert row.locator("[data-hit-ratio]").get_attribute("data-hit-ratio") == str(30 / 33)
+    assert page.evaluate("() => { const c = document.getElementById('occupancy-chart'); "
+                         "return c.width > 0 && c.height > 0; }")
+    shot(page, "occupancy")
+    # Filter by tenant: the chart reloads with one tenant's namespaces only.
+    page.select_option("#f-tenant", "beta")
+    page.click("#occupancy-filters button[type=submit]")
+    page.wait_for_url("**/occupancy/?window=15m&tenant=beta**")
+    state = wait_chart(page, "occupancy-chart")
+    assert [d["label"] for d in state["datasets"]] == ["beta/llama/canary"]
+    shot(page, "occupancy-filtered")
+
+
+def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
+    from dashboard import purge
+
+    sent = []
+    monkeypatch.setattr(purge.app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    tenant, model, old, node = deployment()
+    report("production-2026-07", 3 << 30, seconds_ago=30)
+    master_sample("acme", effective=32 << 30, charged=3 << 30)
+    page.goto(f"/models/{model.pk}/upgrade/")
+    assert page.get_attribute("#upgrade-phase", "data-phase") == "idle"
+    assert page.get_attribute("#projection", "data-fits") == "true"
+    assert "effective quota read back from the Mooncake master" in page.inner_text("#projection")
+    shot(page, "upgrade-1-plan")
+
+    page.fill("#id_namespace", "production-2026-08")
+    page.fill("#id_weights_revision", "v2")
+    page.fill("#id_port_offset", "100")
+    page.click("#start-button")
+    page.wait_for_selector('#upgrade-phase[data-phase="warming"]')
+    new = Release.objects.get(namespace="production-2026-08")
+    assert new.state == "warming" and new.weights_revision == "v2" and new.assignments.count() == 2
+    report("production-2026-08", 1 << 30, seconds_ago=5, node="node-a")
+    page.reload()
+    assert page.locator('[data-side="old"]').count() == 1 and page.locator('[data-side="new"]').count() == 1
+    state = wait_chart(page, "upgrade-chart")
+    assert [d["label"] for d in state["datasets"]] == ["acme/qwen3-8b/production-2026-07",
+                                                       "acme/qwen3-8b/production-2026-08"]
+    shot(page, "upgrade-2-warming")
+
+    page.click("#shift-button")
+    page.wait_for_selector('#upgrade-phase[data-phase="draining"]')
+    assert page.is_disabled("#retire-button")
+    assert "no report since draining began" in page.inner_text("#retire-reason")
+    shot(page, "upgrade-3-draining")
+
+    report("production-2026-07", 3 << 30, seconds_ago=-1, in_flight_requests=0)  # the agent's next report
+    page.reload()
+    assert page.get_attribute("#retire-reason", "data-ready") == "true"
+    page.click("#retire-button")
+    page.wait_for_selector('#upgrade-phase[data-phase="idle"]')
+    old.refresh_from_db()
+    assert old.state == "retired" and not old.assignments.exists()
+    shot(page, "upgrade-4-retired")
+
+    page.click(f'a[href="/releases/{old.pk}/purge/"]')
+    page.fill("#id_confirm", "production-2026-07")
+    shot(page, "purge-confirm")
+    page.click("#purge-button")
+    page.wait_for_selector("ul.messages li.success")
+    assert [kw["queue"] for _, kw in sent] == ["agent.node-a"]
+    request = AuditEntry.objects.get(object_type=purge.REQUEST_TYPE)
+    assert request.actor_repr == "operator"
+    purge.record_purge_result({"schema": 1, "kind": "purge_result", "purge_id": request.request_id,
+                               "node": "node-a", "removed": 42, "error": "", "sent_at": timezone.now().isoformat()})
+    page.reload()
+    assert page.get_attribute(".purges [data-total-removed]", "data-total-removed") == "42"
+    shot(page, "purge-done")
+    actors = set(AuditEntry.objects.filter(object_type="tenants.release", actor_repr="operator")
+                 .values_list("action", flat=True))
+    assert actors == {"create", "update"}
+
+
+def test_pages_render_with_copy_buttons_and_screenshots(page, shot):
+    tenant, model, release, node = deployment()
+    apply_config(node)
+    report("production-2026-07", 7 * MB, seconds_ago=20, group="app-a")
+    master_sample("acme", effective=32 << 30, charged=1 << 30)
+    pages = {
+        "overview": "/", "registry": "/registry/", "tenant": f"/tenants/{tenant.pk}/", "model": f"/models/{model.pk}/",
+        "release": f"/releases/{release.pk}/", "node": f"/nodes/{node.pk}/", "checks": "/checks/", "audit": "/audit/",
+        "new-tenant-form": "/tenants/new/",
+    }
+    for name, url in pages.items():
+        response = page.goto(url)
+        assert response.status == 200, url
+        assert page.locator("h1").count() == 1
+        shot(page, name)
+    page.goto("/checks/")
+    assert page.locator('#checks [data-status="pass"]').count() == 5
+    page.goto(f"/releases/{release.pk}/")
+    assignment = release.assignments.order_by("port").first()
+    page.click(f'button[data-copy="cmd-{assignment.pk}"]')
+    page.wait_for_selector(f'button[data-copy="cmd-{assignment.pk}"][data-copied="true"]')
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    assert copied == page.inner_text(f"#cmd-{assignment.pk}") and "vllm serve" in copied
+    with page.expect_download() as download:
+        page.click(f'a[href="/releases/{release.pk}/config/{assignment.pk}.json"]')
+    assert download.value.suggested_filename == "production-2026-07-node-a-8000.json"
+
+
+def test_form_errors_show_the_rule_and_nothing_is_saved(page, shot):
+    page.goto("/tenants/new/")
+    page.fill("#id_tenant_id", "_reserved")
+    page.fill("#id_quota_bytes", "8MB")
+    page.click("button[type=submit]")
+    page.wait_for_selector(".errorlist")
+    assert "must not start with '_'" in page.inner_text(".errorlist")
+    shot(page, "form-error")
+    page.fill("#id_tenant_id", "acme")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/tenants/*/")
+    assert AuditEntry.objects.get(object_type="tenants.tenant").actor_repr == "operator"
+
+
+def test_login_page_screenshot(browser, live_server, shot):
+    context = browser.new_context(base_url=live_server.url)
+    page = context.new_page()
+    page.goto("/occupancy/")
+    assert "/accounts/login/?next=/occupancy/" in page.url
+    shot(page, "login")
+    context.close()
