@@ -91,12 +91,13 @@ def run(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     from agent.celery_app import make_app, make_publisher, register_tasks, run_worker
     from agent.daemon import Daemon
+    from agent.ledger import Ledger
 
     app = make_app(args.node, args.broker)
     try:
         daemon = Daemon(args.node, _secret(args), _state_dir(args), publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
-                        outbox_max=args.outbox_max)
+                        outbox_max=args.outbox_max, ledger=Ledger())
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
     register_tasks(app, daemon)

@@ -142,7 +142,12 @@ class Daemon:
         state_dir: directory for ``applied.json`` and ``outbox.sqlite3`` (created when missing).
         publish: sends a batch of messages to ``dashboard.ingest``; raises when the broker is unavailable.
         binder: builds the per-instance bindings (default: ``namespace_binder``, the connector's namespaces).
-        snapshot: the ledger snapshot source (default: no occupancy; bound namespaces report zeros).
+        snapshot: the ledger snapshot source (default: ``ledger.snapshot`` when a ledger is given, else none:
+            bound namespaces report zeros).
+        ledger: the node's ``agent.ledger.Ledger`` that in-process connectors record into (``self.ledger``).
+        on_apply: called with the new ``AppliedConfig`` right after each swap, e.g. to set
+            ``KVConnector.namespace`` (itself one reference assignment; a batch in flight keeps the namespace
+            it started with). Its exceptions are logged; the document stays applied.
         report_interval / heartbeat_interval: seconds between reports / heartbeats.
         outbox_max: most undelivered messages kept on disk.
     """
@@ -156,6 +161,8 @@ class Daemon:
         publish: Publisher,
         binder: Binder = namespace_binder,
         snapshot: SnapshotSource | None = None,
+        ledger: Any | None = None,
+        on_apply: Callable[[AppliedConfig], None] | None = None,
         report_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         outbox_max: int = DEFAULT_MAX_MESSAGES,
@@ -171,7 +178,9 @@ class Daemon:
         self._lock_file = _lock_state_dir(self.state_dir)
         self._publish = publish
         self._binder = binder
-        self._snapshot = snapshot
+        self.ledger = ledger
+        self._snapshot = snapshot if snapshot is not None else (ledger.snapshot if ledger is not None else None)
+        self._on_apply = on_apply
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
         self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max)
@@ -294,6 +303,11 @@ class Daemon:
             log.exception("node %s: applying version %d failed", self.node, document.version)
             raise Rejected("apply_failed", f"{type(exc).__name__}: {exc}") from None
         self.current = new
+        if self._on_apply is not None:
+            try:
+                self._on_apply(new)
+            except Exception:  # the swap happened; a failing hook must not make the ack lie
+                log.exception("node %s: on_apply hook failed for version %d", self.node, new.version)
         return True
 
     def _queue_ack(self, status: str, version: int | None, digest: str | None, reason: str,

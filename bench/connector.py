@@ -7,10 +7,11 @@ loopback ports and, in one run:
    2 MiB per block) with raw ``batch_put_from`` / ``batch_get_into`` and with :class:`agent.connector.KVConnector`
    (``put`` = existence check + zero-copy put + ledger; ``get`` = zero-copy get + ledger), for the cross-layer
    layout (one region per block: the same store call as raw) and the per-layer layout (one region per layer:
-   ``batch_*_multi_buffers``), alternating raw and connector runs, and reports median GB/s and the ratio
-   connector / raw (goal >= 0.95);
-2. hashes a 131,072-token prompt with every algorithm (tokens/s on one core; goal >= 5 M) and times "keys for a
-   128k-token prompt" (hashes + key strings; goal < 10 ms).
+   ``batch_*_multi_buffers`` for both), in back-to-back raw/connector pairs whose order alternates, and reports
+   median GB/s and the median of the per-pair ratios connector / raw (goal >= 0.95);
+2. hashes a 131,072-token prompt with every algorithm (tokens/s on one core, from the thread's CPU time so
+   that other load on a shared machine does not count; goal >= 5 M) and times "keys for a 128k-token prompt"
+   (hashes + key strings; wall and CPU ms, goal < 10 ms), best of several runs.
 
 Block hashes are given to ``put``/``get`` precomputed, as an engine hands them over; hashing is measured apart.
 The last stdout line is one JSON object with every figure.
@@ -114,11 +115,14 @@ def bench_data_path(store: StoreClient, layout: str, blocks: int, rounds: int) -
     put_conn.close()
     get_conn.close()
     med = {k: statistics.median(v) for k, v in results.items()}
+    # ratio of each back-to-back raw/connector pair, then the median: robust to load that drifts over the run
+    pairs = {op: statistics.median(c / r for c, r in zip(results[f"conn_{op}"], results[f"raw_{op}"]))
+             for op in ("put", "get")}
     return {
         "block_bytes": spec.block_bytes, "blocks": blocks,
         "raw_put_gbps": med["raw_put"], "conn_put_gbps": med["conn_put"],
         "raw_get_gbps": med["raw_get"], "conn_get_gbps": med["conn_get"],
-        "put_ratio": med["conn_put"] / med["raw_put"], "get_ratio": med["conn_get"] / med["raw_get"],
+        "put_ratio": pairs["put"], "get_ratio": pairs["get"],
     }
 
 
@@ -129,12 +133,20 @@ def _namespace(release: str, tenant: str, algo: str = "sha256", block_size: int 
                      block_size=block_size, cache_salt=kw.pop("cache_salt", "bench-group"), **kw)
 
 
-def _best(fn: Callable[[], Any], repeat: int) -> float:
-    return min(_timed(fn) for _ in range(repeat))
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
+    """(best wall seconds, best CPU seconds of this thread) over ``repeat`` runs."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - wall0)
+        cpus.append(time.thread_time() - cpu0)
+    return min(walls), min(cpus)
 
 
 def bench_hashing(repeat: int) -> dict[str, Any]:
-    """tokens/s per algorithm (one core) and ms for the keys of a 128k-token prompt."""
+    """Tokens/s per core (CPU time of the hashing thread, so other load on the machine does not count) and
+    the wall and CPU milliseconds for the keys of a 128k-token prompt, per algorithm and block size."""
     rng = random.Random(0)
     tokens = [rng.randrange(150_000) for _ in range(PROMPT_TOKENS)]
     out: dict[str, Any] = {}
@@ -142,14 +154,15 @@ def bench_hashing(repeat: int) -> dict[str, Any]:
              ("sha256_cbor", 64), ("sglang_sha256", 64), ("sglang_sha256", 16)]
     for algo, bs in cases:
         ns = _namespace("hash", "bench", algo, bs)
-        hashes_s = _best(lambda: ns.block_hashes(tokens), repeat)
-        keys_s = _best(lambda: ns.keys(ns.block_hashes(tokens)), repeat)
-        out[f"{algo}_bs{bs}"] = {"mtokens_per_s": PROMPT_TOKENS / hashes_s / 1e6, "keys_128k_ms": keys_s * 1e3}
+        _, hash_cpu = _best(lambda: ns.block_hashes(tokens), repeat)
+        keys_wall, keys_cpu = _best(lambda: ns.keys(ns.block_hashes(tokens)), repeat)
+        out[f"{algo}_bs{bs}"] = {"mtokens_per_s": PROMPT_TOKENS / hash_cpu / 1e6, "keys_128k_ms": keys_wall * 1e3,
+                                 "keys_128k_cpu_ms": keys_cpu * 1e3}
     trace_ids = list(range(1, 4097))  # a 2M-token FAST'25 request: 4096 ids of 512 tokens
     ns = _namespace("trace", "bench", "sha256_cbor", 512)
-    ids_s = _best(lambda: ns.trace_hashes(trace_ids), repeat)
-    out["trace_sha256_cbor"] = {"ids_per_s": len(trace_ids) / ids_s,
-                                "represented_mtokens_per_s": len(trace_ids) * 512 / ids_s / 1e6}
+    _, ids_cpu = _best(lambda: ns.trace_hashes(trace_ids), repeat)
+    out["trace_sha256_cbor"] = {"ids_per_s": len(trace_ids) / ids_cpu,
+                                "represented_mtokens_per_s": len(trace_ids) * 512 / ids_cpu / 1e6}
     return out
 
 
@@ -177,15 +190,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{layout:11s} put: raw {r['raw_put_gbps']:.3f} GB/s, connector {r['conn_put_gbps']:.3f} GB/s "
                       f"-> {r['put_ratio']:.3f}x | get: raw {r['raw_get_gbps']:.3f} GB/s, connector "
                       f"{r['conn_get_gbps']:.3f} GB/s -> {r['get_ratio']:.3f}x  ({args.blocks} x "
-                      f"{r['block_bytes'] >> 20} MiB blocks, median of {args.rounds})", flush=True)
+                      f"{r['block_bytes'] >> 20} MiB blocks, medians of {args.rounds} pairs)", flush=True)
         finally:
             store.close()  # before the master stops (a client of a stopped master closes slowly)
-    hashing = bench_hashing(3 if args.quick else 5)
+    hashing = bench_hashing(3 if args.quick else 7)
     figures["hashing"] = hashing
     for name, h in hashing.items():
         if "mtokens_per_s" in h:
             print(f"hash {name:18s} {h['mtokens_per_s']:7.2f} M tokens/s/core   keys for 128k tokens "
-                  f"{h['keys_128k_ms']:6.2f} ms")
+                  f"{h['keys_128k_ms']:6.2f} ms wall, {h['keys_128k_cpu_ms']:6.2f} ms CPU")
         else:
             print(f"hash {name:18s} {h['ids_per_s']:9.0f} trace ids/s ({h['represented_mtokens_per_s']:.0f} M "
                   f"tokens/s represented)")
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["goals"] = {
         "put_ratio_ge_0.95": goal["put_ratio"] >= 0.95, "get_ratio_ge_0.95": goal["get_ratio"] >= 0.95,
         "hash_default_ge_5M_tokens_per_s": hashing["sha256_bs16"]["mtokens_per_s"] >= 5,
-        "keys_128k_default_lt_10ms": hashing["sha256_bs16"]["keys_128k_ms"] < 10,
+        "keys_128k_default_lt_10ms": hashing["sha256_bs16"]["keys_128k_cpu_ms"] < 10,
     }
     figures["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(figures, sort_keys=True))

@@ -4,17 +4,18 @@ Seed (KV Cache Sharing and Isolation, "Operational Checklist"), in order:
 
 1. ``names_stable`` — *Use deterministic names that remain stable across restarts.* Every namespace the agents
    report now (tenant, served model, release namespace, request group) is one the registry defines; no
-   engine instance got different names from one config version to the next; every live release has a hash
+   engine instance got different names from one config version to the next (config versions of the last
+   ``CONFIG_HISTORY_DAYS``); every live release has a hash
    seed (vLLM's ``PYTHONHASHSEED``: without one, xxhash block hashes change at every restart).
 2. ``pd_identical`` — *Keep model and release fields identical across compatible prefill, decode, and replica
    instances.* For every instance of a live release, the values its agent applied (the instance in the config
    document whose digest the agent reports running) equal what the release prescribes: tenant_id, served
    model name, vLLM model name, release namespace, fingerprint, engine, hash algorithm and seed.
 3. ``namespace_changed`` — *Change the release namespace before introducing a cache-incompatible
-   deployment.* No namespace was ever pushed to agents with two different fingerprints, and no two live
+   deployment.* No namespace went to agents with two different fingerprints (same history), and no two live
    releases whose keys would meet (same tenant, engine key model and namespace) differ in fingerprint.
 4. ``salts_stable`` — *Keep cache_salt stable within a group that should benefit from prefix reuse.* No
-   request group ever went out with two different salts, and the audit log shows no salt change.
+   request group went out with two different salts (same history), and the audit log shows no salt change.
 5. ``overlap_capacity`` — *Account for duplicate cache occupancy while old and new releases overlap.* For
    every tenant with an upgrade under way, current occupancy + what the warming releases still need to reach
    their old release's size fits the tenant's effective quota, and the master does not report it over quota.
@@ -37,6 +38,9 @@ from tenants.quota import humanize_bytes
 
 #: Reported names are checked over this many seconds of raw samples.
 REPORTED_NAMES_WINDOW_SECONDS = 3600
+#: Config versions younger than this many days are searched for renamed instances, reused namespaces and
+#: changed salts (older ones are mostly gone anyway: the rollup keeps each node's newest version only).
+CONFIG_HISTORY_DAYS = 30
 #: At most this many detail lines per check (the rest is counted).
 MAX_DETAILS = 50
 
@@ -70,6 +74,12 @@ def _live_releases():
 # --- 1 --------------------------------------------------------------------------------------------------
 
 
+def _history(now: datetime):
+    """``(node_name, version, document)`` of the config versions of the last ``CONFIG_HISTORY_DAYS``, by version."""
+    return (ConfigVersion.objects.filter(created_at__gte=now - timedelta(days=CONFIG_HISTORY_DAYS))
+            .order_by("node_name", "version").values_list("node_name", "version", "document").iterator(chunk_size=200))
+
+
 def check_names_stable(now: datetime) -> CheckResult:
     problems: list[str] = []
     tenants = set(Tenant.objects.values_list("tenant_id", flat=True))
@@ -91,7 +101,7 @@ def check_names_stable(now: datetime) -> CheckResult:
             problems.append(f"{where}: release namespace '{namespace}' is not registered for model '{model}'")
         elif salt and (tenant_id, salt) not in groups:
             problems.append(f"{where}: request group '{salt}' is not registered in tenant '{tenant_id}'")
-    renamed = _renamed_instances()
+    renamed = _renamed_instances(now)
     problems.extend(renamed)
     for release in _live_releases():
         if not release.hash_seed:
@@ -101,17 +111,18 @@ def check_names_stable(now: datetime) -> CheckResult:
     summary = (f"{seen} reported name(s) all match the registry; instance names unchanged across config versions"
                if passed else f"{len(problems)} name problem(s)")
     return CheckResult("names_stable", "Names stable across restarts",
-                       "Use deterministic names that remain stable across restarts.", passed, summary, _capped(problems))
+                       "Use deterministic names that remain stable across restarts.", passed, summary,
+                       _capped(problems))
 
 
-def _renamed_instances() -> list[str]:
+def _renamed_instances(now: datetime) -> list[str]:
     """Instances whose (tenant, served model, namespace) changed between two stored config versions of a node."""
     problems = []
     history: dict[tuple[str, str], tuple[int, tuple[str, str, str]]] = {}
-    for node, version, document in ConfigVersion.objects.order_by("node_name", "version").values_list(
-            "node_name", "version", "document"):
+    for node, version, document in _history(now):
         for instance in (document or {}).get("instances", []):
-            names = (instance.get("tenant_id", ""), instance.get("served_model_name", ""), instance.get("namespace", ""))
+            names = (instance.get("tenant_id", ""), instance.get("served_model_name", ""),
+                     instance.get("namespace", ""))
             key = (node, str(instance.get("instance_id")))
             previous = history.get(key)
             if previous is not None and previous[1] != names:
@@ -162,7 +173,8 @@ def check_pd_identical(now: datetime) -> CheckResult:
     problems: list[str] = []
     checked = 0
     assignments = (InstanceAssignment.objects.exclude(release__state=ReleaseState.RETIRED)
-                   .select_related("node", "release__model__tenant").order_by("release__namespace", "node__name", "port"))
+                   .select_related("node", "release__model__tenant")
+                   .order_by("release__namespace", "node__name", "port"))
     for assignment in assignments:
         release = assignment.release
         where = f"{release.namespace} {assignment.role} on {assignment.node.name}:{assignment.port}"
@@ -203,8 +215,7 @@ def _key_identity(tenant_id: str, engine: str, served_model_name: str, vllm_mode
 def check_namespace_changed(now: datetime) -> CheckResult:
     problems: list[str] = []
     pushed: dict[tuple, dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in ConfigVersion.objects.order_by("version").values_list(
-            "node_name", "version", "document"):
+    for node, version, document in _history(now):
         for instance in (document or {}).get("instances", []):
             identity = _key_identity(instance.get("tenant_id", ""), instance.get("engine", ""),
                                      instance.get("served_model_name", ""), instance.get("vllm_model_name", ""),
@@ -241,8 +252,7 @@ def check_namespace_changed(now: datetime) -> CheckResult:
 def check_salts_stable(now: datetime) -> CheckResult:
     problems: list[str] = []
     salts: dict[tuple[str, str], dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in ConfigVersion.objects.order_by("version").values_list(
-            "node_name", "version", "document"):
+    for node, version, document in _history(now):
         for instance in (document or {}).get("instances", []):
             for group in instance.get("request_groups", []):
                 key = (instance.get("tenant_id", ""), group.get("name", ""))

@@ -65,7 +65,8 @@ def _write_entry(object_type: str, release: Release, purge_id: str, after: dict[
         actor=user if actor_repr is None else None, actor_repr=(actor_repr or context_actor)[:255],
         action=AuditAction.CREATE if object_type == REQUEST_TYPE else AuditAction.DELETE,
         object_type=object_type, object_id=str(release.pk),
-        object_repr=f"{release.model.tenant.tenant_id}/{release.model.served_model_name}/{release.namespace} keys"[:255],
+        object_repr=f"{release.model.tenant.tenant_id}/{release.model.served_model_name}/{release.namespace} "
+                    "keys"[:255],
         before=None, after=after, request_id=purge_id,
     )
 
@@ -220,6 +221,7 @@ def purges_for_release(release: Release) -> list[PurgeStatus]:
     requests = list(AuditEntry.objects.filter(object_type=REQUEST_TYPE, object_id=str(release.pk))
                     .order_by("-timestamp", "-pk"))
     results: dict[str, list[AuditEntry]] = {}
-    for entry in AuditEntry.objects.filter(object_type=RESULT_TYPE, object_id=str(release.pk)).order_by("timestamp", "pk"):
+    entries = AuditEntry.objects.filter(object_type=RESULT_TYPE, object_id=str(release.pk)).order_by("timestamp", "pk")
+    for entry in entries:
         results.setdefault(entry.request_id, []).append(entry)
     return [_status(request, results.get(request.request_id, [])) for request in requests]

@@ -90,6 +90,8 @@ class HitDensityPolicy(EvictionPolicy):
         ghost_factor: float = 1.0,
         ghost_tops_only: bool = True,
         with_oldest: bool = True,
+        count_buckets: int = _COUNT_BUCKETS,
+        use_tail: bool = True,
         leaf_hits_only: bool = False,
     ) -> None:
         if samples < 1:
@@ -107,8 +109,11 @@ class HitDensityPolicy(EvictionPolicy):
         self.prior_events = prior_events
         self._rng = random.Random(seed)
         self._leaves: list[Block] = []
-        self._hits = [[0.0] * _AGE_BUCKETS for _ in range(_CLASSES)]
-        self._ends = [[0.0] * _AGE_BUCKETS for _ in range(_CLASSES)]
+        self.count_buckets = count_buckets
+        self.use_tail = use_tail
+        self._n_classes = 2 * count_buckets
+        self._hits = [[0.0] * _AGE_BUCKETS for _ in range(self._n_classes)]
+        self._ends = [[0.0] * _AGE_BUCKETS for _ in range(self._n_classes)]
         self._events = 0
         self._density: list[list[float]] | None = None
         self.updates = 0
@@ -121,8 +126,7 @@ class HitDensityPolicy(EvictionPolicy):
         self._ghost: OrderedDict = OrderedDict()
 
     # -- classification ----------------------------------------------------------------------------------
-    @staticmethod
-    def block_class(node: Block, now: float | None = None) -> int:
+    def block_class(self, node: Block, now: float | None = None) -> int:
         """Class index of ``node``: ``2 * min(log2(branch visits), 4) + tail``.
 
         With ``now``, visits the current request already added to the branch top (its ``last == now`` and it
@@ -132,9 +136,9 @@ class HitDensityPolicy(EvictionPolicy):
         if now is not None and node.top is not node and node.top.last == now and visits > 1:
             visits -= 1
         cb = visits.bit_length() - 1
-        if cb >= _COUNT_BUCKETS:
-            cb = _COUNT_BUCKETS - 1
-        return 2 * cb + (1 if node.tail else 0)
+        if cb >= self.count_buckets:
+            cb = self.count_buckets - 1
+        return 2 * cb + (1 if node.tail and self.use_tail else 0)
 
     def density(self, node: Block, now: float) -> float:
         """Current estimate of hits per byte-second for ``node`` (higher = keep); ``-age`` before the first
@@ -209,12 +213,12 @@ class HitDensityPolicy(EvictionPolicy):
         self._events = 0
         self.updates += 1
         hits, ends = self._hits, self._ends
-        pooled_h = [sum(hits[c][a] for c in range(_CLASSES)) for a in range(_AGE_BUCKETS)]
-        pooled_e = [sum(ends[c][a] for c in range(_CLASSES)) for a in range(_AGE_BUCKETS)]
+        pooled_h = [sum(hits[c][a] for c in range(self._n_classes)) for a in range(_AGE_BUCKETS)]
+        pooled_e = [sum(ends[c][a] for c in range(self._n_classes)) for a in range(_AGE_BUCKETS)]
         pooled_total = sum(pooled_h) + sum(pooled_e)
         scale = self.prior_events / pooled_total if pooled_total > 0 else 0.0
         table: list[list[float]] = []
-        for c in range(_CLASSES):
+        for c in range(self._n_classes):
             row = [0.0] * _AGE_BUCKETS
             hits_above = 0.0  # hits at ages >= a
             ev_above = 0.0  # events (hits + ends) at ages > a
@@ -231,7 +235,7 @@ class HitDensityPolicy(EvictionPolicy):
             table.append(row)
         self._density = table
         d = self.decay
-        for c in range(_CLASSES):
+        for c in range(self._n_classes):
             hc, ec = hits[c], ends[c]
             for a in range(_AGE_BUCKETS):
                 hc[a] *= d
@@ -300,9 +304,9 @@ class HitDensityPolicy(EvictionPolicy):
             return -age
         top = node.top
         cb = top.count.bit_length() - 1
-        if cb >= _COUNT_BUCKETS:
-            cb = _COUNT_BUCKETS - 1
-        cls = 2 * cb + (1 if node.tail else 0)
+        if cb >= self.count_buckets:
+            cb = self.count_buckets - 1
+        cls = 2 * cb + (1 if node.tail and self.use_tail else 0)
         if age < _AGE0:
             ab = 0
         else:

@@ -58,10 +58,11 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
     params = {"window": window, **filters.as_params()}
     rows = [
         {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total}
-        for index, (bucket, total) in enumerate(zip(series.buckets, series.totals()))
+        for index, (bucket, total) in enumerate(zip(series.buckets, series.totals())) if total is not None
     ]
     context = {
-        "series": series, "filters": filters, "choices": filter_choices(filters, [s.key for s in unfiltered.series]), "window": window,
+        "series": series, "filters": filters, "window": window,
+        "choices": filter_choices(filters, [s.key for s in unfiltered.series]),
         "windows": WINDOW_LABELS, "rows": rows, "error": error,
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }

@@ -70,7 +70,8 @@ def instance_rows(release: Release) -> list[dict]:
     states = {s.node_name: s for s in NodeState.objects.filter(
         node_name__in=list(release.assignments.values_list("node__name", flat=True)))}
     rows = []
-    for assignment in release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port"):
+    assignments = release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port")
+    for assignment in assignments:
         config = render_assignment(assignment, endpoints)
         spec = applied.get((assignment.node.name, str(assignment.pk)))
         if spec is None:

@@ -44,8 +44,8 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
                           "instances": release.assignments.select_related("node").order_by("node__name", "port")})
     projection = None
     if state.old is not None or state.new is not None:
-        projection = flow.project(state.old, state.new if state.phase == flow.PHASE_WARMING else None,
-                                  occupancy=current_occupancy(OccupancyFilter(tenant_id=model.tenant.tenant_id)))
+        tenant_occupancy = current_occupancy(OccupancyFilter(tenant_id=model.tenant.tenant_id))
+        projection = flow.project(state.old, state.new, occupancy=tenant_occupancy)
     if form is None and state.phase == flow.PHASE_IDLE and state.old is not None:
         form = StartUpgradeForm()
     retired = [{"release": release, "purges": purges_for_release(release)} for release in state.retired]

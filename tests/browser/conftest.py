@@ -37,7 +37,7 @@ def browser():
     playwright.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def _memory_broker():
     from dashboard.celery import app, use_broker
 

@@ -172,12 +172,12 @@ def test_form_errors_show_the_rule_and_nothing_is_saved(page, shot):
     page.goto("/tenants/new/")
     page.fill("#id_tenant_id", "_reserved")
     page.fill("#id_quota_bytes", "8MB")
-    page.click("button[type=submit]")
+    page.click("main button[type=submit]")
     page.wait_for_selector(".errorlist")
     assert "must not start with '_'" in page.inner_text(".errorlist")
     shot(page, "form-error")
     page.fill("#id_tenant_id", "acme")
-    page.click("button[type=submit]")
+    page.click("main button[type=submit]")
     page.wait_for_url("**/tenants/*/")
     assert AuditEntry.objects.get(object_type="tenants.tenant").actor_repr == "operator"
 

@@ -184,3 +184,39 @@ def test_reports_buffer_while_broker_is_down_and_survive_restart(tmp_path, broke
         assert [m["sequence"] for m in broker.messages("report")] == sequences == [1, 2, 3, 4]
     finally:
         d.stop()
+
+
+def test_on_apply_hook_sees_each_new_config_and_cannot_break_the_apply(tmp_path, broker):
+    seen = []
+
+    def hook(applied):
+        seen.append(applied.version)
+        if applied.version == 2:
+            raise RuntimeError("connector busy")
+
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, on_apply=hook)
+    try:
+        d.handle_document(document(version=1))
+        assert d.handle_document(document(version=2))["status"] == "applied"
+        d.handle_document(document(version=2))  # re-delivery: no swap, no hook
+        assert seen == [1, 2] and d.applied_version == 2
+    finally:
+        d.stop()
+
+
+def test_ledger_snapshot_feeds_reports(tmp_path, broker):
+    from agent.ledger import Ledger
+
+    ledger = Ledger()
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, ledger=ledger)
+    try:
+        d.handle_document(document(version=1))
+        namespace = d.current.bindings["1"][(0, "app-a")]
+        ledger.record_lookup(namespace, namespace.trace_hashes([1, 2]), [False, False])
+        d.report_now()
+        d.flush()
+        [rep] = broker.messages("report")
+        row = next(ns for ns in rep["namespaces"] if ns["salt_group"] == "app-a")
+        assert row["miss_blocks"] == 2 and d.ledger is ledger
+    finally:
+        d.stop()

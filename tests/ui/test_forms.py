@@ -155,7 +155,8 @@ def test_served_release_is_immutable_in_both(ui, api):
 def test_state_transition_refusal_matches_the_api(ui, api):
     release = make_release(make_model(make_tenant()), "prod-1", state="serving")
     api_response = api.patch(f"/api/v1/releases/{release.pk}/", {"state": "warming"}, format="json")
-    form_response = ui.post(reverse("ui:release-edit", args=[release.pk]), form_data("release", release, state="warming"))
+    form_response = ui.post(reverse("ui:release-edit", args=[release.pk]),
+                            form_data("release", release, state="warming"))
     assert assert_same(api_response, form_response, "state") == [
         "A release cannot move from 'serving' to 'warming'; allowed: 'draining'."]
 

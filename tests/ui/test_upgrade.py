@@ -196,3 +196,14 @@ def test_page_steps_out_of_order_explain_themselves(ui, serving):
     retired = ui.post(reverse("ui:upgrade-retire", args=[model.pk]), follow=True).content.decode()
     assert "is draining: shift traffic first" in retired
     assert ui.get(reverse("ui:upgrade-shift", args=[model.pk])).status_code == 405
+
+
+def test_page_projection_counts_both_releases_while_draining(ui, serving):
+    new = flow.start_upgrade(serving, "production-2026-08", copy_instances=True, port_offset=100)
+    flow.shift_traffic(serving.model)
+    sample(namespace="production-2026-07", size=3 * GB)
+    sample(namespace=new.namespace, size=1 * GB)
+    response = ui.get(reverse("ui:upgrade", args=[serving.model.pk]))
+    projection = response.context["projection"]
+    assert (projection.other_bytes, projection.old_bytes, projection.new_bytes) == (0, 3 * GB, 1 * GB)
+    assert projection.peak_bytes == 6 * GB

@@ -34,9 +34,10 @@
   function drawOccupancy(canvas, payload) {
     var datasets = payload.series.map(function (series, index) {
       var colour = PALETTE[index % PALETTE.length];
+      var points = series.data.filter(function (v) { return v !== null; }).length;
       return {
         label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
-        fill: index === 0 ? "origin" : "-1", pointRadius: 0, borderWidth: 1.5, tension: 0.2, spanGaps: true,
+        fill: index === 0 ? "origin" : "-1", pointRadius: points <= 2 ? 3 : 0, pointHoverRadius: 4, borderWidth: 1.5, tension: 0.2, spanGaps: true,
         kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
                  namespace: series.namespace}
       };

@@ -1,0 +1,103 @@
+"""Telemetry REST API and the Prometheus /metrics endpoint."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from dashboard.ingest import ingest
+from dashboard.models import ConfigVersion, MasterQuotaSample, MasterQuotaSync, NodeState
+from tests.telemetry.helpers import ack, heartbeat, report
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(django_user_model):
+    client = APIClient()
+    user = django_user_model.objects.create_user("viewer", password="pw")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+@pytest.fixture
+def telemetry():
+    now = timezone.now()
+    NodeState.objects.create(node_name="node-a", desired_version=2, desired_digest="a" * 64)
+    NodeState.objects.create(node_name="node-b", desired_version=1, desired_digest="b" * 64)
+    ConfigVersion.objects.create(node_name="node-a", version=2, digest="a" * 64, content_digest="c" * 64,
+                                 document={"node": "node-a", "version": 2})
+    ingest([ack(node="node-a", sequence=1, version=2, digest="a" * 64, at=now),
+            heartbeat(node="node-a", at=now, applied_version=2, applied_digest="a" * 64),
+            ack(node="node-b", sequence=1, version=1, digest="b" * 64, at=now - timedelta(minutes=5)),
+            report(node="node-a", sequence=2, at=now - timedelta(seconds=5), bytes_per_ns=1000, hits=3, misses=1),
+            report(node="node-b", sequence=2, at=now - timedelta(seconds=5), bytes_per_ns=500, hits=1, misses=1)])
+    return now
+
+
+def test_api_requires_authentication():
+    assert APIClient().get("/api/v1/telemetry/nodes/").status_code in (401, 403)
+
+
+def test_nodes_list_shows_drift_and_filters(api, telemetry):
+    rows = {row["node_name"]: row for row in api.get("/api/v1/telemetry/nodes/").json()["results"]}
+    assert rows["node-a"]["drift"]["in_sync"] and rows["node-a"]["last_report_at"] is not None
+    assert rows["node-b"]["drift"]["silent"] and not rows["node-b"]["drift"]["behind"]
+    silent = api.get("/api/v1/telemetry/nodes/?drift=silent").json()["results"]
+    assert [row["node_name"] for row in silent] == ["node-b"]
+    response = api.get("/api/v1/telemetry/nodes/?drift=sideways")
+    assert response.status_code == 400 and "drift" in response.json()
+
+
+def test_node_detail_has_document_and_acks(api, telemetry):
+    body = api.get("/api/v1/telemetry/nodes/node-a/").json()
+    assert body["document"]["version"] == 2 and body["acks"][0]["status"] == "applied"
+    assert api.get("/api/v1/telemetry/nodes/nobody/").status_code == 404
+
+
+def test_occupancy_filters_and_bad_input(api, telemetry):
+    rows = api.get("/api/v1/telemetry/occupancy/?node=node-a&level=raw").json()["results"]
+    assert len(rows) == 2 and {r["level"] for r in rows} == {"raw"}
+    assert api.get("/api/v1/telemetry/occupancy/?level=week").status_code == 400
+    response = api.get("/api/v1/telemetry/occupancy/?since=yesterday")
+    assert response.status_code == 400 and "since" in response.json()
+
+
+def test_master_overview_shows_sync_errors(api, db):
+    MasterQuotaSample.objects.create(ts=timezone.now(), tenant_id="acme", requested_quota_bytes=10,
+                                     charged_bytes=4, has_explicit_policy=True)
+    MasterQuotaSync.objects.create(tenant_id="gone", pending_delete=True, last_error_code=-1702,
+                                   last_error="the master refused to delete tenant 'gone': TENANT_NOT_EMPTY")
+    rows = {row["tenant_id"]: row for row in api.get("/api/v1/telemetry/master/").json()}
+    assert rows["acme"]["master"]["charged_bytes"] == 4
+    assert "TENANT_NOT_EMPTY" in rows["gone"]["sync"]["last_error"]
+
+
+def test_metrics_exposes_occupancy_quota_and_drift(client, telemetry, settings):
+    settings.KVPOOL_METRICS_WINDOW_SECONDS = 120
+    MasterQuotaSample.objects.create(ts=timezone.now(), tenant_id="acme", requested_quota_bytes=1 << 30,
+                                     effective_quota_bytes=1 << 29, charged_bytes=3000, over_quota=True)
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    ns = 'namespace="prod-2026-07",salt_group="g0",served_model_name="qwen3-8b",tenant_id="acme"'
+    assert f"kvpool_namespace_occupancy_bytes{{{ns}}} 1500.0" in text  # node-a 1000 + node-b 500
+    assert f"kvpool_namespace_hit_ratio{{{ns}}} 0.6666666666666666" in text  # (3+1) / (3+1+1+1)
+    assert 'kvpool_tenant_occupancy_bytes{tenant_id="acme"} 3000.0' in text
+    assert 'kvpool_master_tenant_quota_over_quota{tenant_id="acme"} 1.0' in text
+    assert 'kvpool_node_silent{node="node-b"} 1.0' in text and 'kvpool_node_silent{node="node-a"} 0.0' in text
+
+
+def test_old_reports_drop_out_of_metrics(client, db, settings):
+    settings.KVPOOL_METRICS_WINDOW_SECONDS = 60
+    ingest([report(sequence=1, at=timezone.now() - timedelta(minutes=10))])
+    assert "kvpool_namespace_occupancy_bytes{" not in client.get("/metrics").content.decode()
+
+
+def test_metrics_token(client, db, settings):
+    settings.KVPOOL_METRICS_TOKEN = "scrape-me"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
