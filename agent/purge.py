@@ -42,10 +42,10 @@ class PurgeRequest(Message):
     """Dashboard → agent: remove every key of one release namespace of one tenant.
 
     ``engine`` decides the key grammar (``vllm``: ``model`` is the vLLM model name, the last path component;
-    ``sglang``: ``model`` is the served model name). ``namespace`` is the release namespace (vLLM
-    ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not be empty: an empty one would select the
-    model's unprefixed keys of every release. ``signature`` = HMAC-SHA256 of the canonical encoding with the
-    node's signing secret.
+    ``sglang``: ``model`` is the served model name). ``served_model_name`` names the ledger tables to clear.
+    ``namespace`` is the release namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not
+    be empty: an empty one would select the model's unprefixed keys of every release. ``signature`` =
+    HMAC-SHA256 of the canonical encoding with the node's signing secret.
     """
 
     kind: Literal["purge"] = "purge"
@@ -55,6 +55,7 @@ class PurgeRequest(Message):
     engine: Literal["vllm", "sglang"]
     namespace: str = Field(min_length=1)
     model: str = Field(min_length=1)
+    served_model_name: str = Field(min_length=1)
     issued_at: str = Field(min_length=1)
     signature: str = ""
 
@@ -105,6 +106,21 @@ def purge_release_keys(store: RegexStore, namespace: str, *, engine: str, model:
     return count
 
 
+def forget_release(ledger: Any, *, tenant_id: str, served_model_name: str, namespace: str, engine: str) -> int:
+    """Mark every block of the release namespace gone in the node's ``agent.ledger.Ledger`` (as
+    ``KVConnector.purge_release`` does after its own purge); returns how many entries were present."""
+    forgotten = 0
+    with ledger.lock:
+        for table in ledger.tables():
+            if (table.id.tenant_id, table.id.served_model_name, table.id.namespace) != (
+                    tenant_id, served_model_name, namespace):
+                continue
+            for entry in [e for e in table.entries.values() if e.present and e.ns.engine == engine]:
+                ledger.record_removed(entry.ns, [entry.block_hash])
+                forgotten += 1
+    return forgotten
+
+
 def signed_request(request: PurgeRequest, secret: str) -> dict[str, Any]:
     """Wire dict of ``request`` signed with the node's ``secret`` (what the dashboard publishes)."""
     wire = request.to_wire()
@@ -112,13 +128,15 @@ def signed_request(request: PurgeRequest, secret: str) -> dict[str, Any]:
     return signing.signed(wire, secret)
 
 
-def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str], Any]) -> dict[str, Any]:
+def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str], Any],
+                 ledger: Any | None = None) -> dict[str, Any]:
     """Verify, validate and run one purge request; return the :class:`PurgeResult` wire dict.
 
     ``open_store(tenant_id)`` returns an open Store client of that tenant; it is closed afterwards when it has
-    a ``close`` method. Never raises for a bad request: a refused or failed purge comes back with ``error``
-    set and ``removed`` 0 (logged at WARNING). A request without a readable ``purge_id`` cannot be answered
-    and is only logged.
+    a ``close`` method. ``ledger`` (the node's ``agent.ledger.Ledger``, optional) forgets the purged blocks, so
+    the next occupancy report no longer counts them. Never raises for a bad request: a refused or failed purge
+    comes back with ``error`` set and ``removed`` 0 (logged at WARNING); one without a readable ``purge_id``
+    is answered as purge ``unknown``, which the dashboard matches to no request and drops.
     """
     purge_id = raw.get("purge_id") if isinstance(raw, dict) else None
     purge_id = purge_id if isinstance(purge_id, str) and 0 < len(purge_id) <= 64 else "unknown"
@@ -144,6 +162,9 @@ def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str]
             close = getattr(store, "close", None)
             if callable(close):
                 close()
+        if ledger is not None:
+            forget_release(ledger, tenant_id=request.tenant_id, served_model_name=request.served_model_name,
+                           namespace=request.namespace, engine=request.engine)
     except Exception as exc:  # reported back to the dashboard, never raised into the worker
         error = f"{type(exc).__name__}: {exc}"[:2000]
         log.warning("node %s: purge %s refused or failed: %s", node, purge_id, error)
@@ -177,12 +198,13 @@ def daemon_store_opener(daemon: Any, *, segment_bytes: int = PURGE_SEGMENT_BYTES
 
 
 def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callable[[str], Any],
-                        publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+                        publish: Callable[[dict[str, Any]], None] | None = None, ledger: Any | None = None) -> None:
     """Register ``agent.purge_namespace`` on the agent's Celery ``app``.
 
-    Each request runs :func:`handle_purge`; the result goes back with ``publish(result)`` (default: the task
-    ``dashboard.purge_result`` on queue ``dashboard.control`` through ``app``). A result the broker does not
-    take is logged; the dashboard shows the node as not answered and the operator can request again.
+    Each request runs :func:`handle_purge` (with ``ledger``, the daemon's ledger, when given); the result goes
+    back with ``publish(result)`` (default: the task ``dashboard.purge_result`` on queue ``dashboard.control``
+    through ``app``). A result the broker does not take is logged; the dashboard shows the node as not answered
+    and the operator can request again.
     """
 
     def default_publish(result: dict[str, Any]) -> None:
@@ -195,7 +217,7 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
     @app.task(name=PURGE_TASK, ignore_result=True, shared=False)
     def purge_namespace(request: dict[str, Any]) -> dict[str, Any]:
         """Run one purge request and send its result to the dashboard."""
-        result = handle_purge(request, node=node, secret=secret, open_store=open_store)
+        result = handle_purge(request, node=node, secret=secret, open_store=open_store, ledger=ledger)
         try:
             send(result)
         except Exception as exc:

@@ -24,6 +24,7 @@ from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -77,7 +78,9 @@ def request_purge(release: Release, *, confirm: str) -> str:
     Raises ``ValidationError`` keyed ``confirm`` when ``confirm`` is not the release namespace, keyed ``state``
     when the release is not retired, and ``PurgeError`` when no node runs an instance of the tenant. The
     request is audited before anything is sent; a node the broker does not reach is recorded as a failed
-    result (its error says so), so the page never waits for it.
+    result (its error says so), so the page never waits for it. A request an agent has not taken within
+    ``KVPOOL_PUSH_EXPIRES_SECONDS`` expires in its queue (a namespace of a never-served release may be reused
+    later; a stale purge must not reach it): the node then shows as not answered and the operator may ask again.
     """
     if release.state != ReleaseState.RETIRED:
         raise ValidationError({"state": (
@@ -103,10 +106,11 @@ def request_purge(release: Release, *, confirm: str) -> str:
         })
     for node in nodes:
         request = PurgeRequest(purge_id=purge_id, node=node.name, tenant_id=release.model.tenant.tenant_id,
-                               engine=release.engine, namespace=release.namespace, model=model, issued_at=issued_at)
+                               engine=release.engine, namespace=release.namespace, model=model,
+                               served_model_name=release.model.served_model_name, issued_at=issued_at)
         try:
             app.send_task(PURGE_TASK, args=[signed_request(request, node.signing_secret)],
-                          queue=node_queue(node.name), retry=True,
+                          queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
                           retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
                                         "interval_max": 0.5})
         except Exception as exc:  # broker down: record it as this node's answer

@@ -55,6 +55,16 @@ def _tenants() -> set[str]:
     return _pending.tenants
 
 
+def discard_pending() -> None:
+    """Forget names collected but not yet flushed in this thread.
+
+    A rolled-back transaction leaves its names behind (Django drops its ``on_commit`` callbacks); the next commit
+    then also pushes those nodes, which is harmless (an unchanged document is not versioned again). Tests whose
+    transactions never commit call this to start clean.
+    """
+    _pending.nodes, _pending.tenants = set(), set()
+
+
 def _flush() -> None:
     nodes, tenants = sorted(_names()), sorted(_tenants())
     _pending.nodes, _pending.tenants = set(), set()

@@ -122,6 +122,10 @@ class HitDensityPolicy(EvictionPolicy):
         self.leaf_hits_only = leaf_hits_only
         self._lru: list = []
         self._seq = 0
+        self._duels = 0
+        self._duel_evicted: OrderedDict = OrderedDict()
+        self._duel_kept: OrderedDict = OrderedDict()
+        self._score_vs_lru = 0.0
         self.ghost_tops_only = ghost_tops_only
         self._ghost: OrderedDict = OrderedDict()
 
@@ -162,12 +166,19 @@ class HitDensityPolicy(EvictionPolicy):
     def _touched(self, node: Block, now: float, inserted: bool) -> None:
         if not inserted and node.slot >= 0:
             self._push_lru(node)
+        book = self._duel_evicted if inserted else self._duel_kept
+        if book:
+            outcome = book.pop(node.key, None)
+            if outcome is not None:
+                self._score_vs_lru += outcome[0]
         if inserted and self._ghost:
             old = self._ghost.pop(node.key, None)
             if old is not None:
                 node.count += old
 
     def _removing(self, node: Block) -> None:
+        if self._duel_kept:
+            self._duel_kept.pop(node.key, None)
         if self.ghost_factor > 0 and (node.top is node or not self.ghost_tops_only):
             ghost = self._ghost
             ghost[node.key] = node.count
@@ -185,8 +196,6 @@ class HitDensityPolicy(EvictionPolicy):
         self._push_lru(node)
 
     def _push_lru(self, node: Block) -> None:
-        if not self.with_oldest:
-            return
         node.ver += 1
         self._seq += 1
         heapq.heappush(self._lru, (node.last, self._seq, node.ver, node))
@@ -235,6 +244,7 @@ class HitDensityPolicy(EvictionPolicy):
             table.append(row)
         self._density = table
         d = self.decay
+        self._score_vs_lru *= d
         for c in range(self._n_classes):
             hc, ec = hits[c], ends[c]
             for a in range(_AGE_BUCKETS):
@@ -245,6 +255,7 @@ class HitDensityPolicy(EvictionPolicy):
     def _plan(self, need: int, now: float) -> Iterable[Block]:
         leaves = self._leaves
         virtual: list[Block] = []
+        virtual_lru: list = []
         state = PlanState()
         planned = state.planned
         out: list[Block] = []
@@ -258,8 +269,8 @@ class HitDensityPolicy(EvictionPolicy):
             total = n_leaves + len(virtual)
             if total - len(out) <= 0:
                 break
-            best: Block | None = None
-            best_d = 0.0
+            # The least recently used leaf (what LRU would evict), virtual leaves included.
+            oldest: Block | None = None
             while lru:
                 last, _, ver, cand = lru[0]
                 if ver != cand.ver or cand.slot < 0:
@@ -267,8 +278,14 @@ class HitDensityPolicy(EvictionPolicy):
                 elif id(cand) in planned:
                     restore.append(heapq.heappop(lru))
                 else:
-                    best, best_d = cand, self._score(cand, now, table)
+                    oldest = cand
                     break
+            while virtual_lru and id(virtual_lru[0][2]) in planned:
+                heapq.heappop(virtual_lru)
+            if virtual_lru and (oldest is None or virtual_lru[0][0] < oldest.last):
+                oldest = virtual_lru[0][2]
+            best = oldest
+            best_d = self._score(oldest, now, table) if oldest is not None else 0.0
             for _ in range(samples):
                 i = int(rng() * total)
                 cand = leaves[i] if i < n_leaves else virtual[i - n_leaves]
@@ -287,14 +304,35 @@ class HitDensityPolicy(EvictionPolicy):
                         best, best_d = cand, d
                 if best is None:
                     break
-            out.append(best)
-            need -= best.size
-            parent = state.plan(best)
+            victim = best
+            if oldest is not None and best is not oldest and table is not None:
+                victim = oldest if self._score_vs_lru < 0 else best
+                self._duel(victim, best if victim is oldest else oldest, victim is best)
+            out.append(victim)
+            need -= victim.size
+            parent = state.plan(victim)
             if parent is not None:
                 virtual.append(parent)
+                self._seq += 1
+                heapq.heappush(virtual_lru, (parent.last, self._seq, parent))
         for entry in restore:
             heapq.heappush(lru, entry)
         return out
+
+    def _duel(self, evicted: Block, kept: Block, density_led: bool) -> None:
+        """Remember a decision where density and LRU disagreed, to score it when its outcome shows:
+        a miss on ``evicted`` favours the other choice, a hit on ``kept`` favours the one taken."""
+        self._duels += 1
+        sign = 1.0 if density_led else -1.0
+        self._duel_evicted[evicted.key] = (-sign, self._duels)
+        self._duel_kept[kept.key] = (sign, self._duels)
+        horizon = self._duels - max(1024, len(self.tree))
+        for book in (self._duel_evicted, self._duel_kept):
+            while book:
+                key, (_, when) = next(iter(book.items()))
+                if when >= horizon:
+                    break
+                del book[key]
 
     def _score(self, node: Block, now: float, table: list[list[float]] | None) -> float:
         age = now - node.last

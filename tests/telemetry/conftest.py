@@ -31,6 +31,15 @@ if _db["ENGINE"].endswith("sqlite3"):
     _db.setdefault("TEST", {})["NAME"] = f"/tmp/kvpool-test-{os.getpid()}.sqlite3"
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_pushes():
+    """Other tests' transactions never commit: drop the node names their registry changes left pending."""
+    from dashboard.signals import discard_pending
+
+    discard_pending()
+    yield
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
     """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout

@@ -40,7 +40,8 @@ def test_agent_purge_removes_one_release_namespace(mooncake_master, store_client
         global_segment_size=64 << 20, local_buffer_size=16 << 20))
     daemon = SimpleNamespace(current=SimpleNamespace(document=document))
     request = PurgeRequest(purge_id="it-1", node="node-a", tenant_id="alpha", engine="vllm", namespace=old,
-                           model="Qwen3-8B", issued_at="2026-11-30T12:00:00.000000Z")
+                           model="Qwen3-8B", served_model_name="qwen3-8b",
+                           issued_at="2026-11-30T12:00:00.000000Z")
     result = handle_purge(signed_request(request, "secret"), node="node-a", secret="secret",
                           open_store=daemon_store_opener(daemon))
     assert result["error"] == "" and result["removed"] == len(old_keys)

@@ -71,7 +71,7 @@ def test_regex_needs_a_namespace_and_model():
 
 def request(node: str = "node-a", **overrides) -> PurgeRequest:
     fields = dict(purge_id="p1", node=node, tenant_id="acme", engine="vllm", namespace="prod-a", model="Qwen3-8B",
-                  issued_at="2026-11-30T12:00:00.000000Z")
+                  served_model_name="qwen3-8b", issued_at="2026-11-30T12:00:00.000000Z")
     fields.update(overrides)
     return PurgeRequest(**fields)
 
@@ -166,6 +166,7 @@ def test_request_is_audited_and_signed_per_node(retired, sent):
     assert entry.after["nodes"] == ["node-a", "node-b"]
     assert entry.after["regex"] == keys.release_regex("vllm", "prod-a", "Qwen3-8B")
     assert [kw["queue"] for _, kw in sent] == ["agent.node-a", "agent.node-b"]
+    assert all(kw["expires"] > 0 for _, kw in sent)
     assert {name for name, _ in sent} == {PURGE_TASK}
     from tenants.models import Node
 
@@ -255,3 +256,23 @@ def test_purge_page_of_a_live_release_offers_no_form(ui, retired, sent):
     assert "Only a retired release" in page and 'id="purge-button"' not in page
     assert ui.post(reverse("ui:purge", args=[live.pk]), {"confirm": "prod-b"}).status_code == 400
     assert sent == []
+
+
+def test_the_agents_ledger_forgets_the_purged_release():
+    from agent.ledger import Ledger, Outcome
+    from agent.namespace import Namespace
+
+    ledger = Ledger()
+    common = dict(tenant_id="acme", engine="vllm", served_model_name="qwen3-8b", vllm_model_name="Qwen3-8B",
+                  block_size=16, hash_algo="sha256")
+    purged, kept = Namespace(release_namespace="prod-a", **common), Namespace(release_namespace="prod-b", **common)
+    hashes = [bytes([i]) * 32 for i in range(1, 4)]
+    for ns in (purged, kept):
+        ledger.record_put(ns, hashes, None, [Outcome.STORED] * 3, 1024)
+    store = RegexStore([purged.primary_key(h) for h in hashes] + [kept.primary_key(h) for h in hashes])
+    result = handle_purge(signed_request(request(), "s"), node="node-a", secret="s", open_store=lambda t: store,
+                          ledger=ledger)
+    assert result["removed"] == 3
+    rows = {row["namespace"]: row for row in ledger.snapshot()}
+    assert (rows["prod-a"]["blocks"], rows["prod-a"]["bytes"]) == (0, 0)
+    assert (rows["prod-b"]["blocks"], rows["prod-b"]["bytes"]) == (3, 3072)
