@@ -6,14 +6,17 @@
 2. validate it against ``agent.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``), check it is
    addressed to this node (``wrong_node``) and newer than the applied one (``stale`` /
    ``version_conflict``; a re-delivery of the applied version with the same digest is acked again);
-3. build the new bindings — one immutable object per instance, made by ``binder`` — into a new, immutable
-   ``AppliedConfig``; persist it (``applied.json`` in the state directory, written to a temporary file and
-   renamed, so the last applied version survives restarts and older documents stay refused);
-4. swap ``Daemon.current`` — a single reference assignment, atomic for readers.
+3. build the new bindings — per instance, made by ``binder``; by default the connector's frozen
+   ``agent.namespace.Namespace`` objects keyed by ``(tp_rank, request group)`` — into a new, immutable
+   ``AppliedConfig``; persist the document (``applied.json`` in the state directory, written to a temporary
+   file, fsynced and renamed, so the last applied version survives restarts and older documents stay refused);
+   a binder or disk failure rejects the document (``apply_failed``) and keeps the old config;
+4. swap ``Daemon.current`` — a single reference assignment, atomic for readers — then call ``on_apply``.
 
-Between batches, never during one: a connector reads ``daemon.current`` **once** at the start of a batch and
-keeps that ``AppliedConfig`` (and the namespace objects in it) for the whole batch; a swap during the batch
-changes what the *next* batch sees. Old objects stay valid for as long as anyone holds them.
+Between batches, never during one: a connector reads ``daemon.current`` (or, through ``on_apply``, gets its
+``KVConnector.namespace`` replaced) and ``KVConnector`` reads its namespace **once** at the start of a batch,
+keeping that object for the whole batch; a swap during the batch changes what the *next* batch sees. Nothing
+is mutated, so old objects stay valid for as long as anyone holds them.
 
 Each outcome becomes an ``Ack`` in the outbox. A background thread appends a ``Report`` (the ledger snapshot)
 every ``report_interval`` seconds, sends a ``Heartbeat`` every ``heartbeat_interval`` seconds, and delivers
@@ -203,9 +206,12 @@ class Daemon:
         path = self._applied_path
         if not path.exists():
             return None
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        document = parse_document(raw)
-        applied = self._build(document, signing.digest(raw))
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            applied = self._build(parse_document(raw), signing.digest(raw))
+        except (OSError, ValueError) as exc:  # MessageError and the binders' errors are ValueErrors
+            raise RuntimeError(f"cannot resume from {path}: {exc} (move the file away to accept any version "
+                               "again)") from None
         log.info("node %s: resumed applied config version %d (digest %s)", self.node, applied.version,
                  applied.digest[:12])
         return applied

@@ -7,8 +7,8 @@ field at fault and skipped, the rest of the batch is stored) and writes in one t
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
   workers racing) is stored once; samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
   ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update);
-* acks — ``bulk_create(ignore_conflicts=True)`` on ``(node, sequence)``, then each node's state moves forward
-  (versions never move back; an out-of-order older ack changes nothing);
+* acks — ``INSERT ... ON CONFLICT DO NOTHING`` on ``(node, sequence)``, then one conditional UPDATE per ack
+  moves its node's state forward (versions never move back; an out-of-order older ack changes nothing);
 * heartbeats — the newest per node updates its ``NodeState``.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dashboard.models import Report as ReportReceipt
 
 log = logging.getLogger("kvpool.dashboard.ingest")
 
-#: Rows per INSERT statement for receipts (6 parameters each; well below SQLite's 32766-variable limit).
+#: Rows per INSERT statement for receipts and acks (6 / 10 parameters each; below SQLite's 32766 variables).
 RECEIPT_CHUNK = 1000
 #: Rows per INSERT statement for samples.
 SAMPLE_BATCH = 2000
@@ -175,49 +175,74 @@ def _save_states(states: Iterable[NodeState], fields: list[str]) -> None:
         NodeState.objects.bulk_update(states, fields, batch_size=200)
 
 
-_ACK_FIELDS = ["acked_version", "acked_digest", "acked_at", "rejected_version", "rejection_reason",
-               "rejection_error", "rejected_at", "version_floor", "applied_version", "applied_digest",
-               "applied_seen_at"]
 _HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",
                      "outbox_dropped", "applied_version", "applied_digest", "applied_seen_at"]
 
 
+_ACK_COLUMNS = ("node_name", "sequence", "version", "digest", "status", "reason", "error", "applied_version",
+                "sent_at", "received_at")
+
+# One statement folds one ack into its node's state; every CASE reads the row as it was before the statement.
+# Applied: acked_* move forward only. Rejected: recorded with its reason; a stale/version_conflict rejection
+# from an agent already at or above the dashboard's counter (a restored database) raises version_floor so the
+# next document outnumbers it. Both: applied_* follow the newest message that reported them.
+_ACK_UPDATE = """
+UPDATE {table} SET
+  acked_version = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(version)s ELSE acked_version END,
+  acked_digest = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(digest)s ELSE acked_digest END,
+  acked_at = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(sent_at)s ELSE acked_at END,
+  rejected_version = CASE WHEN %(applied)s THEN rejected_version ELSE %(version)s END,
+  rejection_reason = CASE WHEN %(applied)s THEN rejection_reason ELSE %(reason)s END,
+  rejection_error = CASE WHEN %(applied)s THEN rejection_error ELSE %(error)s END,
+  rejected_at = CASE WHEN %(applied)s THEN rejected_at ELSE %(sent_at)s END,
+  version_floor = CASE WHEN %(raises_floor)s AND %(applied_version)s >= desired_version
+                            AND %(applied_version)s > version_floor
+                       THEN %(applied_version)s ELSE version_floor END,
+  applied_version = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                         THEN %(applied_version)s ELSE applied_version END,
+  applied_digest = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                        THEN %(applied_digest)s ELSE applied_digest END,
+  applied_seen_at = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                         THEN %(sent_at)s ELSE applied_seen_at END
+WHERE node_name = %(node)s
+"""
+
+
 def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
-    """Store acks and move each node's ack state forward; must run inside a transaction."""
-    ConfigAck.objects.bulk_create(
-        [ConfigAck(node_name=a.node, sequence=a.sequence, version=a.version, digest=a.digest or "",
-                   status=a.status, reason=a.reason, error=a.error, applied_version=a.applied_version,
-                   sent_at=a.sent_at) for a in acks],
-        ignore_conflicts=True,
-    )
-    result.acks += len(acks)
-    states = _lock_states(ack.node for ack in acks)
-    for ack in sorted(acks, key=lambda a: (a.node, a.sequence)):
-        apply_ack(states[ack.node], ack)
-    _save_states(states.values(), _ACK_FIELDS)
+    """Store acks and fold each into its node's state (``_ACK_UPDATE``); must run inside a transaction.
 
-
-def apply_ack(state: NodeState, ack: Ack) -> None:
-    """Fold one ack into ``state`` (in memory). Versions only move forward.
-
-    An applied ack raises ``acked_version``/``acked_digest``; a rejection is recorded with its reason. A
-    ``stale``/``version_conflict`` rejection from an agent that already runs a version at or above the
-    dashboard's counter (a restored database) raises ``version_floor`` so the next document outnumbers it.
+    Plain SQL: an ack is one INSERT and one UPDATE, the dashboard's per-node cost when 200 nodes ack at once.
     """
-    if ack.status == "applied":
-        if ack.version is not None and ack.version >= state.acked_version:
-            state.acked_version = ack.version
-            state.acked_digest = ack.digest or ""
-            state.acked_at = ack.sent_at
-    else:
-        state.rejected_version = ack.version
-        state.rejection_reason = ack.reason
-        state.rejection_error = ack.error
-        state.rejected_at = ack.sent_at
-        log.warning("node %s rejected config version %s: %s: %s", ack.node, ack.version, ack.reason, ack.error)
-        if ack.reason in {"stale", "version_conflict"} and ack.applied_version >= state.desired_version:
-            state.version_floor = max(state.version_floor, ack.applied_version)
-    _observe_applied(state, ack.sent_at, ack.applied_version, ack.applied_digest)
+    ops = connection.ops
+    table = ops.quote_name(ConfigAck._meta.db_table)
+    when = ops.adapt_datetimefield_value
+    update = _ACK_UPDATE.format(table=ops.quote_name(NodeState._meta.db_table))
+    with connection.cursor() as cursor:
+        for start in range(0, len(acks), RECEIPT_CHUNK):
+            chunk = acks[start:start + RECEIPT_CHUNK]
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(map(ops.quote_name, _ACK_COLUMNS))}) VALUES "
+                + ", ".join(["(" + ", ".join(["%s"] * len(_ACK_COLUMNS)) + ")"] * len(chunk))
+                + " ON CONFLICT (node_name, sequence) DO NOTHING",
+                [value for a in chunk for value in (a.node, a.sequence, a.version, a.digest or "", a.status,
+                                                     a.reason, a.error, a.applied_version, when(a.sent_at),
+                                                     when(now))],
+            )
+        for ack in sorted(acks, key=lambda a: (a.node, a.sequence)):
+            applied = ack.status == "applied"
+            params = {"applied": applied, "version": ack.version, "digest": ack.digest or "",
+                      "sent_at": when(ack.sent_at), "reason": ack.reason, "error": ack.error,
+                      "raises_floor": not applied and ack.reason in {"stale", "version_conflict"},
+                      "applied_version": ack.applied_version, "applied_digest": ack.applied_digest,
+                      "node": ack.node}
+            cursor.execute(update, params)
+            if cursor.rowcount == 0:  # first message of this node: create its row, then fold
+                NodeState.objects.get_or_create(node_name=ack.node)
+                cursor.execute(update, params)
+            if not applied:
+                log.warning("node %s rejected config version %s: %s: %s", ack.node, ack.version, ack.reason,
+                            ack.error)
+    result.acks += len(acks)
 
 
 def _observe_applied(state: NodeState, at: datetime, version: int, digest: str) -> None:

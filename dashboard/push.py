@@ -261,10 +261,15 @@ def push_nodes(names: Iterable[str], *, force: bool = False) -> dict[str, int]:
     counts = {"versions": 0, "sent": 0, "missing": len(names) - len(nodes), "failed": 0}
     try:
         ensured = ensure_versions(nodes.values())
-    except Exception:
-        counts["failed"] = len(nodes)
-        log.exception("rendering config documents of nodes %s failed", sorted(nodes))
-        return counts
+    except Exception:  # one node's document is broken: version the others one by one
+        log.exception("versioning config documents of nodes %s together failed; retrying one by one", sorted(nodes))
+        ensured = {}
+        for name, node in nodes.items():
+            try:
+                ensured[name] = ensure_version(node)
+            except Exception:
+                counts["failed"] += 1
+                log.exception("node %s: rendering its config document failed", name)
     repush_before = timezone.now() - timedelta(seconds=settings.KVPOOL_REPUSH_AFTER_SECONDS)
     to_send = []
     for name, item in ensured.items():

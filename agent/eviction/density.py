@@ -38,6 +38,7 @@ from collections import OrderedDict
 from typing import Iterable
 
 from agent.eviction.base import EvictionPolicy, PlanState
+from agent.eviction.shadow import ShadowLRU
 from agent.eviction.tree import Block
 
 _COUNT_BUCKETS = 5
@@ -92,6 +93,11 @@ class HitDensityPolicy(EvictionPolicy):
         with_oldest: bool = True,
         count_buckets: int = _COUNT_BUCKETS,
         use_tail: bool = True,
+        interval_factor: float = 0.125,
+        guard: bool = True,
+        guard_window: int = 4096,
+        guard_step: float = 0.25,
+        guard_memory: float = 0.9,
         leaf_hits_only: bool = False,
     ) -> None:
         if samples < 1:
@@ -120,12 +126,19 @@ class HitDensityPolicy(EvictionPolicy):
         self.ghost_factor = ghost_factor
         self.with_oldest = with_oldest
         self.leaf_hits_only = leaf_hits_only
+        self.interval_factor = interval_factor
+        self.guard_window = guard_window
+        self.guard_step = guard_step
+        self.guard_memory = guard_memory
         self._lru: list = []
         self._seq = 0
-        self._duels = 0
-        self._duel_evicted: OrderedDict = OrderedDict()
-        self._duel_kept: OrderedDict = OrderedDict()
-        self._score_vs_lru = 0.0
+        self._shadow = ShadowLRU() if guard else None
+        self.lru_share = 0.0
+        self._lead = 0.0
+        self._lead_sq = 0.0
+        self._window_real = 0
+        self._window_shadow = 0
+        self._window_blocks = 0
         self.ghost_tops_only = ghost_tops_only
         self._ghost: OrderedDict = OrderedDict()
 
@@ -164,21 +177,20 @@ class HitDensityPolicy(EvictionPolicy):
         super()._access(node, now)
 
     def _touched(self, node: Block, now: float, inserted: bool) -> None:
+        shadow = self._shadow
+        if shadow is not None:
+            shadow.record(node.key, node.parent_key, node.size)
+            if not inserted and node.attached:
+                self._window_real += 1
+            self._window_blocks += 1
         if not inserted and node.slot >= 0:
             self._push_lru(node)
-        book = self._duel_evicted if inserted else self._duel_kept
-        if book:
-            outcome = book.pop(node.key, None)
-            if outcome is not None:
-                self._score_vs_lru += outcome[0]
         if inserted and self._ghost:
             old = self._ghost.pop(node.key, None)
             if old is not None:
                 node.count += old
 
     def _removing(self, node: Block) -> None:
-        if self._duel_kept:
-            self._duel_kept.pop(node.key, None)
         if self.ghost_factor > 0 and (node.top is node or not self.ghost_tops_only):
             ghost = self._ghost
             ghost[node.key] = node.count
@@ -214,7 +226,7 @@ class HitDensityPolicy(EvictionPolicy):
 
     def _event(self) -> None:
         self._events += 1
-        if self._events >= max(self.min_interval, len(self.tree) >> 3):
+        if self._events >= max(self.min_interval, int(len(self.tree) * self.interval_factor)):
             self._update()
 
     def _update(self) -> None:
@@ -244,7 +256,6 @@ class HitDensityPolicy(EvictionPolicy):
             table.append(row)
         self._density = table
         d = self.decay
-        self._score_vs_lru *= d
         for c in range(self._n_classes):
             hc, ec = hits[c], ends[c]
             for a in range(_AGE_BUCKETS):
@@ -252,7 +263,28 @@ class HitDensityPolicy(EvictionPolicy):
                 ec[a] *= d
 
     # -- victims -----------------------------------------------------------------------------------------
+    def _guard(self, need: int) -> None:
+        """Trim the shadow LRU to the occupancy this plan leads to; once per window of block accesses,
+        move the share of LRU choices toward whichever hit more in that window."""
+        shadow = self._shadow
+        if shadow is None:
+            return
+        shadow.trim(self.tree.bytes - need)
+        if self._window_blocks >= max(self.guard_window, len(self.tree)):
+            window_shadow = shadow.hits - self._window_shadow
+            diff = window_shadow - self._window_real
+            g = self.guard_memory
+            self._lead = g * self._lead + diff
+            self._lead_sq = g * self._lead_sq + diff * diff
+            if self._lead > math.sqrt(self._lead_sq):
+                self.lru_share = min(1.0, self.lru_share + self.guard_step)
+            else:
+                self.lru_share = max(0.0, self.lru_share - self.guard_step)
+            self._window_real = self._window_blocks = 0
+            self._window_shadow = shadow.hits
+
     def _plan(self, need: int, now: float) -> Iterable[Block]:
+        self._guard(need)
         leaves = self._leaves
         virtual: list[Block] = []
         virtual_lru: list = []
@@ -305,9 +337,8 @@ class HitDensityPolicy(EvictionPolicy):
                 if best is None:
                     break
             victim = best
-            if oldest is not None and best is not oldest and table is not None:
-                victim = oldest if self._score_vs_lru < 0 else best
-                self._duel(victim, best if victim is oldest else oldest, victim is best)
+            if oldest is not None and self.lru_share > 0.0 and rng() < self.lru_share:
+                victim = oldest
             out.append(victim)
             need -= victim.size
             parent = state.plan(victim)
@@ -318,21 +349,6 @@ class HitDensityPolicy(EvictionPolicy):
         for entry in restore:
             heapq.heappush(lru, entry)
         return out
-
-    def _duel(self, evicted: Block, kept: Block, density_led: bool) -> None:
-        """Remember a decision where density and LRU disagreed, to score it when its outcome shows:
-        a miss on ``evicted`` favours the other choice, a hit on ``kept`` favours the one taken."""
-        self._duels += 1
-        sign = 1.0 if density_led else -1.0
-        self._duel_evicted[evicted.key] = (-sign, self._duels)
-        self._duel_kept[kept.key] = (sign, self._duels)
-        horizon = self._duels - max(1024, len(self.tree))
-        for book in (self._duel_evicted, self._duel_kept):
-            while book:
-                key, (_, when) = next(iter(book.items()))
-                if when >= horizon:
-                    break
-                del book[key]
 
     def _score(self, node: Block, now: float, table: list[list[float]] | None) -> float:
         age = now - node.last

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from django.db.models import OuterRef, Subquery
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
 from django.utils.dateparse import parse_datetime
 from rest_framework import generics, serializers
 from rest_framework.exceptions import ValidationError
@@ -97,6 +98,39 @@ class MasterQuotaSyncSerializer(serializers.ModelSerializer):
         exclude = ["id"]
 
 
+class NodeDetailSerializer(NodeStateSerializer):
+    """A node's state with its newest document (unsigned) and last 20 acks."""
+
+    document = serializers.JSONField(allow_null=True, read_only=True)
+    acks = ConfigAckSerializer(many=True, read_only=True)
+
+    class Meta(NodeStateSerializer.Meta):
+        pass
+
+
+class PushRequestSerializer(serializers.Serializer):
+    """Body of ``POST nodes/<name>/push/``: ``force`` re-sends an unchanged, acked document."""
+
+    force = serializers.BooleanField(default=False)
+
+
+class PushResultSerializer(serializers.Serializer):
+    """Counts of one push: versions created, documents sent, nodes missing from the registry, failures."""
+
+    versions = serializers.IntegerField()
+    sent = serializers.IntegerField()
+    missing = serializers.IntegerField()
+    failed = serializers.IntegerField()
+
+
+class MasterOverviewSerializer(serializers.Serializer):
+    """Per tenant: newest master read-back (or null) and sync state (or null)."""
+
+    tenant_id = serializers.CharField()
+    master = MasterQuotaSampleSerializer(allow_null=True)
+    sync = MasterQuotaSyncSerializer(allow_null=True)
+
+
 class NodeStateList(generics.ListAPIView):
     """Nodes with desired vs acked version, heartbeat age and drift flags."""
 
@@ -126,29 +160,27 @@ class NodeStateList(generics.ListAPIView):
 class NodeStateDetail(APIView):
     """One node: state, drift, newest document (unsigned) and its last 20 acks."""
 
+    @extend_schema(responses=NodeDetailSerializer)
     def get(self, request: Request, name: str) -> Response:
         state = get_object_or_404(node_states(), node_name=name)
         latest = ConfigVersion.objects.filter(node_name=name).order_by("-version").first()
-        acks = ConfigAck.objects.filter(node_name=name).order_by("-sent_at")[:20]
-        return Response({
-            **NodeStateSerializer(state).data,
-            "document": latest.document if latest else None,
-            "acks": ConfigAckSerializer(acks, many=True).data,
-        })
+        state.document = latest.document if latest else None
+        state.acks = ConfigAck.objects.filter(node_name=name).order_by("-sent_at")[:20]
+        return Response(NodeDetailSerializer(state).data)
 
 
 class NodePush(APIView):
     """POST: render the node's document from the registry and send it (``force`` re-sends an unchanged one)."""
 
+    @extend_schema(request=PushRequestSerializer, responses=PushResultSerializer)
     def post(self, request: Request, name: str) -> Response:
         from dashboard.push import push_nodes
         from tenants.models import Node
 
         get_object_or_404(Node, name=name)
-        force = request.data.get("force", False) if hasattr(request.data, "get") else False
-        if not isinstance(force, bool):
-            raise ValidationError({"force": "must be true or false."})
-        return Response(push_nodes([name], force=force))
+        body = PushRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return Response(PushResultSerializer(push_nodes([name], force=body.validated_data["force"])).data)
 
 
 class OccupancyList(generics.ListAPIView):
@@ -177,6 +209,7 @@ class OccupancyList(generics.ListAPIView):
 class MasterQuotaOverview(APIView):
     """Per tenant: the newest master read-back and the registry → master sync state."""
 
+    @extend_schema(responses=MasterOverviewSerializer(many=True))
     def get(self, request: Request) -> Response:
         from django.db.models import Max
 
@@ -185,14 +218,9 @@ class MasterQuotaOverview(APIView):
         samples = {s.tenant_id: s for s in MasterQuotaSample.objects.filter(ts__in=set(newest.values()))
                    if newest.get(s.tenant_id) == s.ts}
         syncs = {s.tenant_id: s for s in MasterQuotaSync.objects.all()}
-        rows = []
-        for tenant_id in sorted(set(samples) | set(syncs)):
-            rows.append({
-                "tenant_id": tenant_id,
-                "master": MasterQuotaSampleSerializer(samples[tenant_id]).data if tenant_id in samples else None,
-                "sync": MasterQuotaSyncSerializer(syncs[tenant_id]).data if tenant_id in syncs else None,
-            })
-        return Response(rows)
+        rows = [{"tenant_id": tenant_id, "master": samples.get(tenant_id), "sync": syncs.get(tenant_id)}
+                for tenant_id in sorted(set(samples) | set(syncs))]
+        return Response(MasterOverviewSerializer(rows, many=True).data)
 
 
 class MasterQuotaSamples(generics.ListAPIView):

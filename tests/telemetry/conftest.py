@@ -216,8 +216,8 @@ def workers(tmp_path) -> Iterator[Callable[..., Worker]]:
 
 
 @pytest.fixture
-def dashboard_broker(redis_server, settings):
-    """Point this process's dashboard Celery app (push on commit) and master URL settings at private services."""
+def dashboard_broker(redis_server):
+    """Point this process's dashboard Celery app (the push on commit) at the private Redis."""
     from dashboard.celery import app, use_broker
 
     previous = app.conf.broker_url

@@ -101,3 +101,18 @@ def test_metrics_token(client, db, settings):
     settings.KVPOOL_METRICS_TOKEN = "scrape-me"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
+
+
+def test_push_endpoint_validates_and_sends(api, db):
+    from unittest import mock
+
+    from tests.registry.factories import make_node
+
+    make_node("node-p")
+    with mock.patch("dashboard.celery.app.send_task") as send_task:
+        assert api.post("/api/v1/telemetry/nodes/node-p/push/", {"force": "maybe"}, format="json").status_code == 400
+        body = api.post("/api/v1/telemetry/nodes/node-p/push/", {}, format="json").json()
+        assert body == {"versions": 1, "sent": 1, "missing": 0, "failed": 0}
+        assert api.post("/api/v1/telemetry/nodes/node-p/push/", {"force": True}, format="json").json()["sent"] == 1
+    assert send_task.call_count == 2
+    assert api.post("/api/v1/telemetry/nodes/ghost/push/", {}, format="json").status_code == 404

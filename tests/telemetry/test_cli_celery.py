@@ -71,7 +71,7 @@ def test_agent_app_speaks_json_only_and_hands_documents_to_the_daemon(tmp_path):
 
 def test_dashboard_tasks_and_routes():
     from dashboard.celery import app
-    from dashboard import tasks  # noqa: F401  (registers the tasks)
+    import dashboard.tasks  # noqa: F401  (registers the tasks)
 
     names = set(app.tasks)
     assert {"dashboard.ingest", "dashboard.push_nodes", "dashboard.reconcile_configs",

@@ -220,3 +220,11 @@ def test_ledger_snapshot_feeds_reports(tmp_path, broker):
         assert row["miss_blocks"] == 2 and d.ledger is ledger
     finally:
         d.stop()
+
+
+def test_corrupt_applied_state_refuses_to_start(tmp_path, broker):
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / "applied.json").write_text('{"version": "x"')
+    with pytest.raises(RuntimeError, match="cannot resume"):
+        Daemon("node-a", "s3cret", state, publish=broker.publish)

@@ -72,3 +72,9 @@ def test_heartbeats_update_liveness_and_applied_version_newest_wins():
     assert (state.applied_version, state.applied_digest, state.agent_hostname) == (4, "e" * 64, "gpu-1")
     ingest([ack(sequence=1, version=3, digest="f" * 64, at=T0 + timedelta(seconds=5))])  # older than heartbeat
     assert NodeState.objects.get(node_name="node-a").applied_version == 4
+
+
+def test_first_message_of_a_node_creates_its_state():
+    ingest([ack(node="fresh", sequence=1, version=1, digest="a" * 64)])
+    state = NodeState.objects.get(node_name="fresh")
+    assert (state.acked_version, state.acked_digest, state.applied_version, state.acked_at) == (1, "a" * 64, 1, T0)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from agent import signing
 from agent.messages import APPLY_CONFIG_TASK, parse_document
-from dashboard.models import ConfigVersion, NodeState
+from dashboard.models import NodeState
 from dashboard.push import drift, ensure_version, push_nodes, render_content
 from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
 
@@ -156,3 +156,19 @@ def test_drift_flags(settings):
     state.acked_version, state.applied_digest = 3, "b" * 64
     assert drift(state, now)["digest_mismatch"]
     assert drift(NodeState(node_name="never"), now)["silent"]
+
+
+def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
+    from dashboard import push
+
+    real = push._instance
+
+    def broken_for_node_b(assignment, groups):
+        if assignment.node.name == "node-b":
+            raise ValueError("registry holds something the schema refuses")
+        return real(assignment, groups)
+
+    with mock.patch.object(push, "_instance", broken_for_node_b):
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts == {"versions": 1, "sent": 1, "missing": 0, "failed": 1}
+    assert sent.call_args.kwargs["queue"] == "agent.node-a"

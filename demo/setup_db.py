@@ -1,0 +1,42 @@
+"""``python -m demo.setup_db --username U --password P``: migrate the demo database, create the superuser and
+its REST API token; prints ``{"username": ..., "token": ...}`` as the last stdout line.
+
+Runs with the demo's Django settings (``DJANGO_SETTINGS_MODULE=demo.settings`` and the demo's
+``DATABASE_URL``), in one interpreter so Django starts once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Migrate, create (or reset) the superuser, print its token."""
+    parser = argparse.ArgumentParser(prog="python -m demo.setup_db")
+    parser.add_argument("--username", required=True)
+    parser.add_argument("--password", required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo.settings")
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    call_command("migrate", interactive=False, verbosity=0)
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(username=args.username,
+                                               defaults={"email": f"{args.username}@localhost"})
+    user.is_staff = user.is_superuser = True
+    user.set_password(args.password)
+    user.save()
+    token, _ = Token.objects.get_or_create(user=user)
+    print(json.dumps({"username": user.username, "token": token.key}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""Unit tests of the demo's parts and of the simulated engine traffic (no services: a fake store).
+
+The end-to-end run is ``test_demo.py``; the simulator on a real master is ``test_demo_workload.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from agent.ledger import Ledger
+from agent.messages import ConfigDocument, MessageError
+from agent.trace import TraceRequest
+from agent.workload import EngineSimulator, WorkItem, WorkloadBatch, load_overrides, parse_batch
+from demo import cli, scenario
+from demo.procs import DemoError, Service
+from demo.replay import Expected, Replayer
+from demo.summary import format_table, summarize
+from tests.agent.fakes import FakeStore
+
+MIB = 1 << 20
+
+
+# --- scenario and routing ------------------------------------------------------------------------------------
+
+
+def deployment() -> scenario.Deployment:
+    dep = scenario.Deployment()
+    dep.group_salts = {("acme", "support-bot"): "s1", ("acme", "code-assistant"): "s2"}
+    n = 0
+    for tenant, namespaces in (("acme", (scenario.SERVING, scenario.WARMING)), ("globex", (scenario.SERVING,))):
+        for namespace in namespaces:
+            for role in ("prefill", "decode"):
+                n += 1
+                dep.instances[(tenant, namespace, role)] = str(n)
+    dep.misconfigured_instance = "99"
+    return dep
+
+
+def test_routes_follow_the_conversation_and_spread_over_namespaces():
+    dep = deployment()
+    routes = [scenario.route([0, root, root + 1], dep) for root in range(1, 3001)]
+    # every turn of a conversation (same root, longer prefix) goes to the same namespace and instances
+    assert scenario.route([0, 7, 8, 9, 10], dep) == scenario.route([0, 7], dep)
+    keys = {(r.tenant_id, r.namespace, r.request_group) for r in routes}
+    assert keys == {("acme", scenario.SERVING, "support-bot"), ("acme", scenario.SERVING, "code-assistant"),
+                    ("acme", scenario.WARMING, "support-bot"), ("acme", scenario.WARMING, "code-assistant"),
+                    ("globex", scenario.SERVING, "")}
+    globex = sum(r.tenant_id == "globex" for r in routes) / len(routes)
+    assert abs(globex - scenario.GLOBEX_SHARE) < 0.05
+    wrong = [r for r in routes if r.misconfigured]
+    assert wrong and all((r.tenant_id, r.namespace) == ("acme", scenario.SERVING) for r in wrong)
+    assert all(r.decode_instance == "99" and r.decode_namespace == scenario.MISTYPED_NAMESPACE for r in wrong)
+    right = [r for r in routes if not r.misconfigured]
+    assert all(r.decode_instance == dep.instances[(r.tenant_id, r.namespace, "decode")] for r in right)
+
+
+def test_sizes_keep_budgets_inside_quotas_inside_the_pool():
+    for segment_mib in (16, 64, 256):
+        sizes = scenario.Sizes(segment_mib * MIB)
+        assert sizes.acme_quota + sizes.globex_quota <= sizes.capacity_bytes
+        acme = sum(v for (tenant, _), v in sizes.budgets.items() if tenant == "acme")
+        assert 0 < acme <= sizes.acme_quota
+        assert 0 < sizes.budgets[("globex", scenario.SERVING)] <= sizes.globex_quota
+        assert all(v % MIB == 0 for v in sizes.budgets.values())
+
+
+def test_seed_posts_the_registry_and_records_every_instance():
+    calls: list[tuple[str, dict]] = []
+
+    class Api:
+        def post(self, path: str, body: dict) -> dict:
+            calls.append((path, body))
+            return {"id": len(calls), "cache_salt": f"salt-{len(calls)}"}
+
+    dep = scenario.seed(Api(), scenario.Sizes(64 * MIB))
+    paths = [path for path, _ in calls]
+    assert paths.count("tenants/") == 2 and paths.count("models/") == 2 and paths.count("releases/") == 2
+    assert any(path.endswith("/copy/") for path in paths) and paths.count("request-groups/") == 2
+    assert paths.count("nodes/") == 2 and paths.count("assignments/") == 7
+    assert set(dep.release_ids) == {("acme", scenario.SERVING), ("acme", scenario.WARMING),
+                                    ("globex", scenario.SERVING)}
+    assert len(dep.instances) == 6 and dep.misconfigured_instance
+    ports = [(body["node"], body["port"]) for path, body in calls if path == "assignments/"]
+    assert len(set(ports)) == len(ports)
+    assert dep.groups_of("acme") == ["code-assistant", "support-bot"] and dep.groups_of("globex") == [""]
+    assert scenario.launch_overrides() == {"8203": {"namespace": scenario.MISTYPED_NAMESPACE}}
+
+
+# --- replay --------------------------------------------------------------------------------------------------
+
+
+def trace(n: int) -> list[TraceRequest]:
+    return [TraceRequest(timestamp_ms=i * 100, input_length=1024, output_length=1, hash_ids=(0, 1000 + i % 7, i + 5000))
+            for i in range(n)]
+
+
+def test_replayer_sends_every_request_once_in_bounded_batches():
+    sent: list[tuple[str, dict]] = []
+    dep = deployment()
+    replayer = Replayer(trace(50), dep, lambda node, batch: sent.append((node, batch)), speed=1000, batch_max=8)
+    state = replayer.run()
+    assert state.sent == 50 and state.batches == len(sent)
+    items = [item for _, batch in sent for item in parse_batch(batch).items]
+    assert [i.request_id for i in items] == list(range(50))
+    assert all(node == scenario.PREFILL_NODE for node, _ in sent)
+    assert all(len(batch["items"]) <= 8 for _, batch in sent)
+    assert all(i.decode_node == scenario.DECODE_NODE and i.decode_instance_id for i in items)
+    assert replayer.expected.total == 2 * sum(len(r.hash_ids) for r in trace(50))
+
+
+def test_replayer_paces_requests_by_the_trace_timestamps():
+    sent: list[float] = []
+    replayer = Replayer(trace(6), deployment(), lambda node, batch: sent.append(time.monotonic()), speed=1,
+                        batch_max=1)
+    start = time.monotonic()
+    replayer.run()
+    assert len(sent) == 6
+    assert sent[-1] - start >= 0.45  # the last request is due 0.5 s of trace time after the first
+
+
+def test_expected_counts_the_decode_lookup_under_the_namespace_it_reads():
+    expected = Expected()
+    r = scenario.Route("acme", "qwen3-8b", scenario.SERVING, "support-bot", "1", "99", True)
+    expected.add(r, [0, 1, 2])
+    assert expected.lookups == {("acme", "qwen3-8b", scenario.SERVING, "support-bot"): 3,
+                                ("acme", "qwen3-8b", scenario.MISTYPED_NAMESPACE, "support-bot"): 3}
+    assert expected.by_node[(scenario.DECODE_NODE, ("acme", "qwen3-8b", scenario.MISTYPED_NAMESPACE, "support-bot"))] == 3
+
+
+def test_replayer_refuses_bad_speed():
+    with pytest.raises(ValueError, match="speed"):
+        Replayer(trace(1), deployment(), lambda *a: None, speed=0)
+
+
+# --- summary -------------------------------------------------------------------------------------------------
+
+
+def sample(node, namespace, **values):
+    return {"node_name": node, "tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": namespace,
+            "salt_group": "g", "ts": "2026-11-30T00:00:00Z", **values}
+
+
+def test_summary_sums_nodes_and_marks_unregistered_namespaces():
+    rows = summarize([sample("node-a", "rel", blocks=10, bytes=10 * MIB, hit_blocks=5, miss_blocks=15),
+                      sample("node-b", "rel", hit_blocks=12, miss_blocks=8, evicted_blocks=0),
+                      sample("node-b", "typo", hit_blocks=0, miss_blocks=9)])
+    row = rows[("acme", "qwen3-8b", "rel", "g")]
+    assert (row.blocks, row.bytes, row.lookups) == (10, 10 * MIB, 40)
+    assert row.hit_ratio == pytest.approx(17 / 40)
+    assert row.per_node == {"node-a": (5, 15), "node-b": (12, 8)}
+    table = format_table(rows, {("acme", "qwen3-8b", "rel")})
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["tenant", "model", "release", "salt"]
+    assert "rel " in lines[2] and "42.5%" in lines[2] and "5/12" in lines[2] and "10.0 MiB" in lines[2]
+    assert "typo !" in lines[3] and "0.0%" in lines[3]
+
+
+# --- workload messages and overrides -------------------------------------------------------------------------
+
+
+def test_parse_batch_names_the_bad_field():
+    with pytest.raises(MessageError, match="items.0.hash_ids"):
+        parse_batch({"schema": 1, "kind": "workload", "node": "node-a", "batch_id": 1,
+                     "items": [{"request_id": 1, "instance_id": "1", "hash_ids": []}]})
+    with pytest.raises(MessageError, match="schema"):
+        parse_batch({"schema": 9, "kind": "workload", "node": "node-a", "batch_id": 1})
+    with pytest.raises(MessageError, match="bogus: Extra inputs"):
+        parse_batch({"schema": 1, "kind": "workload", "node": "node-a", "batch_id": 1, "bogus": 1})
+    batch = WorkloadBatch(node="node-a", batch_id=3, items=[WorkItem(request_id=1, instance_id="1", hash_ids=[1])])
+    assert parse_batch(batch.to_wire()) == batch
+
+
+def test_load_overrides_checks_every_entry(tmp_path):
+    path = tmp_path / "launch.json"
+    path.write_text(json.dumps({"8203": {"namespace": "production-2026-7", "cache_salt": "typo"}}))
+    (override,) = load_overrides(path).values()
+    assert (override.namespace, override.cache_salt) == ("production-2026-7", "typo")
+    for text, message in (("[]", "expected an object"), ('{"x": {}}', "not a port"),
+                          ('{"80": {"tag": "a"}}', "unknown field"), ('{"80": {"namespace": 1}}', "must be a string"),
+                          ("{", "invalid JSON")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_overrides(path)
+
+
+# --- the simulator on a fake store ---------------------------------------------------------------------------
+
+
+def document(node: str, instances: list[dict], version: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(document=ConfigDocument.model_validate({
+        "node": node, "version": version, "issued_at": "2026-11-30T00:00:00Z",
+        "store": {"master_server_address": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:2/metadata",
+                  "global_segment_size": 16 * MIB, "local_buffer_size": MIB},
+        "instances": instances}))
+
+
+def instance(instance_id: str, role: str, port: int, *, engine: str = "vllm", budget: int | None = None) -> dict:
+    return {"instance_id": instance_id, "engine": engine, "role": role, "port": port, "tenant_id": "alpha",
+            "served_model_name": "m", "namespace": "rel-a", "release_state": "serving",
+            "kv_layout": {"num_layers": 2, "num_kv_heads": 1, "head_dim": 16, "block_size": 4},
+            "hash_algo": "sha256_cbor" if engine == "vllm" else "sha256",
+            "request_groups": [{"name": "g", "cache_salt": "salt-g"}], "budget_bytes": budget}
+
+
+@pytest.fixture
+def pair():
+    """A prefill simulator handing off to a decode simulator, both on one shared fake store per tenant."""
+    stores: dict[str, FakeStore] = {}
+    opened: list[tuple[int, str]] = []
+
+    def opener(endpoints, tenant_id):
+        opened.append((endpoints.global_segment_size, tenant_id))
+        return stores.setdefault(tenant_id, FakeStore(tenant_id))
+
+    decode = EngineSimulator("node-b", Ledger(), store_opener=opener, cache_blocks=4,
+                             overrides=load_overrides_dict({9: "rel-typo"}))
+    prefill = EngineSimulator("node-a", Ledger(), store_opener=opener, cache_blocks=4,
+                              handoff=lambda node, batch: decode.run_batch(batch))
+    prefill.on_apply(document("node-a", [instance("1", "prefill", 8), instance("5", "prefill", 10, engine="sglang")]))
+    decode.on_apply(document("node-b", [instance("2", "decode", 8), instance("3", "decode", 9),
+                                        instance("6", "decode", 11, engine="sglang")]))
+    return SimpleNamespace(prefill=prefill, decode=decode, stores=stores, opened=opened)
+
+
+def load_overrides_dict(mapping: dict[int, str]):
+    from agent.workload import LaunchOverride
+
+    return {port: LaunchOverride(namespace=value) for port, value in mapping.items()}
+
+
+def items(decode_instance: str, prefill_instance: str = "1", n: int = 3, length: int = 10) -> list[WorkItem]:
+    return [WorkItem(request_id=i, instance_id=prefill_instance, request_group="g",
+                     hash_ids=[0, *range(100 * (i % 2) + 1, 100 * (i % 2) + length)],
+                     decode_node="node-b", decode_instance_id=decode_instance) for i in range(n)]
+
+
+def rows(sim: EngineSimulator) -> dict:
+    return {(r["namespace"], r["salt_group"]): r for r in sim.snapshot()}
+
+
+def test_decode_loads_what_prefill_stored_byte_for_byte(pair):
+    # one client per tenant per node, and only the first client of a process mounts a segment
+    assert pair.opened == [(16 * MIB, "alpha"), (16 * MIB, "alpha")]
+    result = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=4, length=10)).to_wire())
+    assert result["failed_requests"] == 0 and result["handed_off"] == 4
+    assert result["stored_blocks"] > 0 and result["hit_blocks"] > 0  # turns 3 and 4 reuse turns 1 and 2
+    decode = rows(pair.decode)[("rel-a", "g")]
+    assert decode["hit_blocks"] == 40 and decode["miss_blocks"] == 0 and decode["gets"] == 40
+    assert rows(pair.prefill)[("rel-a", "g")]["bytes"] > 0 and decode["bytes"] == 0
+
+
+def test_a_corrupted_block_is_counted(pair):
+    pair.prefill.handoff = None
+    pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=1)).to_wire())
+    store = pair.stores["alpha"]
+    key = next(iter(store.objects))
+    store.objects[key] = bytes(len(store.objects[key]))
+    batch = WorkloadBatch(node="node-b", batch_id=2, items=[WorkItem(request_id=9, instance_id="2",
+                                                                     request_group="g", hash_ids=items("2")[0].hash_ids)])
+    result = pair.decode.run_batch(batch.to_wire())
+    assert result["mismatched_blocks"] == 1 and result["loaded_blocks"] == 10
+
+
+def test_a_hand_typed_tag_gets_zero_hits_under_its_own_namespace(pair):
+    result = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("3")).to_wire())
+    assert result["handed_off"] == 3
+    decode = rows(pair.decode)
+    assert ("rel-a", "g") not in decode
+    assert decode[("rel-typo", "g")]["hit_blocks"] == 0 and decode[("rel-typo", "g")]["miss_blocks"] == 30
+
+
+def test_sglang_instances_store_k_and_v_objects(pair):
+    pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("6", "5", n=1)).to_wire())
+    keys = pair.stores["alpha"].objects
+    assert any(k.endswith("_k") for k in keys) and any(k.endswith("_v") for k in keys)
+    assert rows(pair.decode)[("rel-a", "g")]["hit_blocks"] == 10
+
+
+def test_the_budget_is_kept_leaf_first_without_orphans():
+    store = FakeStore("alpha")
+    sim = EngineSimulator("node-a", Ledger(), store_opener=lambda e, t: store, cache_blocks=4)
+    block = 2 * 2 * 1 * 16 * 4 * 2  # layers * K/V * heads * dims * tokens * bf16
+    sim.on_apply(document("node-a", [instance("1", "prefill", 8, budget=20 * block)]))
+    result = sim.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=[
+        WorkItem(request_id=i, instance_id="1", request_group="g", hash_ids=list(range(1000 * i, 1000 * i + 15)))
+        for i in range(4)]).to_wire())
+    row = rows(sim)[("rel-a", "g")]
+    assert result["evicted_blocks"] > 0 and row["evicted_blocks"] == result["evicted_blocks"]
+    assert row["bytes"] <= 20 * block and row["orphaned_bytes"] == 0
+    assert len(store.objects) == row["blocks"]
+    table = sim.ledger.table(next(iter(sim._applied.instances["1"].namespaces.values())))
+    assert all(not table.is_orphan(e) for e in table.owned_present())
+
+
+def test_bad_requests_fail_alone_and_are_counted(pair):
+    result = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=[
+        WorkItem(request_id=1, instance_id="404", hash_ids=[1]),
+        WorkItem(request_id=2, instance_id="1", request_group="nope", hash_ids=[1]),
+        WorkItem(request_id=3, instance_id="1", request_group="g", hash_ids=[1, 2])]).to_wire())
+    assert result["failed_requests"] == 2 and result["prefill"] == 1
+    assert "instance 404 is not in applied config version 1" in result["errors"][0]
+    assert "request group 'nope'" in result["errors"][1]
+    with pytest.raises(MessageError, match="node-b"):
+        pair.prefill.run_batch(WorkloadBatch(node="node-b", batch_id=1).to_wire())
+
+
+def test_a_failed_hand_off_is_a_failed_request(pair):
+    def broken(node, batch):
+        raise ConnectionError("broker down")
+
+    pair.prefill.handoff = broken
+    result = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=2)).to_wire())
+    assert result["failed_requests"] == 2 and "broker down" in result["errors"][0]
+
+
+def test_snapshot_reports_requests_in_flight(pair):
+    seen: list[int] = []
+    original = pair.prefill._prefill
+
+    def spy(*args):
+        seen.append(rows(pair.prefill)[("rel-a", "g")]["in_flight_requests"])
+        return original(*args)
+
+    pair.prefill._prefill = spy
+    pair.prefill.handoff = None
+    pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=[
+        WorkItem(request_id=i, instance_id="1", request_group="g", hash_ids=[i + 1]) for i in range(3)]).to_wire())
+    assert seen == [3, 2, 1]
+    assert "in_flight_requests" not in rows(pair.prefill)[("rel-a", "g")]
+
+
+def test_a_new_document_applies_from_the_next_batch(pair):
+    pair.prefill.handoff = None
+    pair.prefill.on_apply(document("node-a", [{**instance("1", "prefill", 8), "namespace": "rel-b"}], version=2))
+    pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=1)).to_wire())
+    assert ("rel-b", "g") in rows(pair.prefill)
+
+
+# --- command line and processes ------------------------------------------------------------------------------
+
+
+def test_parse_args_defaults_and_refusals(capsys):
+    args = cli.parse_args(["--once"])
+    assert args.requests == cli.ONCE_REQUESTS and args.speed == 20.0 and args.segment_mib == 64
+    assert cli.parse_args([]).requests is None
+    for argv, message in ((["--segment-mib", "8"], "at least 16 MiB"), (["--speed", "0"], "greater than 0"),
+                          (["--port", "70000"], "not a TCP port"),
+                          (["--private-redis", "--redis-url", "redis://x"], "not allowed with")):
+        with pytest.raises(SystemExit):
+            cli.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_a_non_demo_directory_is_never_wiped(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep")
+    demo = cli.Demo(cli.parse_args(["--var-dir", str(tmp_path)]))
+    with pytest.raises(DemoError, match="not created by the demo"):
+        demo.prepare_var()
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+    run_dir = tmp_path / "run"
+    demo = cli.Demo(cli.parse_args(["--var-dir", str(run_dir)]))
+    demo.prepare_var()
+    (run_dir / "db.sqlite3").write_text("old run")
+    demo.prepare_var()
+    assert not (run_dir / "db.sqlite3").exists() and (run_dir / cli.MARKER).exists()
+
+
+def test_stopping_a_service_stops_its_whole_process_group(tmp_path):
+    service = Service("sleepers", ["sh", "-c", "sleep 60 & echo $! > child.pid; wait"], os.environ,
+                      tmp_path / "log", cwd=tmp_path).start()
+    service.wait_until(lambda: (tmp_path / "child.pid").exists(), 10, "the child pid")
+    child = int((tmp_path / "child.pid").read_text())
+    service.stop(grace=5)
+    assert not service.alive
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _running(child):
+        time.sleep(0.05)
+    assert not _running(child)
+
+
+def test_a_service_that_exits_is_reported_with_its_log(tmp_path):
+    service = Service("broken", ["sh", "-c", "echo boom; exit 3"], os.environ, tmp_path / "log", cwd=tmp_path).start()
+    with pytest.raises(DemoError, match=r"broken exited with status 3(.|\n)*boom"):
+        service.wait_until(lambda: False, 10, "nothing")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is gone for our purpose
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_unknown_signal_handler_raises_keyboard_interrupt():
+    with pytest.raises(KeyboardInterrupt):
+        cli._interrupt(signal.SIGTERM, None)
+
+
+def test_agent_command_runs_the_agent_module():
+    assert cli.AGENT_COMMAND[1:] == ["-m", "agent", "run"]
+    assert subprocess.run([*cli.AGENT_COMMAND[:3], "--help"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(cli.ROOT)}, cwd=cli.ROOT).returncode == 0
