@@ -2,12 +2,17 @@
 
     python -m agent run --node NAME --broker URL [--secret-file F] [--state-dir D]
                         [--report-interval S] [--heartbeat-interval S] [--pool solo|threads]
-                        [--outbox-max N] [--loglevel LEVEL]
+                        [--outbox-max N] [--loglevel LEVEL] [--simulate-engines [--launch-overrides F]]
 
 The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
 agent refuses to start without one (it could not verify any document). The state directory (default
 ``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
 outbox of undelivered reports across restarts.
+
+``--simulate-engines`` (demo and tests, where no engine runs) also plays the engine instances of the applied
+document against the Store: it mounts this node's segment when a document is applied and runs workload batches
+(task ``agent.run_workload``, see ``agent.workload``); ``--launch-overrides`` gives engines hand-typed launch
+values that differ from their release (a misconfiguration, on purpose).
 """
 from __future__ import annotations
 
@@ -57,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--outbox-max", type=_positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
     run.add_argument("--loglevel", default="INFO", help="logging level (default INFO)")
+    run.add_argument("--simulate-engines", action="store_true",
+                     help="play the document's engine instances: run agent.run_workload batches through the "
+                          "connector into the Store (where no engine runs)")
+    run.add_argument("--launch-overrides", metavar="FILE",
+                     help="with --simulate-engines: JSON {port: {namespace, cache_salt}} of engines started by "
+                          "hand with values other than their release's")
     return parser
 
 
@@ -93,20 +104,53 @@ def run(args: argparse.Namespace) -> int:
     from agent.daemon import Daemon
     from agent.ledger import Ledger
 
+    from agent.purge import daemon_store_opener, register_purge_task
+
+    if args.launch_overrides and not args.simulate_engines:
+        raise SystemExit("error: --launch-overrides needs --simulate-engines")
     app = make_app(args.node, args.broker)
+    secret = _secret(args)
+    ledger = Ledger()
+    simulator = _simulator(args, ledger)
+    hooks = {"snapshot": simulator.snapshot, "on_apply": simulator.on_apply} if simulator else {}
     try:
-        daemon = Daemon(args.node, _secret(args), _state_dir(args), publish=make_publisher(app),
+        daemon = Daemon(args.node, secret, _state_dir(args), publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
-                        outbox_max=args.outbox_max, ledger=Ledger())
+                        outbox_max=args.outbox_max, ledger=ledger, **hooks)
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
     register_tasks(app, daemon)
+    register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
+                        ledger=daemon.ledger)
+    if simulator is not None:
+        from agent.workload import register_workload_task
+
+        register_workload_task(app, simulator)
+        if daemon.current is not None:  # resumed from the state directory: bind its instances now
+            simulator.on_apply(daemon.current)
     daemon.start()
     try:
         run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel.upper())
     finally:
         daemon.stop()
+        if simulator is not None:
+            simulator.close()
     return 0
+
+
+def _simulator(args: argparse.Namespace, ledger):
+    """The ``--simulate-engines`` engine simulator (``None`` without the flag)."""
+    if not args.simulate_engines:
+        return None
+    from agent.workload import EngineSimulator, load_overrides
+
+    overrides = None
+    if args.launch_overrides:
+        try:
+            overrides = load_overrides(args.launch_overrides)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"error: --launch-overrides: {exc}") from None
+    return EngineSimulator(args.node, ledger, overrides=overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -305,15 +305,17 @@ class EngineSimulator:
             self._open_stores(self._applied)
 
     def _open_stores(self, applied: _Applied) -> None:
-        """Open the store client of every tenant of ``applied`` now, so this node's segment is mounted before
-        traffic arrives (a tenant's effective quota scales with the mounted capacity). A failure is logged and
-        retried at the first batch that needs the client."""
+        """Open the store client of every tenant of ``applied`` and build every instance's cache and connector
+        now, so this node's segment is mounted before traffic arrives (a tenant's effective quota scales with the
+        mounted capacity) and the first batch runs at full speed. A failure is logged and retried at the first
+        batch that needs it."""
         with self._batch_lock:
-            for tenant_id in sorted({inst.tenant_id for inst in applied.instances.values()}):
+            for inst in sorted(applied.instances.values(), key=lambda i: (i.tenant_id, i.port)):
                 try:
-                    self._store(applied.store, tenant_id)
+                    self._engine(applied, inst)
                 except Exception as exc:
-                    log.error("node %s: cannot open the store client of tenant %s yet: %s", self.node, tenant_id, exc)
+                    log.error("node %s: cannot prepare instance %s (tenant %s) yet: %s", self.node,
+                              inst.instance_id, inst.tenant_id, exc)
 
     def _bind(self, spec: Any) -> _Instance:
         from agent.namespace import namespaces_for_instance

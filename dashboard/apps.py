@@ -6,3 +6,7 @@ class DashboardConfig(AppConfig):
 
     name = "dashboard"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Connect the receivers that push configs on commit and sync quotas to the master."""
+        from dashboard import signals  # noqa: F401

@@ -207,7 +207,3 @@ class MasterQuotaSync(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant_id} quota sync"
 
-
-# Receivers that push configs on commit and sync quotas. dashboard/apps.py has no ready() hook of its own yet;
-# importing here connects them once, when Django loads this app's models.
-from dashboard import signals as _signals  # noqa: E402,F401

@@ -11,6 +11,7 @@ from typing import Any
 
 from dashboard.celery import app
 from dashboard.master_admin import MasterUnavailable
+from dashboard.purge import purge_result  # noqa: F401  (registers the task dashboard.purge_result)
 
 log = logging.getLogger("kvpool.dashboard.tasks")
 

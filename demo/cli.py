@@ -154,6 +154,7 @@ class Demo:
         self.deployment: Any = None
         self.agents: dict[str, Service] = {}
         self._redis: Any = None
+        self._secret_key = secrets.token_urlsafe(40)
 
     # --- output ---------------------------------------------------------------------------------------------
 
@@ -259,8 +260,6 @@ class Demo:
         })
         return env
 
-    _secret_key = secrets.token_urlsafe(40)
-
     def start_dashboard(self) -> None:
         """Migrate, create the superuser, start the web server and the Celery worker (with beat)."""
         env = self.django_env()
@@ -329,7 +328,7 @@ class Demo:
             secret_file.chmod(0o600)
             argv = [*AGENT_COMMAND, "--node", node, "--broker", self.broker_url, "--secret-file", str(secret_file),
                     "--state-dir", str(self.var / "agents" / node), "--report-interval", "1",
-                    "--heartbeat-interval", "2", "--pool", "solo"]
+                    "--heartbeat-interval", "2", "--pool", "solo", "--simulate-engines"]
             if node == DECODE_NODE:
                 overrides = self.var / f"{node}-launch.json"
                 overrides.write_text(json.dumps(launch_overrides(), indent=2) + "\n")
@@ -652,10 +651,10 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
     finally:
-        for sig in previous:
-            signal.signal(sig, signal.SIG_IGN)
+        # stopping must not be cut short by a second Ctrl-C; children also die with the demo (PDEATHSIG)
+        held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         demo.shutdown()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for sig, handler in held.items():
+            signal.signal(sig, previous.get(sig, handler))
     demo.say(f"stopped; exit status {status}")
     return status
