@@ -19,7 +19,23 @@ services:
 test: install-browser services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The demo (docs/demo.md): `make demo` runs until Ctrl-C; `make demo ARGS=--once` replays a bounded part of the
+# trace, prints the summary and exits 0 only if every check passed. It needs a broker: the Redis answering on
+# 127.0.0.1:6379, else the redis-server binary (installed here when missing and run as root); --screenshot needs
+# Debian's chromium (installed by install-browser).
 demo: install
+	@if ! $(PY) -c "import socket; socket.create_connection(('127.0.0.1', 6379), 1)" 2>/dev/null \
+	    && ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server (the demo's broker)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null 2>&1 \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }; \
+	  else \
+	    echo "error: no Redis on 127.0.0.1:6379 and no redis-server binary (run: sudo apt-get install redis-server)" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	@case " $(ARGS) " in *" --screenshot"*) $(MAKE) --no-print-directory install-browser ;; esac
 	$(PY) -m demo $(ARGS)
 
 bench: install services

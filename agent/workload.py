@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -63,6 +63,8 @@ HANDOFF_EXPIRES_SECONDS = 600
 DEFAULT_RECONCILE_SECONDS = 2.0
 #: A release over its budget is trimmed to this share of it (room for a few requests before the next trim).
 BUDGET_LOW_WATER = 0.9
+_NOT_FOUND = -704  # OBJECT_NOT_FOUND: already gone
+_HAS_LEASE = -706  # OBJECT_HAS_LEASE: being read by someone; not removed without force
 
 
 # --- messages ------------------------------------------------------------------------------------------------
@@ -557,6 +559,11 @@ class EngineSimulator:
         Over budget, remove least recently used *leaves* of the release's prefix trees (blocks without a present
         child, from the ledger) until the bytes are at ``BUDGET_LOW_WATER`` of the budget: a block is removed
         only after every cached descendant, so no block is orphaned and every remaining prefix can still hit.
+
+        Removal is not forced: an object another client is reading holds a lease (Mooncake 0.3.13.post1 grants
+        one per read, ``--default_kv_lease_ttl``) and the master refuses to remove it (-706). Such a block stays
+        and is tried again later; a forced removal would free memory under the reader's transfer and hand it
+        bytes of whatever object is written there next.
         """
         budget = inst.budget_bytes or 0
         release = inst.release_id
@@ -567,22 +574,47 @@ class EngineSimulator:
             return 0
         target = int(budget * BUDGET_LOW_WATER)
         removed = 0
+        leased: set[str] = set()
         while used > target:
             with self.ledger.lock:
-                leaves = sorted((e for t in tables for e in t.leaves()), key=lambda e: (e.last_access, e.hit_count))
-            victims: dict[Namespace, list[bytes]] = {}
+                leaves = sorted((e for t in tables for e in t.leaves() if e.key not in leased),
+                                key=lambda e: (e.last_access, e.hit_count))
+            victims: dict[Namespace, list[Any]] = {}
             freed = 0
             for entry in leaves:
-                victims.setdefault(entry.ns, []).append(entry.block_hash)
+                victims.setdefault(entry.ns, []).append(entry)
                 freed += entry.size
                 if used - freed <= target:
                     break
             if not victims:
                 break
-            for ns, hashes in victims.items():
-                removed += connector.remove(hashes, namespace=ns)
+            for ns, entries in victims.items():
+                removed += self._remove_unleased(connector, ns, entries, leased)
             used = sum(t.bytes for t in tables)
         return removed
+
+    def _remove_unleased(self, connector: Any, ns: Namespace, entries: list[Any], leased: set[str]) -> int:
+        """Remove blocks without forcing; blocks under a read lease are added to ``leased``. Returns how many
+        counted blocks left the store (the ledger records them as evicted by the agent)."""
+        from agent.errors import store_error
+
+        keys = ns.keys([e.block_hash for e in entries])
+        codes = connector.store.remove(keys, force=False)
+        per = ns.objects_per_block
+        gone: list[bytes] = []
+        failures: list[tuple[str, int]] = []
+        for i, entry in enumerate(entries):
+            block_codes = codes[i * per:(i + 1) * per]
+            if any(c in (0, _NOT_FOUND) for c in block_codes):
+                gone.append(entry.block_hash)  # an SGLang half left under a lease is found by reconcile
+            else:
+                leased.add(entry.key)
+            failures.extend((k, c) for k, c in zip(keys[i * per:(i + 1) * per], block_codes)
+                            if c not in (0, _NOT_FOUND, _HAS_LEASE))
+        freed = self.ledger.record_removed(ns, gone)
+        if failures:
+            raise store_error("remove", failures, tenant_id=connector.store.tenant_id)
+        return freed
 
     def _decode(self, applied: _Applied, inst: _Instance, ns: Namespace, item: WorkItem,
                 result: BatchResult) -> None:
@@ -647,15 +679,9 @@ def register_workload_task(app: Any, simulator: EngineSimulator) -> None:
         simulator.handoff = make_handoff(app)
 
     @app.task(name=WORKLOAD_TASK, ignore_result=True)
-    def run_workload(batch: dict[str, Any]) -> dict[str, Any]:
-        """Run one workload batch on this node's simulated engines."""
+    def run_workload(batch: dict[str, Any]) -> None:
+        """Run one workload batch on this node's simulated engines (the simulator logs one line per batch)."""
         try:
-            return simulator.run_batch(batch)
+            simulator.run_batch(batch)
         except MessageError as exc:
             log.warning("node %s: refused workload batch: %s", simulator.node, exc)
-            return {"error": str(exc)}
-
-
-def expected_lookups(items: Iterable[WorkItem]) -> int:
-    """Blocks one lookup per item counts as hit or miss (the ledger adds exactly this to hit + miss)."""
-    return sum(len(item.hash_ids) for item in items)

@@ -231,8 +231,10 @@ class Demo:
         dashboard's quota sync)."""
         from agent.master import MasterError, MasterProcess
 
+        # reads lease objects for 1 s (default 10 s): long enough for a transfer, short enough that the agents'
+        # budget keeper can soon remove a block a decode read
         self.master = MasterProcess({}, eviction_high_watermark_ratio=0.9, eviction_ratio=0.1,
-                                    workdir=self.var / "master")
+                                    default_kv_lease_ttl=1000, workdir=self.var / "master")
         try:
             self.master.start()
         except MasterError as exc:

@@ -91,12 +91,12 @@ class HitDensityPolicy(EvictionPolicy):
         ghost_factor: float = 1.0,
         ghost_tops_only: bool = True,
         with_oldest: bool = True,
-        count_buckets: int = _COUNT_BUCKETS,
+        count_buckets: int = 3,
         use_tail: bool = True,
         interval_factor: float = 0.125,
         guard: bool = True,
         guard_window: int = 4096,
-        guard_step: float = 0.25,
+        guard_step: float = 0.1,
         guard_memory: float = 0.9,
         leaf_hits_only: bool = False,
     ) -> None:
@@ -170,7 +170,8 @@ class HitDensityPolicy(EvictionPolicy):
 
     # -- events ------------------------------------------------------------------------------------------
     def _access(self, node: Block, now: float) -> None:
-        if node.slot >= 0 or not self.leaf_hits_only:
+        children = node.children
+        if children is None or len(children) == 1:
             age = now - node.last
             self._hits[self.block_class(node, now)][_age_bucket(age if age > 0.0 else 0.0)] += 1.0
             self._event()

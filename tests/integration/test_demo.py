@@ -71,11 +71,14 @@ def test_once_replays_the_trace_and_passes_every_check(tmp_path):
                  "store filled to eviction", "namespaces isolated"):
         assert f"PASS {name}:" in out, name
     # the summary table: >= 4 registered namespaces with bytes and a non-zero hit ratio, the mistyped one at 0
-    rows = [line.split() for line in out.splitlines() if line.startswith(("acme ", "globex "))]
-    good = [r for r in rows if "!" not in r and r[-6] != "0" and float(r[-4].rstrip("%")) > 0]
+    # columns: tenant, model, release, salt group, blocks, bytes, hit ratio, hits P/D, evictions seen, orphaned
+    rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("acme ", "globex "))]
+    assert rows and all(len(r) == 10 for r in rows), rows
+    good = [r for r in rows if not r[2].endswith("!") and int(r[4]) > 0 and float(r[6].rstrip("%")) > 0]
     assert len(good) >= 4, rows
-    typo = [r for r in rows if r[2] == "production-2026-7"]
-    assert typo and all(r[3] == "!" and r[-4] == "0.0%" for r in typo)
+    assert all(int(r[7].split("/")[1]) > 0 for r in good)  # decode hits: node-b loaded what node-a stored
+    typo = [r for r in rows if r[2] == "production-2026-7 !"]
+    assert typo and all(r[4] == "0" and r[6] == "0.0%" for r in typo)
     assert "exit status 0" in out
     assert _wait_no_leftovers(str(var)) == []
 

@@ -407,7 +407,41 @@ def test_unknown_signal_handler_raises_keyboard_interrupt():
         cli._interrupt(signal.SIGTERM, None)
 
 
-def test_agent_command_runs_the_agent_module():
+def test_agent_command_runs_the_agent_module_with_simulated_engines(tmp_path):
     assert cli.AGENT_COMMAND[1:] == ["-m", "agent", "run"]
-    assert subprocess.run([*cli.AGENT_COMMAND[:3], "--help"], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(cli.ROOT)}, cwd=cli.ROOT).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(cli.ROOT)}
+
+    def agent(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cli.AGENT_COMMAND, "--node", "node-x", "--broker", "redis://127.0.0.1:1/0", *argv],
+                              capture_output=True, text=True, env={**env, "KVPOOL_NODE_SECRET": "s"}, cwd=cli.ROOT,
+                              timeout=60)
+
+    helped = subprocess.run([*cli.AGENT_COMMAND, "--help"], capture_output=True, text=True, env=env, cwd=cli.ROOT)
+    assert helped.returncode == 0 and "--simulate-engines" in helped.stdout and "--launch-overrides" in helped.stdout
+    refused = agent("--launch-overrides", str(tmp_path / "x.json"))
+    assert refused.returncode != 0 and "--launch-overrides needs --simulate-engines" in refused.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"8203": {"tag": "x"}}')
+    refused = agent("--simulate-engines", "--launch-overrides", str(bad), "--state-dir", str(tmp_path / "state"))
+    assert refused.returncode != 0 and "--launch-overrides" in refused.stderr and "unknown field(s) tag" in refused.stderr
+
+
+def test_blocks_under_a_read_lease_are_not_removed_and_the_trim_ends():
+    store = FakeStore("alpha")
+    sim = EngineSimulator("node-a", Ledger(), store_opener=lambda e, t: store, cache_blocks=4)
+    block = 2 * 2 * 1 * 16 * 4 * 2
+    sim.on_apply(document("node-a", [instance("1", "prefill", 8, budget=20 * block)]))
+    first = WorkItem(request_id=0, instance_id="1", request_group="g", hash_ids=list(range(15)))
+    sim.run_batch(WorkloadBatch(node="node-a", batch_id=0, items=[first]).to_wire())
+    for key in list(store.objects):  # a decode node is reading every block of the first request
+        store.fail[key] = -706
+    result = sim.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=[
+        WorkItem(request_id=1, instance_id="1", request_group="g", hash_ids=list(range(1000, 1015)))]).to_wire())
+    assert result["failed_requests"] == 0
+    assert all(key in store.objects for key in store.fail)  # leased blocks stayed
+    row = rows(sim)[("rel-a", "g")]
+    assert result["evicted_blocks"] == 15 - 3 and row["bytes"] == 18 * block and row["orphaned_bytes"] == 0
+    store.remove = lambda keys, force=True: [-706] * len(keys)  # everything leased: the trim gives up
+    result = sim.run_batch(WorkloadBatch(node="node-a", batch_id=2, items=[
+        WorkItem(request_id=2, instance_id="1", request_group="g", hash_ids=list(range(2000, 2010)))]).to_wire())
+    assert result["failed_requests"] == 0 and result["evicted_blocks"] == 0
