@@ -56,10 +56,13 @@ def make_publisher(app: Celery):
     """
 
     def publish(messages: list[dict[str, Any]]) -> None:
+        node = messages[0].get("node") if messages and isinstance(messages[0], dict) else None
         app.send_task(
             INGEST_TASK,
             args=[messages],
             queue=INGEST_QUEUE,
+            # What monitoring shows instead of the messages themselves (Celery would repr() them per publish).
+            argsrepr=f"[<{len(messages)} messages from node {node}>]",
             retry=True,
             retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
         )

@@ -7,9 +7,13 @@ field at fault and skipped, the rest of the batch is stored) and writes in one t
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
   workers racing) is stored once; samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
   ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update);
-* acks — ``INSERT ... ON CONFLICT DO NOTHING`` on ``(node, sequence)``, then one conditional UPDATE per ack
-  moves its node's state forward (versions never move back; an out-of-order older ack changes nothing);
+* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)``, then one conditional UPDATE
+  per new ack (all sent as one pipelined ``executemany``) moves its node's state forward (versions never move
+  back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and folded once);
 * heartbeats — the newest per node updates its ``NodeState``.
+
+Node state rows touched by a batch are locked in name order before they are written, so ingest workers
+storing overlapping batches of many nodes at once (see ``dashboard.drain``) cannot deadlock.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ class IngestResult:
     duplicate_reports: int = 0
     samples: int = 0
     acks: int = 0
+    duplicate_acks: int = 0
     heartbeats: int = 0
     invalid: int = 0
     errors: list[str] = field(default_factory=list)
@@ -49,7 +54,8 @@ class IngestResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready counts (the task's return value)."""
         return {"reports": self.reports, "duplicate_reports": self.duplicate_reports, "samples": self.samples,
-                "acks": self.acks, "heartbeats": self.heartbeats, "invalid": self.invalid}
+                "acks": self.acks, "duplicate_acks": self.duplicate_acks, "heartbeats": self.heartbeats,
+                "invalid": self.invalid}
 
 
 def ingest(messages: Iterable[Any]) -> IngestResult:
@@ -75,6 +81,8 @@ def ingest(messages: Iterable[Any]) -> IngestResult:
             heartbeats.append(message)
     now = timezone.now()
     with transaction.atomic():
+        if acks and heartbeats:  # both update node states: lock all their rows first, in one order
+            _lock_nodes([m.node for m in acks] + [m.node for m in heartbeats])
         if reports:
             store_reports(reports, now, result)
         if acks:
@@ -165,14 +173,19 @@ def _lock_states(names) -> dict[str, NodeState]:
 
 
 def _save_states(states: Iterable[NodeState], fields: list[str]) -> None:
-    """Write ``fields`` of the states: plain UPDATEs for a few rows (``bulk_update`` builds a costly CASE per
-    field), ``bulk_update`` for many."""
+    """Write ``fields`` of the states: one ``UPDATE ... WHERE <pk> = %s`` per row, sent as one ``executemany``
+    (pipelined into one round trip by psycopg 3; ``bulk_update`` would build a costly ``CASE`` per field)."""
     states = list(states)
-    if len(states) <= 4:
-        for state in states:
-            state.save(update_fields=fields)
-    else:
-        NodeState.objects.bulk_update(states, fields, batch_size=200)
+    if not states:
+        return
+    quote = connection.ops.quote_name
+    model_fields = [NodeState._meta.get_field(name) for name in fields]
+    assignments = ", ".join(f"{quote(field.column)} = %s" for field in model_fields)
+    rows = [[field.get_db_prep_save(getattr(state, field.attname), connection) for field in model_fields]
+            + [state.pk] for state in states]
+    with connection.cursor() as cursor:
+        cursor.executemany(f"UPDATE {quote(NodeState._meta.db_table)} SET {assignments} "
+                           f"WHERE {quote(NodeState._meta.pk.column)} = %s", rows)
 
 
 _HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",
@@ -208,41 +221,68 @@ WHERE node_name = %(node)s
 """
 
 
-def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
-    """Store acks and fold each into its node's state (``_ACK_UPDATE``); must run inside a transaction.
+def _lock_nodes(names: Iterable[str]) -> None:
+    """Lock the ``NodeState`` rows of ``names`` in name order for this transaction, creating missing ones.
 
-    Plain SQL: an ack is one INSERT and one UPDATE, the dashboard's per-node cost when 200 nodes ack at once.
+    Every writer of node states in one ingest transaction locks all the rows it will touch up front, in one
+    order, so two workers storing overlapping batches (acks and heartbeats of many nodes) cannot deadlock.
+    """
+    names = sorted(set(names))
+    locked = NodeState.objects.select_for_update().order_by("node_name")
+    present = set(locked.filter(node_name__in=names).values_list("node_name", flat=True))
+    missing = [name for name in names if name not in present]
+    if missing:  # first message of these nodes: create their rows, then lock them too
+        NodeState.objects.bulk_create([NodeState(node_name=name) for name in missing], ignore_conflicts=True)
+        list(locked.filter(node_name__in=missing).values_list("node_name", flat=True))
+
+
+def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
+    """Store acks not seen before and fold each into its node's state (``_ACK_UPDATE``); must run inside a
+    transaction.
+
+    The ack rows go in with one ``INSERT ... ON CONFLICT (node_name, sequence) DO NOTHING RETURNING`` per
+    ``RECEIPT_CHUNK``; only the acks that were new are folded (a re-delivered ack changes nothing), in
+    ``(node, sequence)`` order, as one ``executemany`` of ``_ACK_UPDATE`` (one round trip on PostgreSQL:
+    psycopg 3 pipelines it). Duplicates are counted in ``duplicate_acks``.
     """
     ops = connection.ops
     table = ops.quote_name(ConfigAck._meta.db_table)
     when = ops.adapt_datetimefield_value
     update = _ACK_UPDATE.format(table=ops.quote_name(NodeState._meta.db_table))
+    unique: dict[tuple[str, int], Ack] = {}
+    for ack in acks:
+        unique.setdefault((ack.node, ack.sequence), ack)
+    items = list(unique.values())
+    new_keys: set[tuple[str, int]] = set()
+    _lock_nodes(node for node, _ in unique)
     with connection.cursor() as cursor:
-        for start in range(0, len(acks), RECEIPT_CHUNK):
-            chunk = acks[start:start + RECEIPT_CHUNK]
+        for start in range(0, len(items), RECEIPT_CHUNK):
+            chunk = items[start:start + RECEIPT_CHUNK]
             cursor.execute(
                 f"INSERT INTO {table} ({', '.join(map(ops.quote_name, _ACK_COLUMNS))}) VALUES "
                 + ", ".join(["(" + ", ".join(["%s"] * len(_ACK_COLUMNS)) + ")"] * len(chunk))
-                + " ON CONFLICT (node_name, sequence) DO NOTHING",
+                + " ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
                 [value for a in chunk for value in (a.node, a.sequence, a.version, a.digest or "", a.status,
                                                      a.reason, a.error, a.applied_version, when(a.sent_at),
                                                      when(now))],
             )
-        for ack in sorted(acks, key=lambda a: (a.node, a.sequence)):
+            new_keys.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+        fresh = [unique[key] for key in sorted(new_keys)]
+        params = []
+        for ack in fresh:
             applied = ack.status == "applied"
-            params = {"applied": applied, "version": ack.version, "digest": ack.digest or "",
-                      "sent_at": when(ack.sent_at), "reason": ack.reason, "error": ack.error,
-                      "raises_floor": not applied and ack.reason in {"stale", "version_conflict"},
-                      "applied_version": ack.applied_version, "applied_digest": ack.applied_digest,
-                      "node": ack.node}
-            cursor.execute(update, params)
-            if cursor.rowcount == 0:  # first message of this node: create its row, then fold
-                NodeState.objects.get_or_create(node_name=ack.node)
-                cursor.execute(update, params)
+            params.append({"applied": applied, "version": ack.version, "digest": ack.digest or "",
+                           "sent_at": when(ack.sent_at), "reason": ack.reason, "error": ack.error,
+                           "raises_floor": not applied and ack.reason in {"stale", "version_conflict"},
+                           "applied_version": ack.applied_version, "applied_digest": ack.applied_digest,
+                           "node": ack.node})
             if not applied:
                 log.warning("node %s rejected config version %s: %s: %s", ack.node, ack.version, ack.reason,
                             ack.error)
-    result.acks += len(acks)
+        if params:
+            cursor.executemany(update, params)
+    result.acks += len(fresh)
+    result.duplicate_acks += len(acks) - len(fresh)
 
 
 def _observe_applied(state: NodeState, at: datetime, version: int, digest: str) -> None:

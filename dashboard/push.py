@@ -9,7 +9,8 @@
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
 * ``send_many(pairs)`` — signs with each node's current ``signing_secret`` and publishes the Celery task
-  ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``).
+  ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``), all documents of
+  one call in one Redis pipeline (kombu ``Producer.batch``).
 * ``push_nodes(names)`` — ensure + send when new, or when the node's ack lags and the last send is older than
   ``KVPOOL_REPUSH_AFTER_SECONDS``; ``reconcile()`` does that for every registered node (periodic).
 * ``drift(state)`` — behind / silent / digest mismatch flags.
@@ -23,7 +24,7 @@ from datetime import timezone as dt_timezone
 from typing import Any, Iterable
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from agent import signing
@@ -151,8 +152,9 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
     """Make sure the newest ``ConfigVersion`` of each node matches the registry; see the module docstring.
 
     One transaction: the nodes' ``NodeState`` rows are locked (in name order, so concurrent calls cannot
-    deadlock), the contents rendered under the lock (a concurrent push that renders later also versions later),
-    new versions created in one bulk insert. Raises ``MessageError`` if a rendered document would not pass the
+    deadlock; rows of nodes never pushed before are created first), the contents rendered under the lock (a
+    concurrent push that renders later also versions later), new versions created in one bulk insert and the
+    desired version/digest of their nodes set in one pipelined batch of UPDATEs. Raises ``MessageError`` if a rendered document would not pass the
     agent's schema (nothing is created then).
     """
     from agent.messages import parse_document
@@ -162,9 +164,12 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
     if not nodes:
         return {}
     with transaction.atomic():
-        NodeState.objects.bulk_create([NodeState(node_name=name) for name in names], ignore_conflicts=True)
-        states = {state.node_name: state for state in
-                  NodeState.objects.select_for_update().filter(node_name__in=names).order_by("node_name")}
+        locked = NodeState.objects.select_for_update().order_by("node_name")
+        states = {state.node_name: state for state in locked.filter(node_name__in=names)}
+        missing = [name for name in names if name not in states]
+        if missing:  # first push to these nodes: create their rows, then lock them too
+            NodeState.objects.bulk_create([NodeState(node_name=name) for name in missing], ignore_conflicts=True)
+            states.update((state.node_name, state) for state in locked.filter(node_name__in=missing))
         contents = render_contents(nodes)
         latest: dict[str, ConfigVersion] = {}
         for version in ConfigVersion.objects.filter(
@@ -191,8 +196,8 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
             result[name] = Ensured(version, True, state)
         if created:
             ConfigVersion.objects.bulk_create(created)
-            NodeState.objects.bulk_update([states[v.node_name] for v in created],
-                                          ["desired_version", "desired_digest"])
+            _update_rows(NodeState, ["desired_version", "desired_digest"], "node_name",
+                         [(v.version, v.digest, v.node_name) for v in created])
     for version in created:
         log.info("node %s: config version %d (digest %s, %d instances)", version.node_name, version.version,
                  version.digest[:12], len(version.document["instances"]))
@@ -204,41 +209,103 @@ def ensure_version(node) -> Ensured:
     return ensure_versions([node])[node.name]
 
 
-def _publish(node, config_version: ConfigVersion) -> None:
+def _update_rows(model, columns: list[str], key: str, rows: list[tuple]) -> None:
+    """``UPDATE model SET columns = ... WHERE key = ...`` once per row (values in ``columns`` order, then the key),
+    sent as one ``executemany``: psycopg 3 pipelines it into a single round trip on PostgreSQL (Django's
+    ``bulk_update`` builds a ``CASE`` per column and row instead, which costs far more CPU)."""
+    if not rows:
+        return
+    quote = connection.ops.quote_name
+    assignments = ", ".join(f"{quote(column)} = %s" for column in columns)
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {quote(model._meta.db_table)} SET {assignments} WHERE {quote(key)} = %s", rows)
+
+
+#: Node queues this process has declared on the broker. kombu remembers declarations per connection, and the
+#: dashboard publishes through a pool of connections, so without this every pooled connection would declare
+#: every node queue again (on Redis: an ``LLEN`` pipeline and a ``SADD`` per queue and connection).
+_declared_queues: set[str] = set()
+
+
+def _publish_documents(documents: list[tuple[str, dict[str, Any]]]) -> None:
+    """Publish ``(node name, signed document)`` pairs as ``agent.apply_config`` tasks to ``agent.<node>``.
+
+    All of them go through one producer inside kombu's ``Producer.batch()`` (kombu >= 5.7): on Redis the
+    ``LPUSH``es are buffered and sent as one pipeline when the batch closes, one round trip instead of one per
+    node. A queue is declared with the first document this process sends to it. The task's ``argsrepr``
+    (what monitoring and logs show) names the node and version instead of repeating the signed document.
+    Raises when the broker did not take the batch (kombu's ``BatchPublishError`` when the pipeline failed:
+    some documents may have been delivered, which is harmless, an agent acks a re-delivery again).
+    """
     from dashboard.celery import app
 
-    app.send_task(
-        APPLY_CONFIG_TASK, args=[signing.signed(config_version.document, node.signing_secret)],
-        queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
-        retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
-    )
+    with app.producer_or_acquire() as producer, producer.batch():
+        for name, document in documents:
+            queue = node_queue(name)
+            app.send_task(
+                APPLY_CONFIG_TASK, args=[document], queue=queue, producer=producer,
+                declare=[] if queue in _declared_queues else None,
+                argsrepr=f"[<config document node={name} version={document.get('version')}>]",
+                expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
+                retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
+            )
+    _declared_queues.update(node_queue(name) for name, _ in documents)
+
+
+def _record_push_errors(errors: dict[str, str]) -> None:
+    by_error: dict[str, list[str]] = {}
+    for name, error in errors.items():
+        by_error.setdefault(error[:2000], []).append(name)
+    for error, names in by_error.items():
+        NodeState.objects.filter(node_name__in=names).update(push_error=error)
 
 
 def send_many(pairs) -> int:
     """Sign each ``(node, config_version)`` with the node's current ``signing_secret`` and publish it to
     ``agent.<node>`` (task ``agent.apply_config``, expiring after ``KVPOOL_PUSH_EXPIRES_SECONDS``).
 
-    Returns how many the broker took. Failures are logged and kept in ``NodeState.push_error`` (the periodic
-    reconcile sends again); successes set ``pushed_version``/``pushed_at``.
+    The documents are published together (``_publish_documents``: one Redis pipeline); when the broker does
+    not take them the whole batch is tried once more. Returns how many the broker took. Failures are logged
+    and kept in ``NodeState.push_error`` (the periodic reconcile sends again); successes set
+    ``pushed_version``/``pushed_at`` (one UPDATE per distinct version).
     """
-    sent: list[tuple[str, int]] = []
+    errors: dict[str, str] = {}
+    documents: list[tuple[str, dict[str, Any]]] = []
+    versions: dict[str, int] = {}
     for node, config_version in pairs:
         try:
-            _publish(node, config_version)
-        except Exception as exc:  # broker down: record, the reconcile task retries
-            NodeState.objects.filter(node_name=node.name).update(
-                push_error=f"{type(exc).__name__}: {exc}"[:2000])
-            log.error("node %s: pushing config version %d failed: %s", node.name, config_version.version, exc)
+            documents.append((node.name, signing.signed(config_version.document, node.signing_secret)))
+        except ValueError as exc:  # an empty secret: nothing the agent could verify
+            errors[node.name] = f"{type(exc).__name__}: {exc}"
+            log.error("node %s: signing config version %d failed: %s", node.name, config_version.version, exc)
             continue
-        sent.append((node.name, config_version.version))
-    if sent:
+        versions[node.name] = config_version.version
+    for attempt in (1, 2):
+        if not documents:
+            break
+        try:
+            _publish_documents(documents)
+            break
+        except Exception as exc:  # broker down: record, the reconcile task retries
+            if attempt == 1:
+                log.warning("pushing %d config documents failed (%s: %s); trying once more", len(documents),
+                            type(exc).__name__, exc)
+                continue
+            for name, _ in documents:
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                log.error("node %s: pushing config version %d failed: %s", name, versions.pop(name), exc)
+    if errors:
+        _record_push_errors(errors)
+    if versions:
         now = timezone.now()
-        states = list(NodeState.objects.filter(node_name__in=[name for name, _ in sent]))
-        versions = dict(sent)
-        for state in states:
-            state.pushed_version, state.pushed_at, state.push_error = versions[state.node_name], now, ""
-        NodeState.objects.bulk_update(states, ["pushed_version", "pushed_at", "push_error"])
-    return len(sent)
+        by_version: dict[int, list[str]] = {}
+        for name, version in versions.items():
+            by_version.setdefault(version, []).append(name)
+        for version, names in by_version.items():
+            NodeState.objects.filter(node_name__in=names).update(pushed_version=version, pushed_at=now,
+                                                                 push_error="")
+    return len(versions)
 
 
 def send(node, config_version: ConfigVersion) -> bool:

@@ -1,6 +1,7 @@
 """Celery tasks of the dashboard: thin wrappers around plain functions (JSON arguments and results).
 
-Queue ``dashboard.ingest``: ``dashboard.ingest``. Queue ``dashboard.control``: everything else.
+Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
+``dashboard.drain``). Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,
 sample_master_quotas.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agent.messages import INGEST_QUEUE
 from dashboard.celery import app
 from dashboard.master_admin import MasterUnavailable
 from dashboard.purge import purge_result  # noqa: F401  (registers the task dashboard.purge_result)
@@ -16,12 +18,29 @@ from dashboard.purge import purge_result  # noqa: F401  (registers the task dash
 log = logging.getLogger("kvpool.dashboard.tasks")
 
 
-@app.task(name="dashboard.ingest", ignore_result=True)
-def ingest(messages: list[dict[str, Any]]) -> dict[str, int]:
-    """Store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``."""
+@app.task(name="dashboard.ingest", ignore_result=True, bind=True)
+def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
+    """Store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
+
+    Run by a worker from the ``dashboard.ingest`` queue, it also takes the ingest tasks waiting behind it and
+    stores everything in one transaction (``dashboard.drain``); the result then counts all of them and
+    ``tasks`` says how many tasks were stored. Called directly or eagerly it stores only ``messages``.
+    Arguments that are not a list are logged and dropped (counted as ``invalid``).
+    """
+    from dashboard.ingest import IngestResult
     from dashboard.ingest import ingest as run
 
-    return run(messages).as_dict()
+    if not isinstance(messages, list):
+        log.warning("ingest: dropped task %s: its argument is %s, not a list of agent messages",
+                    self.request.id, type(messages).__name__)
+        return {**IngestResult(invalid=1).as_dict(), "tasks": 1}
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if self.request.called_directly or self.request.is_eager or queue != INGEST_QUEUE:
+        return {**run(messages).as_dict(), "tasks": 1}
+    from dashboard.drain import ingest_queued
+
+    result, taken = ingest_queued(app, messages, own_id=self.request.id or "")
+    return {**result.as_dict(), "tasks": 1 + taken}
 
 
 @app.task(name="dashboard.push_nodes", ignore_result=True, autoretry_for=(Exception,), retry_backoff=True,

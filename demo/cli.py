@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.segment_mib < 16:
         p.error("--segment-mib: Mooncake 0.3.13.post1 needs at least 16 MiB per segment")
+    if not Path(args.trace).is_file():
+        p.error(f"--trace: {args.trace} is not a file (the FAST'25 trace; default {DEFAULT_TRACE})")
     if args.once and args.requests is None:
         args.requests = ONCE_REQUESTS
     return args
@@ -385,8 +387,6 @@ class Demo:
         from demo.replay import Replayer, load_requests
 
         trace = Path(self.args.trace)
-        if not trace.is_file():
-            raise DemoError(f"trace {trace} not found (pass --trace PATH)")
         requests = load_requests(trace, self.args.requests)
         app = Celery("kvpool-demo", broker=self.broker_url, set_as_current=False)
         app.conf.update(task_serializer="json", accept_content=["json"], broker_connection_timeout=3,
@@ -637,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m demo``."""
     args = parse_args(argv)
     demo = Demo(args)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C also when started from a shell that ignores SIGINT for background jobs
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     status = 1
     try:
         status = demo.run()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,4 +103,19 @@ def test_ctrl_c_stops_every_process_the_demo_started(tmp_path):
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted" in out and "stopping agent node-a" in out and "stopping mooncake_master" in out
+    assert _wait_no_leftovers(str(var)) == []
+
+
+def test_an_error_midway_stops_what_was_started(tmp_path):
+    var = tmp_path / "run"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = _argv(var, "--once")
+        argv[argv.index("--port") + 1] = str(port)
+        done = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert f"error: --port {port} is in use" in done.stdout
+    assert "stopping mooncake_master" in done.stdout and "stopping redis-server" in done.stdout
     assert _wait_no_leftovers(str(var)) == []

@@ -351,7 +351,8 @@ def test_parse_args_defaults_and_refusals(capsys):
     assert cli.parse_args([]).requests is None
     for argv, message in ((["--segment-mib", "8"], "at least 16 MiB"), (["--speed", "0"], "greater than 0"),
                           (["--port", "70000"], "not a TCP port"),
-                          (["--private-redis", "--redis-url", "redis://x"], "not allowed with")):
+                          (["--private-redis", "--redis-url", "redis://x"], "not allowed with"),
+                          (["--trace", "/nonexistent.jsonl"], "is not a file")):
         with pytest.raises(SystemExit):
             cli.parse_args(argv)
         assert message in capsys.readouterr().err
