@@ -13,9 +13,9 @@ config document, with the same namespaces, key grammar and zero-copy transfers, 
 
 Work arrives as :class:`WorkloadBatch` messages (Celery task ``agent.run_workload`` on queue ``agent.<node>``),
 one :class:`WorkItem` per request, each naming an instance of the applied document and a request group. A
-prefill item may name a decode instance on another node; as soon as a request's prefill is done, the prefill node hands it
-to that node's queue (a one-item batch), as a P/D router forwards a request once its prefill is done, so a
-decode never runs before the blocks it loads were saved, and runs while they are still fresh.
+prefill item may name a decode instance on another node; as soon as a request's prefill is done, the prefill
+node hands it to that node's queue (a one-item batch), as a P/D router forwards a request once its prefill is
+done, so a decode never runs before the blocks it loads were saved, and runs while they are still fresh.
 
 Hits, misses, stored, loaded and evicted blocks go into the node's :class:`agent.ledger.Ledger` (reported by the
 daemon); :meth:`EngineSimulator.snapshot` adds the requests in flight per namespace.
@@ -278,7 +278,8 @@ class EngineSimulator:
         self._batch_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._in_flight: Counter[NamespaceId] = Counter()
-        self._engines: dict[tuple[str, ...], tuple[Any, Any]] = {}  # (store key, instance id, layout) -> (cache, connector)
+        # (store endpoints, instance id, tenant, layout) -> (cache, connector)
+        self._engines: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._stores: dict[tuple[Any, ...], Any] = {}
         self._mounted = False
         self._last_reconcile = time.monotonic()
@@ -299,12 +300,24 @@ class EngineSimulator:
         for spec in document.instances:
             instances[spec.instance_id] = self._bind(spec)
         self._applied = _Applied(document.version, document.store.model_dump(), instances)
+        self._prune(self._applied)
         overridden = [i for i in instances.values() if i.overridden]
         for inst in overridden:
             log.warning("node %s: instance %s (port %d) runs with hand-typed launch values %s, not its release's",
                         self.node, inst.instance_id, inst.port, self.overrides[inst.port])
         if self.open_on_apply:
             self._open_stores(self._applied)
+
+    def _prune(self, applied: _Applied) -> None:
+        """Close the caches and connectors of instances the applied document no longer has (or has changed)."""
+        live = {self._engine_key(applied, inst) for inst in applied.instances.values()}
+        with self._batch_lock:
+            for key in [k for k in self._engines if k not in live]:
+                _cache, connector = self._engines.pop(key)
+                try:
+                    connector.close()
+                except Exception:
+                    log.warning("node %s: closing a connector failed", self.node, exc_info=True)
 
     def _open_stores(self, applied: _Applied) -> None:
         """Open the store client of every tenant of ``applied`` and build every instance's cache and connector
@@ -366,9 +379,13 @@ class EngineSimulator:
         self._stores[key] = client
         return client
 
+    @staticmethod
+    def _engine_key(applied: _Applied, inst: _Instance) -> tuple[str, ...]:
+        return (str(sorted(applied.store.items())), inst.instance_id, inst.tenant_id, repr(inst.layout_key))
+
     def _engine(self, applied: _Applied, inst: _Instance) -> tuple[Any, Any]:
         """The (cache, connector) of an instance, built on first use and kept while its layout is unchanged."""
-        key = (str(sorted(applied.store.items())), inst.instance_id, inst.tenant_id, repr(inst.layout_key))
+        key = self._engine_key(applied, inst)
         found = self._engines.get(key)
         if found is not None:
             return found

@@ -14,13 +14,15 @@ Transforms of a trace (``TRANSFORMS``):
 
 Synthetic traces (``SYNTHETIC``; full blocks only, ``input_length = blocks * block_tokens``):
 
-- ``chat``: multi-turn conversations under a few Zipf-popular system prompts; turns per conversation
-  geometric (mean 4), exponential think time (mean 60 s), each turn appends 1-4 blocks to the whole previous
-  prompt. Reuse is memoryless in time, the case LRU is built for.
+- ``chat``: multi-turn conversations under 8 Zipf-popular system prompts; after each turn another follows
+  with probability 0.72 whatever the turn (about 3.5 turns on average), after an exponential think time
+  (mean 60 s); each turn appends 1-4 blocks to the whole previous prompt. Reuse is memoryless in time and in
+  turns: the case LRU is built for, where structure carries no extra signal.
 - ``docs``: retrieval-style: one of 4 system prompts, then one of 3,000 documents (4-40 blocks, Zipf 1.1
   popularity), then a one-off question (1-2 blocks). No conversation; frequency matters, recency little.
-- ``mixed``: 50% one-off requests (5-60 unique blocks after a system prompt), 30% conversations with
-  log-normal think times (median 90 s), 20% document requests as in ``docs``.
+- ``mixed``: 50% one-off requests (5-60 unique blocks after a system prompt), 30% conversations (continuing
+  with probability 0.61 after each turn) with log-normal think times (median 90 s), 20% document requests
+  as in ``docs``.
 """
 
 from __future__ import annotations
@@ -179,7 +181,7 @@ def synthetic(kind: str, n_requests: int = 12000, seed: int = 0, rate_per_s: flo
         elif kind == "mixed" and roll < 0.7:
             events.append((t, next(order), one_off()))
         else:
-            # A conversation: mean 4 turns in chat; in mixed, turns are fewer but think time is long-tailed.
+            # A conversation: geometric turns (continue with p = e^-1/3 in chat, e^-1/2 in mixed).
             turns = 1 + int(rng.expovariate(1.0 / 3.0)) if kind == "chat" else 1 + int(rng.expovariate(0.5))
             prompt = ids.extend(system_prefix(pick_system()), [("c", next(uniq)) for _ in range(rng.randint(2, 20))])
             ts = t
@@ -187,7 +189,6 @@ def synthetic(kind: str, n_requests: int = 12000, seed: int = 0, rate_per_s: flo
                 events.append((ts, next(order), prompt))
                 ts += rng.expovariate(1.0 / 60.0) if kind == "chat" else rng.lognormvariate(math.log(90.0), 1.0)
                 prompt = ids.extend(prompt, [("c", next(uniq)) for _ in range(rng.randint(1, 4))])
-        # Requests of a conversation scheduled after the span simply extend it a little.
     events.sort(key=lambda e: (e[0], e[1]))
     return [_request(ts, blocks, block_tokens, rng) for ts, _, blocks in events[:n_requests]]
 

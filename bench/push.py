@@ -145,6 +145,8 @@ def simulate_agents(broker: str, secrets_file: str, state_dir: str, threads: int
 
     secrets = json.loads(Path(secrets_file).read_text())
     app = make_app("bench-agents", broker)
+    if os.environ.get("XX_NO_ACKEMU"):
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options, "ack_emulation": False}
     publish = make_publisher(app)
     daemons = {name: Daemon(name, secret, Path(state_dir) / name, publish=publish)
                for name, secret in secrets.items()}
@@ -198,7 +200,7 @@ def baseline(redis, nodes: int, rounds: int, payload: bytes) -> list[float]:
 # --- the benchmark -----------------------------------------------------------------------------------------
 
 
-def run(nodes: int, rounds: int, database_url: str | None) -> dict:
+def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = False) -> dict:
     from bench.ingest import private_database, server_url, setup_django
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-push-"))
@@ -298,7 +300,10 @@ def run(nodes: int, rounds: int, database_url: str | None) -> dict:
         for proc in procs:
             _stop(proc)
         redis.stop()
-    shutil.rmtree(workdir, ignore_errors=True)  # kept (with the logs) only when the run failed
+    if keep_workdir:
+        print(f"logs in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)  # kept (with the logs) when the run failed
     p50, p99 = percentile(round_times, 50), percentile(round_times, 99)
     b50, b99 = percentile(raw_times, 50), percentile(raw_times, 99)
     return {
@@ -320,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
     parser.add_argument("--rounds", type=int, default=10, help="measured rounds (default 10)")
     parser.add_argument("--database-url", help="PostgreSQL server URL (a private database is created on it)")
+    parser.add_argument("--keep-workdir", action="store_true", help="keep the logs of the workers (path on stderr)")
     parser.add_argument("--simulate-agents", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
     parser.add_argument("--secrets-file", help=argparse.SUPPRESS)
@@ -331,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.nodes < 1 or args.rounds < 1:
         parser.error("--nodes and --rounds must be at least 1")
-    result = run(args.nodes, args.rounds, args.database_url)
+    result = run(args.nodes, args.rounds, args.database_url, args.keep_workdir)
     print(f"push fan-out to {result['nodes']} nodes ({result['document_bytes']} byte documents), "
           f"{result['rounds']} rounds: all acked p50 {result['all_acked_p50_s']:.3f} s, "
           f"p99 {result['all_acked_p99_s']:.3f} s; per node p50 {result['node_ack_p50_s']:.3f} s, "

@@ -153,7 +153,7 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
 
     One transaction: the nodes' ``NodeState`` rows are locked (in name order, so concurrent calls cannot
     deadlock; rows of nodes never pushed before are created first), the contents rendered under the lock (a
-    concurrent push that renders later also versions later), new versions created in one bulk insert and the
+    concurrent push that renders later also versions later), new versions created in one multi-row INSERT and the
     desired version/digest of their nodes set in one pipelined batch of UPDATEs. Raises ``MessageError`` if a rendered document would not pass the
     agent's schema (nothing is created then).
     """
@@ -195,7 +195,7 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
             state.desired_version, state.desired_digest = number, version.digest
             result[name] = Ensured(version, True, state)
         if created:
-            ConfigVersion.objects.bulk_create(created)
+            _insert_versions(created)
             _update_rows(NodeState, ["desired_version", "desired_digest"], "node_name",
                          [(v.version, v.digest, v.node_name) for v in created])
     for version in created:
@@ -207,6 +207,34 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
 def ensure_version(node) -> Ensured:
     """``ensure_versions`` for one node."""
     return ensure_versions([node])[node.name]
+
+
+_VERSION_COLUMNS = ("node_name", "version", "digest", "content_digest", "document", "created_at")
+
+
+def _insert_versions(versions: list[ConfigVersion]) -> None:
+    """INSERT new ``ConfigVersion`` rows (one per node) with one multi-row ``VALUES`` statement; sets their pks.
+
+    ``bulk_create`` would do the same, but on PostgreSQL Django 5.2 sends many rows as ``UNNEST`` arrays, which
+    psycopg's client-side binding escapes element by element in Python: ~0.4 ms per 1 KiB document.
+    """
+    quote = connection.ops.quote_name
+    fields = [ConfigVersion._meta.get_field(name) for name in _VERSION_COLUMNS]
+    now = timezone.now()
+    for version in versions:
+        version.created_at = now
+    rows = ", ".join(["(" + ", ".join(["%s"] * len(fields)) + ")"] * len(versions))
+    params = [field.get_db_prep_save(getattr(version, field.attname), connection)
+              for version in versions for field in fields]
+    by_node = {version.node_name: version for version in versions}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(ConfigVersion._meta.db_table)} ({', '.join(map(quote, _VERSION_COLUMNS))}) "
+            f"VALUES {rows} RETURNING {quote(ConfigVersion._meta.pk.column)}, {quote('node_name')}", params)
+        for pk, node_name in cursor.fetchall():  # RETURNING order is not guaranteed on SQLite: match by node
+            version = by_node[node_name]
+            version.pk = pk
+            version._state.adding, version._state.db = False, connection.alias  # as bulk_create leaves them
 
 
 def _update_rows(model, columns: list[str], key: str, rows: list[tuple]) -> None:

@@ -157,6 +157,8 @@ class Demo:
         self.agents: dict[str, Service] = {}
         self._redis: Any = None
         self._secret_key = secrets.token_urlsafe(40)
+        self.sizes: Any = None
+        self.replayer: Any = None
 
     # --- output ---------------------------------------------------------------------------------------------
 
@@ -524,8 +526,11 @@ class Demo:
             checks = BrowserSession(self.base_url, ADMIN, self.password).get_json("/checks/data.json")["checks"]
             flagged = [c for c in checks if c["status"] == "fail"
                        and any(MISTYPED_NAMESPACE in d for d in c.get("details", []))]
-            detail = (f"check '{flagged[0]['title']}' fails: {next(d for d in flagged[0]['details'] if MISTYPED_NAMESPACE in d)}"
-                      if flagged else "no failing check mentions " + MISTYPED_NAMESPACE)
+            if flagged:
+                line = next(d for d in flagged[0]["details"] if MISTYPED_NAMESPACE in d)
+                detail = f"check '{flagged[0]['title']}' fails: {line}"
+            else:
+                detail = "no failing check mentions " + MISTYPED_NAMESPACE
             statuses = ", ".join(f"{c['key']}={c['status']}" for c in checks)
             self.check("dashboard checks flag it", bool(flagged), f"{detail} [{statuses}]")
         except (ApiError, KeyError, StopIteration) as exc:
@@ -593,17 +598,14 @@ class Demo:
         self.wait_synced()
         self.replay()
         rows = self.wait_processed()
-        if self.args.once:
-            self.verdict(rows)
-            if self.args.screenshot:
-                self.screenshot()
-            failed = [c for c in self.checks if not c.ok]
-            self.say(f"{len(self.checks) - len(failed)}/{len(self.checks)} checks passed"
-                     + (f"; failed: {', '.join(c.name for c in failed)}" if failed else ""))
-            return 1 if failed else 0
         self.verdict(rows)
         if self.args.screenshot:
             self.screenshot()
+        failed = [c for c in self.checks if not c.ok]
+        self.say(f"{len(self.checks) - len(failed)}/{len(self.checks)} checks passed"
+                 + (f"; failed: {', '.join(c.name for c in failed)}" if failed else ""))
+        if self.args.once:
+            return 1 if failed else 0
         print(f"\n  Replay done. The dashboard keeps running: {self.base_url}/   login: {ADMIN} / {self.password}\n"
               "  Press Ctrl-C to stop every process the demo started.\n", flush=True)
         while True:

@@ -3,12 +3,12 @@ LRU on hand-made cases, Belady against brute force, the shadow LRU, and what hit
 
 import functools
 import itertools
-import math
 import random
 
 import pytest
 
 from agent.eviction import BeladyPolicy, HitDensityPolicy, LeafLRUPolicy, PlainLRUPolicy
+from agent.eviction.density import age_bucket
 from agent.eviction.shadow import ShadowLRU
 from agent.trace import TraceRequest
 from bench.eviction import simulate
@@ -291,31 +291,23 @@ def test_hit_density_is_reproducible_with_a_seed():
     assert runs[0] == runs[1]
 
 
-def test_density_ranks_by_learned_class():
-    # Tails of requests are never asked for again; the blocks before them are. After learning, a tail leaf
-    # must rank below (be evicted before) a non-tail leaf of the same age and branch.
+def test_density_learns_that_request_tails_are_not_reused():
+    # Conversations of three turns, 2 s apart; each turn extends the previous prompt's full blocks and ends
+    # in a block (a "partial" one) that is never asked for again. After learning, at the same age, a tail
+    # block of a branch entered once must rank below (go before) a block that the next turn reuses.
     policy = HitDensityPolicy(min_interval=64, guard=False, seed=0)
-    now = 0.0
-    for conv in range(400):
-        now += 1.0
+    turns = []
+    for conv in range(300):
         base = ("c", conv)
-        policy.on_request([0, base, (base, "tail1")], 1, now)
-        policy.on_request([0, base, (base, "next"), (base, "tail2")], 1, now + 0.5)
-        policy.evict(max(0, policy.used_bytes - 40), now + 0.5)
-    assert policy.updates > 0
-    leaf_tail = policy.tree.get((("c", 399), "tail2"))
-    assert leaf_tail is not None and leaf_tail.tail
-    inner = policy.tree.get((("c", 399), "next"))
-    assert inner is not None and not inner.tail
-    t = now + 5.0
-    saved = leaf_tail.last
-    # Compare the two classes at the same age by looking them up in the table directly.
-    tail_class = policy.block_class(leaf_tail)
-    inner_class = policy.block_class(inner)
-    assert tail_class != inner_class
+        turns.append((conv * 1.0, [0, base, (base, "p1")]))
+        turns.append((conv * 1.0 + 2.0, [0, base, (base, "b"), (base, "p2")]))
+        turns.append((conv * 1.0 + 4.0, [0, base, (base, "b"), (base, "c"), (base, "p3")]))
+    for now, blocks in sorted(turns, key=lambda t: t[0]):
+        policy.on_request(blocks, 1, now)
+        policy.evict(policy.used_bytes - 60, now)
+    assert policy.updates > 0 and policy.orphaned_blocks == 0
     table = policy._density
-    from agent.eviction.density import age_bucket as _age_bucket
-
-    bucket = _age_bucket(t - saved)
-    assert table[tail_class][bucket] < table[inner_class][bucket]
-    assert math.isfinite(policy.density(leaf_tail, t))
+    one_second = age_bucket(1.0)
+    reused, tail = table[0], table[1]
+    assert sum(policy._hits[1]) == 0 and sum(policy._hits[0]) > 0
+    assert tail[one_second] < reused[one_second]

@@ -130,7 +130,8 @@ def test_expected_counts_the_decode_lookup_under_the_namespace_it_reads():
     expected.add(r, [0, 1, 2])
     assert expected.lookups == {("acme", "qwen3-8b", scenario.SERVING, "support-bot"): 3,
                                 ("acme", "qwen3-8b", scenario.MISTYPED_NAMESPACE, "support-bot"): 3}
-    assert expected.by_node[(scenario.DECODE_NODE, ("acme", "qwen3-8b", scenario.MISTYPED_NAMESPACE, "support-bot"))] == 3
+    typo = ("acme", "qwen3-8b", scenario.MISTYPED_NAMESPACE, "support-bot")
+    assert expected.by_node[(scenario.DECODE_NODE, typo)] == 3
 
 
 def test_replayer_refuses_bad_speed():
@@ -247,7 +248,8 @@ def rows(sim: EngineSimulator) -> dict:
 def test_decode_loads_what_prefill_stored_byte_for_byte(pair):
     # one client per tenant per node, and only the first client of a process mounts a segment
     assert pair.opened == [(16 * MIB, "alpha"), (16 * MIB, "alpha")]
-    result = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=4, length=10)).to_wire())
+    batch = WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=4, length=10))
+    result = pair.prefill.run_batch(batch.to_wire())
     assert result["failed_requests"] == 0 and result["handed_off"] == 4
     assert result["stored_blocks"] > 0 and result["hit_blocks"] > 0  # turns 3 and 4 reuse turns 1 and 2
     decode = rows(pair.decode)[("rel-a", "g")]
@@ -261,8 +263,8 @@ def test_a_corrupted_block_is_counted(pair):
     store = pair.stores["alpha"]
     key = next(iter(store.objects))
     store.objects[key] = bytes(len(store.objects[key]))
-    batch = WorkloadBatch(node="node-b", batch_id=2, items=[WorkItem(request_id=9, instance_id="2",
-                                                                     request_group="g", hash_ids=items("2")[0].hash_ids)])
+    again = WorkItem(request_id=9, instance_id="2", request_group="g", hash_ids=items("2")[0].hash_ids)
+    batch = WorkloadBatch(node="node-b", batch_id=2, items=[again])
     result = pair.decode.run_batch(batch.to_wire())
     assert result["mismatched_blocks"] == 1 and result["loaded_blocks"] == 10
 
@@ -424,7 +426,8 @@ def test_agent_command_runs_the_agent_module_with_simulated_engines(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"8203": {"tag": "x"}}')
     refused = agent("--simulate-engines", "--launch-overrides", str(bad), "--state-dir", str(tmp_path / "state"))
-    assert refused.returncode != 0 and "--launch-overrides" in refused.stderr and "unknown field(s) tag" in refused.stderr
+    assert refused.returncode != 0 and "--launch-overrides" in refused.stderr
+    assert "unknown field(s) tag" in refused.stderr
 
 
 def test_blocks_under_a_read_lease_are_not_removed_and_the_trim_ends():
@@ -446,3 +449,10 @@ def test_blocks_under_a_read_lease_are_not_removed_and_the_trim_ends():
     result = sim.run_batch(WorkloadBatch(node="node-a", batch_id=2, items=[
         WorkItem(request_id=2, instance_id="1", request_group="g", hash_ids=list(range(2000, 2010)))]).to_wire())
     assert result["failed_requests"] == 0 and result["evicted_blocks"] == 0
+
+
+def test_an_instance_that_leaves_the_document_releases_its_cache(pair):
+    store = pair.stores["alpha"]
+    registered = len(store.registered)
+    pair.prefill.on_apply(document("node-a", [instance("1", "prefill", 8)], version=2))
+    assert len(pair.prefill._engines) == 1 and len(store.registered) == registered - 1
