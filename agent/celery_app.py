@@ -44,7 +44,13 @@ def make_app(node: str, broker_url: str) -> Celery:
         broker_connection_timeout=CONNECT_TIMEOUT_SECONDS,
         # One Redis list per queue: no message priorities are used, and kombu's default four priority steps
         # would make every BRPOP name four keys per queue.
-        broker_transport_options={"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS, "priority_steps": [0]},
+        # No ack emulation: the worker acknowledges a task when it starts it (acks_late is off) and runs one at a
+        # time (prefetch 1), so kombu's Redis ack emulation would only guard the instant between BRPOP and the
+        # start, for two extra Redis transactions per received message (the unacked hash and its index) and a
+        # periodic restore sweep. A document lost in that instant is pushed again by the dashboard's reconcile
+        # (the node's ack lags); on a warm shutdown reserved messages still go back to the queue.
+        broker_transport_options={"socket_connect_timeout": CONNECT_TIMEOUT_SECONDS, "priority_steps": [0],
+                                  "ack_emulation": False},
     )
     return app
 

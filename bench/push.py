@@ -145,8 +145,6 @@ def simulate_agents(broker: str, secrets_file: str, state_dir: str, threads: int
 
     secrets = json.loads(Path(secrets_file).read_text())
     app = make_app("bench-agents", broker)
-    if os.environ.get("XX_NO_ACKEMU"):
-        app.conf.broker_transport_options = {**app.conf.broker_transport_options, "ack_emulation": False}
     publish = make_publisher(app)
     daemons = {name: Daemon(name, secret, Path(state_dir) / name, publish=publish)
                for name, secret in secrets.items()}

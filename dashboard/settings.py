@@ -161,6 +161,12 @@ KVPOOL_MASTER_ADDRESS = env_str("KVPOOL_MASTER_ADDRESS", "127.0.0.1:50051")
 KVPOOL_METADATA_SERVER = env_str("KVPOOL_METADATA_SERVER", "http://127.0.0.1:8080/metadata")
 KVPOOL_MASTER_ADMIN_URL = env_str("KVPOOL_MASTER_ADMIN_URL", "http://127.0.0.1:9003")
 KVPOOL_STORE_PROTOCOL = env_str("KVPOOL_STORE_PROTOCOL", "tcp")
+# Rendered into every engine's Mooncake client config: device (RDMA NIC, "" for TCP), mounted segment and
+# transfer buffer sizes in bytes, and where engine config files are written on the nodes.
+KVPOOL_STORE_DEVICE = env_str("KVPOOL_STORE_DEVICE", "")
+KVPOOL_GLOBAL_SEGMENT_SIZE = env_int("KVPOOL_GLOBAL_SEGMENT_SIZE", 4 << 30, minimum=16 << 20)
+KVPOOL_LOCAL_BUFFER_SIZE = env_int("KVPOOL_LOCAL_BUFFER_SIZE", 512 << 20, minimum=1 << 20)
+KVPOOL_ENGINE_CONFIG_DIR = env_str("KVPOOL_ENGINE_CONFIG_DIR", "/etc/kvpool")
 KVPOOL_HEARTBEAT_SILENCE_SECONDS = env_int("KVPOOL_HEARTBEAT_SILENCE_SECONDS", 30, minimum=1)
 
 LOGGING = {
