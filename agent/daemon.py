@@ -224,7 +224,7 @@ class Daemon:
         path = self._applied_path
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(raw, handle, sort_keys=True)
+            handle.write(json.dumps(raw, sort_keys=True))  # same text as json.dump, but the C encoder
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -20,8 +20,10 @@ What is taken but not stored:
 
 If the batch cannot be stored — the database refuses something one message carries — every task is stored
 on its own, and a task that still fails message by message, so only the message at fault is lost (logged
-with its node, ERROR). If the database is unreachable the taken tasks are put back in the queue and the error
-is raised (the task fails as it would have without draining).
+with its node, ERROR, counted as ``invalid``). If the database is unreachable the taken tasks not yet stored
+are put back in the queue and the error is raised (the task fails as it would have without draining). A
+broker failure while taking or acknowledging is logged: what was taken is still stored, and a task whose
+acknowledgement failed is delivered again after the visibility timeout (storing it twice is harmless).
 """
 from __future__ import annotations
 
@@ -82,24 +84,30 @@ def take_queued(channel, *, accept, max_tasks: int = DRAIN_MAX_TASKS,
     Returns the tasks taken (not yet acknowledged: the caller must ``ack`` or ``reject`` each ``message``) and
     how many malformed tasks were dropped (logged and acknowledged). ``accept`` is the accepted content types
     (``app.conf.accept_content``). Stops early when ``max_messages`` agent messages are collected, when the
-    queue is empty, or at a message that is not a plain ingest task (put back in the queue).
+    queue is empty, at a message that is not a plain ingest task (put back in the queue), or when the broker
+    fails (logged; what was taken so far is returned).
     """
     bound = Queue(queue)(channel)
     taken: list[Taken] = []
     dropped = collected = 0
     while len(taken) < max_tasks and collected < max_messages:
-        message = bound.get(no_ack=False, accept=accept)
+        try:
+            message = bound.get(no_ack=False, accept=accept)
+        except Exception as exc:  # broker trouble: store what we have, the rest waits in the queue
+            log.warning("ingest drain: taking queued tasks failed (%s: %s); storing the %d taken",
+                        type(exc).__name__, exc, len(taken))
+            break
         if message is None:
             break
         task_id = (message.headers or {}).get("id", "?")
         try:
             messages = _ingest_args(message)
         except _Foreign as exc:
-            message.reject(requeue=True)
+            _settle(message, requeue=True)
             log.debug("ingest drain: left %s in the queue: %s", task_id, exc)
             break
         except Exception as exc:  # undecodable or malformed: it can never be stored
-            message.ack()
+            _settle(message)
             dropped += 1
             log.warning("ingest: dropped malformed dashboard.ingest task %s: %s: %s", task_id,
                         type(exc).__name__, exc)
@@ -109,21 +117,41 @@ def take_queued(channel, *, accept, max_tasks: int = DRAIN_MAX_TASKS,
     return taken, dropped
 
 
+def _settle(message, *, requeue: bool = False) -> None:
+    """Acknowledge ``message`` (or put it back in its queue); a broker failure is logged, not raised.
+
+    An unacknowledged message stays in the broker's unacked set and is delivered again after the visibility
+    timeout: storing it twice is harmless (acks and reports are idempotent on ``(node, sequence)``, the newest
+    heartbeat wins).
+    """
+    try:
+        if requeue:
+            message.reject(requeue=True)
+        else:
+            message.ack()
+    except Exception as exc:
+        log.warning("ingest drain: %s of task %s failed (%s: %s); the broker redelivers it after its "
+                    "visibility timeout", "requeue" if requeue else "ack", (message.headers or {}).get("id", "?"),
+                    type(exc).__name__, exc)
+
+
 def _merge(total: IngestResult, part: IngestResult) -> None:
     for name in ("reports", "duplicate_reports", "samples", "acks", "duplicate_acks", "heartbeats", "invalid"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
     total.errors.extend(part.errors)
 
 
-def _store_one_by_one(task_id: str, messages: list[Any], total: IngestResult) -> Exception | None:
-    """Store one task's messages; if that fails, each message on its own. Returns the first error (or None)."""
+def _store_one_by_one(task_id: str, messages: list[Any], total: IngestResult) -> None:
+    """Store one task's messages; if the database refuses them, each message on its own (refused ones are
+    logged at ERROR and counted as ``invalid``). Connection errors propagate."""
     try:
         _merge(total, ingest(messages))
-        return None
+        return
     except (OperationalError, InterfaceError):
         raise
     except Exception as exc:
-        first: Exception = exc
+        log.warning("ingest: storing task %s failed (%s: %s); storing its %d messages one by one", task_id,
+                    type(exc).__name__, exc, len(messages))
     for raw in messages:
         try:
             _merge(total, ingest([raw]))
@@ -132,45 +160,43 @@ def _store_one_by_one(task_id: str, messages: list[Any], total: IngestResult) ->
         except Exception as exc:
             total.invalid += 1
             node = raw.get("node") if isinstance(raw, dict) else None
+            total.errors.append(f"{type(exc).__name__}: {exc}")
             log.error("ingest: dropped a message of node %r (task %s) the database refused: %s: %s", node,
                       task_id, type(exc).__name__, exc)
-    return first
 
 
 def store_batch(own: list[Any], taken: list[Taken], own_id: str = "") -> IngestResult:
     """Store ``own`` (the running task's messages) and the ``taken`` tasks' messages; acknowledge ``taken``.
 
-    One ``ingest`` call for everything; if it raises anything but a connection error, each task (then each
-    message) is stored on its own (see the module docstring). On a connection error the taken tasks are put
-    back in the queue and the error is raised. An error from ``own`` alone is raised after the taken tasks
-    were stored and acknowledged.
+    One ``ingest`` call for everything, acknowledged after the commit. If the database refuses the batch,
+    each task (then each message) is stored on its own, so only what it refuses is lost (see the module
+    docstring). On a connection error (``OperationalError``/``InterfaceError``) the taken tasks not yet stored
+    are put back in the queue and the error is raised.
     """
-    settled = False
+    pending = list(taken)
     try:
         try:
             result = ingest(list(own) + [m for item in taken for m in item.messages])
         except (OperationalError, InterfaceError):
             raise
-        except Exception:
-            log.exception("ingest: storing %d tasks together failed; storing them one by one", len(taken) + 1)
+        except Exception as exc:
+            log.error("ingest: storing %d tasks together failed (%s: %s); storing them one by one",
+                      len(taken) + 1, type(exc).__name__, exc)
             result = IngestResult()
-            own_error = _store_one_by_one(own_id, own, result)
-            for item in taken:
+            _store_one_by_one(own_id or "?", own, result)
+            while pending:
+                item = pending[0]
                 _store_one_by_one(item.task_id, item.messages, result)
-                item.message.ack()
-            settled = True
-            if own_error is not None:
-                raise own_error
+                pending.pop(0)
+                _settle(item.message)
             return result
+        pending = []
         for item in taken:
-            item.message.ack()
-        settled = True
+            _settle(item.message)
         return result
     finally:
-        if not settled:  # not stored (database unreachable, or a bug): back to the queue, nothing lost
-            for item in taken:
-                if not item.message.acknowledged:
-                    item.message.reject(requeue=True)
+        for item in pending:  # not stored (database unreachable, or a bug): back to the queue, nothing lost
+            _settle(item.message, requeue=True)
 
 
 def ingest_queued(app, own: list[Any], *, own_id: str = "") -> tuple[IngestResult, int]:
@@ -180,8 +206,17 @@ def ingest_queued(app, own: list[Any], *, own_id: str = "") -> tuple[IngestResul
     Returns the combined ``IngestResult`` (malformed queued tasks are counted as ``invalid``) and how many
     queued tasks were taken besides ``own``.
     """
+    taken: list[Taken] = []
+    dropped = 0
     with app.pool.acquire(block=True) as connection:
-        taken, dropped = take_queued(connection.default_channel, accept=app.conf.accept_content)
+        try:
+            channel = connection.default_channel
+        except Exception as exc:  # the broker is unreachable right now: store this task's messages alone
+            log.warning("ingest drain: no broker channel (%s: %s); storing task %s alone", type(exc).__name__,
+                        exc, own_id or "?")
+            channel = None
+        if channel is not None:
+            taken, dropped = take_queued(channel, accept=app.conf.accept_content)
         result = store_batch(own, taken, own_id)
     result.invalid += dropped
     if taken:

@@ -18,6 +18,7 @@ Calls for the blocks of one request must come in prefix order, root first, as th
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Hashable, Iterable, Sequence
 
 from agent.eviction.tree import Block, PrefixTree
@@ -25,7 +26,7 @@ from agent.eviction.tree import Block, PrefixTree
 Key = Hashable
 
 
-class EvictionPolicy:
+class EvictionPolicy(ABC):
     """Base class: a :class:`PrefixTree` plus the calls above. Subclasses rank the attached leaves.
 
     Subclasses implement :meth:`_leaf_added`, :meth:`_leaf_removed`, :meth:`_touched` and
@@ -170,9 +171,9 @@ class EvictionPolicy:
     def _removing(self, node: Block) -> None:
         """``node`` is about to be removed (by the plan or from outside)."""
 
+    @abstractmethod
     def _plan(self, need: int, now: float) -> Iterable[Block]:
-        """Yield attached blocks to remove, leaf-first, until their sizes reach ``need`` bytes."""
-        raise TypeError(f"{type(self).__name__} does not rank leaves")
+        """Attached blocks to remove, leaf-first, until their sizes reach ``need`` bytes (no side effects)."""
 
 
 class PlanState:

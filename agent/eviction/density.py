@@ -293,7 +293,7 @@ class HitDensityPolicy(EvictionPolicy):
         shadow = self._shadow
         if shadow is None:
             return
-        shadow.trim(self.tree.bytes - need)
+        shadow.trim(self.tree.bytes - self.tree.orphaned_bytes - need)
         if self._window_blocks < max(self.guard_window, len(self.tree)):
             return
         diff = (shadow.hits - self._window_shadow_start) - self._window_own

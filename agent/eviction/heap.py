@@ -8,6 +8,7 @@ is rebuilt from the live leaves when stale entries outnumber them (amortised O(1
 from __future__ import annotations
 
 import heapq
+from abc import abstractmethod
 from typing import Iterable
 
 from agent.eviction.base import EvictionPolicy, PlanState
@@ -24,9 +25,9 @@ class HeapLeafPolicy(EvictionPolicy):
         self._leaves = 0
         self._seq = 0
 
+    @abstractmethod
     def _priority(self, node: Block, seq: int) -> tuple:
         """Priority of ``node`` fixed at its latest access; ``seq`` increases with every access."""
-        raise TypeError(f"{type(self).__name__} does not define a priority")
 
     def _push(self, node: Block) -> None:
         node.ver += 1

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from typing import Hashable, Iterable
 
 from agent.eviction.base import EvictionPolicy
 from agent.eviction.heap import HeapLeafPolicy
@@ -51,14 +51,17 @@ class PlainLRUPolicy(EvictionPolicy):
         del self._order[node.key]
 
     def select_victims(self, bytes_to_free: int, now: float | None = None) -> list[Key]:
-        """Least recently touched blocks first until their sizes reach ``bytes_to_free``."""
+        """Least recently touched blocks first (orphans get no precedence) until their sizes reach
+        ``bytes_to_free``."""
         if now is not None:
             self._clock(now)
-        out: list[Key] = []
-        need = bytes_to_free
-        for key, node in self._order.items():
+        return [node.key for node in self._plan(bytes_to_free, self.now)]
+
+    def _plan(self, need: int, now: float) -> Iterable[Block]:
+        out: list[Block] = []
+        for node in self._order.values():
             if need <= 0:
                 break
-            out.append(key)
+            out.append(node)
             need -= node.size
         return out

@@ -58,6 +58,7 @@ def test_agent_app_speaks_json_only_and_hands_documents_to_the_daemon(tmp_path):
     app = make_app("node-a", "memory://")
     assert app.conf.task_serializer == "json" and app.conf.accept_content == ["json"]
     assert app.conf.task_default_queue == "agent.node-a"
+    assert app.conf.broker_transport_options["ack_emulation"] is False  # see make_app
     with pytest.raises(ValueError, match="solo or threads"):
         run_worker(app, "node-a", pool="prefork")
     daemon = Daemon("node-a", "s3cret", tmp_path / "state", publish=lambda batch: None)
@@ -89,3 +90,16 @@ def test_ingest_task_runs_the_ingest_function(db):
 
     assert ingest.apply(args=[[report(sequence=1)]]).get()["reports"] == 1
     assert Report.objects.count() == 1
+
+
+def test_dashboard_worker_keeps_database_connections_across_tasks(db):
+    from celery.fixups.django import DjangoWorkerFixup
+    from django.db import connection
+
+    from dashboard.celery import DB_REUSE_MAX_TASKS, _close_old_connections, app
+
+    assert DjangoWorkerFixup(app).db_reuse_max == DB_REUSE_MAX_TASKS  # no close before and after every task
+    connection.ensure_connection()
+    eager_task = type("Task", (), {"request": type("Request", (), {"is_eager": True})()})()
+    _close_old_connections(sender=eager_task)  # an eager task runs inside the caller's transaction: left alone
+    assert connection.in_atomic_block and not connection.closed_in_transaction and not connection.needs_rollback

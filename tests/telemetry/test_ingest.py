@@ -78,3 +78,33 @@ def test_first_message_of_a_node_creates_its_state():
     ingest([ack(node="fresh", sequence=1, version=1, digest="a" * 64)])
     state = NodeState.objects.get(node_name="fresh")
     assert (state.acked_version, state.acked_digest, state.applied_version, state.acked_at) == (1, "a" * 64, 1, T0)
+
+
+def test_a_redelivered_older_ack_changes_nothing():
+    NodeState.objects.create(node_name="node-a", desired_version=6)
+    older = ack(sequence=1, version=5, status="rejected", reason="invalid", digest="", applied_version=4)
+    newer = ack(sequence=2, version=6, status="rejected", reason="bad_signature", digest="", applied_version=4,
+                at=T0 + timedelta(seconds=5))
+    ingest([older, newer])
+    again = ingest([older, older])  # the outbox delivered it again, twice in one batch
+    assert (again.acks, again.duplicate_acks) == (0, 2)
+    state = NodeState.objects.get(node_name="node-a")
+    assert (state.rejected_version, state.rejection_reason) == (6, "bad_signature")
+    assert ConfigAck.objects.count() == 2
+
+
+def test_acks_and_heartbeats_of_many_nodes_in_one_batch():
+    names = [f"node-{i:03d}" for i in range(60)]
+    NodeState.objects.bulk_create([NodeState(node_name=name, desired_version=2) for name in names[::2]])
+    batch = []
+    for i, name in enumerate(reversed(names)):  # not in name order; half the nodes have no state row yet
+        batch.append(ack(name, sequence=7, version=2, digest=f"{i % 10}" * 64, at=T0))
+        batch.append(heartbeat(name, at=T0 + timedelta(seconds=1), applied_version=2,
+                               applied_digest=f"{i % 10}" * 64))
+    result = ingest(batch)
+    assert (result.acks, result.heartbeats) == (60, 60)
+    states = {state.node_name: state for state in NodeState.objects.all()}
+    assert sorted(states) == names
+    assert all(s.acked_version == 2 and s.applied_version == 2 and s.heartbeat_at == T0 + timedelta(seconds=1)
+               and s.applied_seen_at == T0 + timedelta(seconds=1) and s.acked_digest == s.applied_digest
+               for s in states.values())

@@ -172,3 +172,42 @@ def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
         counts = push_nodes(["node-a", "node-b"])
     assert counts == {"versions": 1, "sent": 1, "missing": 0, "failed": 1}
     assert sent.call_args.kwargs["queue"] == "agent.node-a"
+
+
+def test_a_failed_publish_of_the_batch_is_tried_once_more(registry):
+    from dashboard import push
+
+    with mock.patch.object(push, "_publish_documents", side_effect=[ConnectionError("reset"), None]) as publish:
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts["sent"] == 2 and publish.call_count == 2
+    [documents] = publish.call_args.args
+    assert [name for name, _ in documents] == ["node-a", "node-b"]
+    assert set(NodeState.objects.values_list("push_error", "pushed_version")) == {("", 1)}
+
+
+def test_a_batch_the_broker_never_takes_marks_every_node(registry):
+    from dashboard import push
+
+    with mock.patch.object(push, "_publish_documents", side_effect=ConnectionError("redis down")):
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts["sent"] == 0 and counts["versions"] == 2
+    states = NodeState.objects.order_by("node_name")
+    assert [(s.pushed_version, "redis down" in s.push_error) for s in states] == [(0, True), (0, True)]
+
+
+@pytest.mark.integration
+def test_documents_of_one_push_reach_every_node_queue(registry, dashboard_broker):
+    import base64
+    import json
+
+    client = dashboard_broker.client()
+    assert push_nodes(["node-a", "node-b"])["sent"] == 2
+    for node in ("node-a", "node-b"):
+        [raw] = client.lrange(f"agent.{node}", 0, -1)
+        message = json.loads(raw)
+        assert message["headers"]["task"] == APPLY_CONFIG_TASK and message["headers"]["expires"]
+        assert message["headers"]["argsrepr"] == f"[<config document node={node} version=1>]"
+        secret = registry[node.replace("-", "_")].signing_secret
+        [document], _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        signing.verify(document, secret)
+        assert document["node"] == node and document["version"] == 1
