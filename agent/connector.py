@@ -360,28 +360,37 @@ class KVConnector:
 
     # --- remove ---------------------------------------------------------------------------------------------
 
-    def remove(self, block_hashes: Sequence[bytes], *, namespace: Namespace | None = None) -> int:
+    def remove(self, block_hashes: Sequence[bytes], *, namespace: Namespace | None = None,
+               force: bool = False) -> int:
         """Remove blocks from the store (the agent's own eviction); returns how many counted blocks it freed.
 
-        The caller chooses blocks without present descendants (leaves), or it creates orphans.
+        The caller chooses blocks without present descendants (leaves), or it creates orphans. All objects of a
+        block go in one ``batch_remove`` call (SGLang's ``_k`` and ``_v`` together); a block counts as gone once
+        any of its objects is gone (a lone half can never be read; reconciliation removes it later).
+
+        ``force=False`` (the default) leaves objects under a read lease in place (Mooncake 0.3.13.post1 answers
+        -706 OBJECT_HAS_LEASE): forcing would free memory under another client's transfer. Pass ``force=True``
+        only when no reader can exist (e.g. the namespace is retired).
 
         Raises:
-            StoreError: a negative code other than -704 (already gone), after the ledger was updated.
+            StoreError: a negative code other than -704 (already gone), e.g. -706 for a leased block, after the
+                ledger recorded the blocks that did go.
         """
         ns = self._ns(namespace)
         hashes = list(block_hashes)
         if not hashes:
             return 0
         keys = ns.keys(hashes)
-        codes = self.store.remove(keys)
+        codes = self.store.remove(keys, force=force)
         per = ns.objects_per_block
         failures: list[tuple[str, int]] = []
-        failed_blocks: set[int] = set()
+        gone_blocks: set[int] = set()
         for n, (k, c) in enumerate(zip(keys, codes)):
             if c < 0 and c != _NOT_FOUND:
                 failures.append((k, c))
-                failed_blocks.add(n // per)
-        gone = [h for i, h in enumerate(hashes) if i not in failed_blocks]
+            else:
+                gone_blocks.add(n // per)
+        gone = [h for i, h in enumerate(hashes) if i in gone_blocks]
         freed = self.ledger.record_removed(ns, gone)
         if failures:
             raise store_error("remove", failures, tenant_id=self.store.tenant_id)

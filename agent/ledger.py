@@ -18,6 +18,10 @@ Reconciliation: blocks the master evicts stop counting when a lookup, a put's ex
 :meth:`Ledger.reconcile` (``batch_is_exist`` on a sample, escalating to every block once a sample finds a
 miss) sees them gone.
 
+Listeners (:meth:`Ledger.add_listener`, e.g. ``agent.budget.BudgetEnforcer``) see every change of an owned
+block, under the ledger's lock: ``insert`` (stored by this node), ``access`` (inside a lookup's hit prefix, or
+found present by a put), ``remove`` (gone: removed by the agent, evicted by the master, or dropped).
+
 All methods are thread-safe (one lock); :meth:`Ledger.snapshot` is O(namespaces).
 """
 
@@ -95,10 +99,12 @@ _COUNTERS = ("blocks", "bytes", "puts", "gets", "hit_blocks", "miss_blocks", "ma
 class NamespaceTable:
     """Counters and the block table of one namespace identity (read it under :attr:`Ledger.lock`)."""
 
-    def __init__(self, ns_id: NamespaceId, engine: str) -> None:
+    def __init__(self, ns_id: NamespaceId, engine: str,
+                 listeners: list[Callable[[str, NamespaceTable, BlockEntry], None]] | None = None) -> None:
         self.id = ns_id
         self.engine = engine
         self.entries: dict[str, BlockEntry] = {}
+        self._listeners = listeners if listeners is not None else []
         for name in _COUNTERS:
             setattr(self, name, 0)
 
@@ -153,6 +159,10 @@ class NamespaceTable:
 
     # --- bookkeeping (callers hold the ledger lock) ---------------------------------------------------------
 
+    def _emit(self, event: str, e: BlockEntry) -> None:
+        for listener in self._listeners:
+            listener(event, self, e)
+
     def _detach(self, e: BlockEntry) -> None:
         if e.owned and e.present:
             self.blocks -= 1
@@ -174,6 +184,7 @@ class NamespaceTable:
         """Change an entry's state, keeping every counter (its own and its children's orphan state) exact."""
         kids = [self.entries[c] for c in e.children if c in self.entries]
         presence_changes = present is not None and present != e.present
+        was_counted = e.owned and e.present
         self._detach(e)
         if presence_changes:
             for kid in kids:
@@ -191,6 +202,8 @@ class NamespaceTable:
         if presence_changes:
             for kid in kids:
                 self._attach(kid)
+            if was_counted and not e.present:
+                self._emit("remove", e)
 
     def _entry(self, ns: Namespace, block_hash: bytes, parent: str | None, now: float) -> BlockEntry:
         key = ns.primary_key(block_hash)
@@ -258,6 +271,13 @@ class Ledger:
         self.clock = clock
         self.lock = threading.RLock()
         self._tables: dict[NamespaceId, NamespaceTable] = {}
+        self._listeners: list[Callable[[str, NamespaceTable, BlockEntry], None]] = []
+
+    def add_listener(self, listener: Callable[[str, NamespaceTable, BlockEntry], None]) -> None:
+        """Call ``listener(event, table, entry)`` for every ``insert``/``access``/``remove`` of an owned block
+        (see the module docstring), under the ledger's lock: it must be quick and must not raise."""
+        with self.lock:
+            self._listeners.append(listener)
 
     # --- access ---------------------------------------------------------------------------------------------
 
@@ -267,7 +287,7 @@ class Ledger:
         with self.lock:
             t = self._tables.get(ns_id)
             if t is None:
-                t = NamespaceTable(ns_id, ns.engine if isinstance(ns, Namespace) else "")
+                t = NamespaceTable(ns_id, ns.engine if isinstance(ns, Namespace) else "", self._listeners)
                 self._tables[ns_id] = t
             elif not t.engine and isinstance(ns, Namespace):
                 t.engine = ns.engine
@@ -318,12 +338,17 @@ class Ledger:
                 if outcome is Outcome.STORED:
                     if not e.present:
                         e.created_at = now
+                    was_counted = e.owned and e.present
                     t._set(e, present=True, owned=True, size=block_bytes)
                     e.last_access = now
                     t.puts += 1
+                    t._emit("access" if was_counted else "insert", e)
                 elif outcome is Outcome.EXISTED:
                     if not e.present:  # written by another instance of the namespace: not ours to count
                         t._set(e, present=True, owned=False, size=0)
+                    elif e.owned:
+                        e.last_access = now
+                        t._emit("access", e)
                     t.skipped_blocks += 1
                 else:
                     if e.owned and e.present:
@@ -361,6 +386,8 @@ class Ledger:
                 if e is not None:
                     e.hit_count += 1
                     e.last_access = now
+                    if e.owned and e.present:
+                        t._emit("access", e)
         return hits
 
     def observe(self, ns: Namespace, block_hashes: Sequence[bytes], present: Sequence[bool]) -> None:

@@ -6,8 +6,9 @@ config document, with the same namespaces, key grammar and zero-copy transfers, 
 
 * **prefill** (role ``prefill`` or ``both``): look up the request's prefix, load the hit blocks from the Store,
   "compute" the missing ones (fill their cache slots with a pattern derived from the block hash) and save them,
-  then keep the release's bytes on this node under its ``budget_bytes`` by removing least recently used leaves
-  of its prefix trees (never a block with a cached descendant, so no orphans);
+  then keep the request group's and the release's bytes on this node under their ``budget_bytes`` with
+  :class:`agent.budget.BudgetEnforcer` (leaves chosen by the prefix-aware eviction policy, never a block with a
+  cached descendant, so no orphans);
 * **decode** (role ``decode``): look up the prefix and load what the prefill instance stored, checking that
   every loaded byte equals what prefill wrote (the prefill/decode sharing of the seed).
 
@@ -63,8 +64,6 @@ HANDOFF_EXPIRES_SECONDS = 600
 DEFAULT_RECONCILE_SECONDS = 2.0
 #: A release over its budget is trimmed to this share of it (room for a few requests before the next trim).
 BUDGET_LOW_WATER = 0.9
-_NOT_FOUND = -704  # OBJECT_NOT_FOUND: already gone
-_HAS_LEASE = -706  # OBJECT_HAS_LEASE: being read by someone; not removed without force
 
 
 # --- messages ------------------------------------------------------------------------------------------------
@@ -219,6 +218,7 @@ class _Instance:
     namespaces: Mapping[str, Namespace]  # request group name -> namespace (tp rank of the instance)
     overridden: bool
     budget_bytes: int | None = None
+    group_budgets: Mapping[str, int] = field(default_factory=dict)  # request group name -> its budget
 
     @property
     def release_id(self) -> tuple[str, str, str]:
@@ -284,6 +284,9 @@ class EngineSimulator:
         self._mounted = False
         self._last_reconcile = time.monotonic()
         self.batches = 0
+        from agent.budget import BudgetEnforcer
+
+        self.budget = BudgetEnforcer(ledger)
 
     # --- config ---------------------------------------------------------------------------------------------
 
@@ -353,8 +356,10 @@ class EngineSimulator:
         layout = spec.kv_layout
         layout_key = (spec.engine, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.block_size,
                       layout.kv_dtype)
+        group_budgets = {g.name: g.budget_bytes for g in spec.request_groups
+                         if g.budget_bytes is not None and g.name in namespaces}
         return _Instance(spec.instance_id, spec.role, spec.port, spec.tenant_id, layout_key, namespaces,
-                         override is not None, spec.budget_bytes)
+                         override is not None, spec.budget_bytes, group_budgets)
 
     # --- store and engines ----------------------------------------------------------------------------------
 
@@ -567,14 +572,16 @@ class EngineSimulator:
                 raise
             result.stored_blocks += put.stored
             result.bytes_written += put.bytes_written
-        if inst.budget_bytes:
-            result.evicted_blocks += self._keep_budget(inst, connector)
+        group_budget = inst.group_budgets.get(item.request_group)
+        if group_budget is not None or inst.budget_bytes:
+            result.evicted_blocks += self._keep_budget(inst, ns, group_budget, connector)
 
-    def _keep_budget(self, inst: _Instance, connector: Any) -> int:
-        """Hold the release's bytes on this node under its budget; returns blocks removed.
+    def _keep_budget(self, inst: _Instance, ns: Namespace, group_budget: int | None, connector: Any) -> int:
+        """Hold the request group (when it has its own budget) and then the release (every group of it on this
+        node) under their budgets; returns blocks removed.
 
-        Over budget, remove least recently used *leaves* of the release's prefix trees (blocks without a present
-        child, from the ledger) until the bytes are at ``BUDGET_LOW_WATER`` of the budget: a block is removed
+        Over budget, :attr:`budget` (:class:`agent.budget.BudgetEnforcer`, the prefix-aware policy of
+        ``agent.eviction``) removes leaves until the bytes are at ``BUDGET_LOW_WATER`` of the budget: a block goes
         only after every cached descendant, so no block is orphaned and every remaining prefix can still hit.
 
         Removal is not forced: an object another client is reading holds a lease (Mooncake 0.3.13.post1 grants
@@ -582,56 +589,18 @@ class EngineSimulator:
         and is tried again later; a forced removal would free memory under the reader's transfer and hand it
         bytes of whatever object is written there next.
         """
-        budget = inst.budget_bytes or 0
-        release = inst.release_id
-        tables = [t for t in self.ledger.tables()
-                  if (t.id.tenant_id, t.id.served_model_name, t.id.namespace) == release]
-        used = sum(t.bytes for t in tables)
-        if used <= budget:
-            return 0
-        target = int(budget * BUDGET_LOW_WATER)
+        from agent.budget import connector_remover
+
+        remove = connector_remover(connector)
         removed = 0
-        leased: set[str] = set()
-        while used > target:
-            with self.ledger.lock:
-                leaves = sorted((e for t in tables for e in t.leaves() if e.key not in leased),
-                                key=lambda e: (e.last_access, e.hit_count))
-            victims: dict[Namespace, list[Any]] = {}
-            freed = 0
-            for entry in leaves:
-                victims.setdefault(entry.ns, []).append(entry)
-                freed += entry.size
-                if used - freed <= target:
-                    break
-            if not victims:
-                break
-            for ns, entries in victims.items():
-                removed += self._remove_unleased(connector, ns, entries, leased)
-            used = sum(t.bytes for t in tables)
+        if group_budget is not None:
+            removed += len(self.budget.enforce(ns.id, group_budget, remove, low_water=BUDGET_LOW_WATER))
+        if inst.budget_bytes:
+            release = inst.release_id
+            ids = [t.id for t in self.ledger.tables()
+                   if (t.id.tenant_id, t.id.served_model_name, t.id.namespace) == release]
+            removed += len(self.budget.enforce(ids, inst.budget_bytes, remove, low_water=BUDGET_LOW_WATER))
         return removed
-
-    def _remove_unleased(self, connector: Any, ns: Namespace, entries: list[Any], leased: set[str]) -> int:
-        """Remove blocks without forcing; blocks under a read lease are added to ``leased``. Returns how many
-        counted blocks left the store (the ledger records them as evicted by the agent)."""
-        from agent.errors import store_error
-
-        keys = ns.keys([e.block_hash for e in entries])
-        codes = connector.store.remove(keys, force=False)
-        per = ns.objects_per_block
-        gone: list[bytes] = []
-        failures: list[tuple[str, int]] = []
-        for i, entry in enumerate(entries):
-            block_codes = codes[i * per:(i + 1) * per]
-            if any(c in (0, _NOT_FOUND) for c in block_codes):
-                gone.append(entry.block_hash)  # an SGLang half left under a lease is found by reconcile
-            else:
-                leased.add(entry.key)
-            failures.extend((k, c) for k, c in zip(keys[i * per:(i + 1) * per], block_codes)
-                            if c not in (0, _NOT_FOUND, _HAS_LEASE))
-        freed = self.ledger.record_removed(ns, gone)
-        if failures:
-            raise store_error("remove", failures, tenant_id=connector.store.tenant_id)
-        return freed
 
     def _decode(self, applied: _Applied, inst: _Instance, ns: Namespace, item: WorkItem,
                 result: BatchResult) -> None:

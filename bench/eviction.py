@@ -28,13 +28,15 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from agent.eviction import BeladyPolicy, EvictionPolicy, HitDensityPolicy, LeafLRUPolicy, PlainLRUPolicy
 from agent.trace import FAST25_BLOCK_TOKENS, TraceError, TraceRequest, read_trace, sorted_by_time
 from bench import eviction_traces
 
-DEFAULT_TRACE = "/work/shared/traces/conversation_trace.jsonl"
+#: The FAST'25 trace in the workspace's ``shared/traces`` folder, next to the repository (``../shared`` from its root).
+DEFAULT_TRACE = str(Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl")
 DEFAULT_CAPACITIES = (1_000_000, 3_000_000, 10_000_000)
 POLICIES = ("lru", "hit-density", "belady", "plain-lru")
 

@@ -198,7 +198,8 @@ def baseline(redis, nodes: int, rounds: int, payload: bytes) -> list[float]:
 # --- the benchmark -----------------------------------------------------------------------------------------
 
 
-def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = False) -> dict:
+def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = False,
+        agent_processes: int = 1) -> dict:
     from bench.ingest import private_database, server_url, setup_django
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-push-"))
@@ -226,9 +227,11 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
                     node = validated_save(Node(name=name, hostname="10.0.0.1"))
                     validated_save(InstanceAssignment(node=node, release=release, port=8000))
             redis.client.flushdb()  # the set-up's own pushes: the first round sends every first document
-            secrets = dict(Node.objects.values_list("name", "signing_secret"))
-            secrets_file = workdir / "secrets.json"
-            secrets_file.write_text(json.dumps(secrets))
+            secrets = sorted(Node.objects.values_list("name", "signing_secret"))
+            secrets_files = []
+            for shard in range(agent_processes):  # node i goes to simulator process i % agent_processes
+                secrets_files.append(workdir / f"secrets-{shard}.json")
+                secrets_files[-1].write_text(json.dumps(dict(secrets[shard::agent_processes])))
 
             env = {"DATABASE_URL": url, "CELERY_BROKER_URL": redis.url, "KVPOOL_VAR_DIR": str(workdir / "var"),
                    "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings"}
@@ -237,9 +240,10 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
                                  "dashboard.ingest,dashboard.control", "--pool", "threads", "-c", "2",
                                  "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"],
                                 dash_log, **env))
-            procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
-                                 "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
-                                agents_log))
+            for secrets_file in secrets_files:
+                procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
+                                     "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
+                                    agents_log))
             _wait_log(procs[0], dash_log, "ready.")
             time.sleep(2.0)  # the agents' worker logs at WARNING: give it time to subscribe to its queues
 
@@ -253,7 +257,7 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
 
             def cpu_now() -> dict[str, float]:
                 return {"dashboard_worker": _tree_cpu_seconds(procs[0].pid),
-                        "simulated_agents": _tree_cpu_seconds(procs[1].pid),
+                        "simulated_agents": sum(_tree_cpu_seconds(proc.pid) for proc in procs[1:]),
                         "redis": _tree_cpu_seconds(redis.proc.pid), "bench": time.process_time()}
 
             for round_no in range(rounds + 1):  # round 0 is the warm-up (first documents)
@@ -305,7 +309,7 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
     p50, p99 = percentile(round_times, 50), percentile(round_times, 99)
     b50, b99 = percentile(raw_times, 50), percentile(raw_times, 99)
     return {
-        "bench": "push", "nodes": nodes, "rounds": rounds, "document_bytes": len(payload),
+        "bench": "push", "nodes": nodes, "rounds": rounds, "agent_processes": agent_processes, "document_bytes": len(payload),
         "all_acked_p50_s": round(p50, 3), "all_acked_p99_s": round(p99, 3),
         "all_acked_mean_s": round(statistics.mean(round_times), 3),
         "node_ack_p50_s": round(percentile(node_times, 50), 3), "node_ack_p99_s": round(percentile(node_times, 99), 3),
@@ -323,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=200, help="simulated nodes (default 200)")
     parser.add_argument("--rounds", type=int, default=10, help="measured rounds (default 10)")
     parser.add_argument("--database-url", help="PostgreSQL server URL (a private database is created on it)")
+    parser.add_argument("--agent-processes", type=int, default=1,
+                        help="processes the simulated agents are spread over (default 1)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the logs of the workers (path on stderr)")
     parser.add_argument("--simulate-agents", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--broker", help=argparse.SUPPRESS)
@@ -333,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate_agents:
         simulate_agents(args.broker, args.secrets_file, args.state_dir, args.threads)
         return 0
-    if args.nodes < 1 or args.rounds < 1:
-        parser.error("--nodes and --rounds must be at least 1")
-    result = run(args.nodes, args.rounds, args.database_url, args.keep_workdir)
+    if args.nodes < 1 or args.rounds < 1 or args.agent_processes < 1:
+        parser.error("--nodes, --rounds and --agent-processes must be at least 1")
+    result = run(args.nodes, args.rounds, args.database_url, args.keep_workdir, args.agent_processes)
     print(f"push fan-out to {result['nodes']} nodes ({result['document_bytes']} byte documents), "
           f"{result['rounds']} rounds: all acked p50 {result['all_acked_p50_s']:.3f} s, "
           f"p99 {result['all_acked_p99_s']:.3f} s; per node p50 {result['node_ack_p50_s']:.3f} s, "

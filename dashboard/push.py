@@ -153,9 +153,9 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
 
     One transaction: the nodes' ``NodeState`` rows are locked (in name order, so concurrent calls cannot
     deadlock; rows of nodes never pushed before are created first), the contents rendered under the lock (a
-    concurrent push that renders later also versions later), new versions created in one multi-row INSERT and the
-    desired version/digest of their nodes set in one pipelined batch of UPDATEs. Raises ``MessageError`` if a rendered document would not pass the
-    agent's schema (nothing is created then).
+    concurrent push that renders later also versions later), new versions created in one multi-row INSERT and
+    the desired version/digest of their nodes set in one pipelined batch of UPDATEs. Raises ``MessageError``
+    if a rendered document would not pass the agent's schema (nothing is created then).
     """
     from agent.messages import parse_document
 
@@ -282,6 +282,7 @@ def _publish_documents(documents: list[tuple[str, dict[str, Any]]]) -> None:
 
 
 def _record_push_errors(errors: dict[str, str]) -> None:
+    """Keep each node's push error (node name -> message) in ``NodeState.push_error``, one UPDATE per message."""
     by_error: dict[str, list[str]] = {}
     for name, error in errors.items():
         by_error.setdefault(error[:2000], []).append(name)

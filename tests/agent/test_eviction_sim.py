@@ -7,13 +7,16 @@ import os
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 
+from pathlib import Path
+
 import pytest
 
 from agent.trace import TraceRequest, read_trace, sorted_by_time, write_trace
 from bench import eviction as bench
 from bench import eviction_traces
 
-REAL_TRACE = "/work/shared/traces/conversation_trace.jsonl"
+# The FAST'25 trace lives in the shared/ folder beside the repository (as on CI).
+REAL_TRACE = str(Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl")
 needs_trace = pytest.mark.skipif(not os.path.exists(REAL_TRACE), reason="the shared FAST'25 trace is not here")
 
 

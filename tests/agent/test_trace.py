@@ -4,6 +4,8 @@ import io
 import json
 import os
 
+from pathlib import Path
+
 import pytest
 
 from agent.trace import (
@@ -16,7 +18,8 @@ from agent.trace import (
     write_trace,
 )
 
-REAL_TRACE = "/work/shared/traces/conversation_trace.jsonl"
+# The FAST'25 trace lives in the shared/ folder beside the repository (as on CI).
+REAL_TRACE = str(Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl")
 
 
 def line(**overrides):
