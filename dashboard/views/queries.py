@@ -84,6 +84,8 @@ class SeriesSummary:
     hit_blocks: int = 0
     miss_blocks: int = 0
     in_flight_requests: int = 0
+    #: Bytes of cached blocks whose prefix parent is gone (unreachable by a prefix lookup), newest per node.
+    orphaned_bytes: int = 0
 
     @property
     def label(self) -> str:
@@ -102,6 +104,7 @@ class SeriesSummary:
             "data": self.data, "latest_bytes": self.latest_bytes, "average_bytes": self.average_bytes,
             "peak_bytes": self.peak_bytes, "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
             "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
+            "orphaned_bytes": self.orphaned_bytes,
         }
 
 
@@ -163,15 +166,16 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         filters.apply(OccupancySample.objects.filter(ts__gte=start, ts__lte=end))
         .order_by("ts", "id")
         .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "bytes",
-                     "samples", "hit_blocks", "miss_blocks", "in_flight_requests")
+                     "samples", "hit_blocks", "miss_blocks", "in_flight_requests", "orphaned_bytes")
     )
     # (bucket, node, ns key, salt) -> [weighted bytes, samples]
     cells: dict[tuple[int, str, NamespaceKey, str], list[int]] = defaultdict(lambda: [0, 0])
     last_counters: dict[tuple[str, NamespaceKey, str], tuple[int, int]] = {}
     hits: dict[NamespaceKey, list[int]] = defaultdict(lambda: [0, 0])
     in_flight: dict[tuple[str, NamespaceKey, str], int] = {}
+    orphaned: dict[tuple[str, NamespaceKey, str], int] = {}
     keys: set[NamespaceKey] = set()
-    for ts, node, tenant_id, model, namespace, salt, size, samples, hit, miss, flight in rows:
+    for ts, node, tenant_id, model, namespace, salt, size, samples, hit, miss, flight, orphan in rows:
         key = (tenant_id, model, namespace)
         keys.add(key)
         index = min(int((ts - start).total_seconds() // width), count - 1)
@@ -186,6 +190,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             hits[key][1] += miss - previous[1] if miss >= previous[1] else miss
         last_counters[counter_key] = (hit, miss)
         in_flight[counter_key] = flight
+        orphaned[counter_key] = orphan
     sums: dict[NamespaceKey, list[int | None]] = {key: [None] * count for key in keys}
     for (index, _node, key, _salt), (weighted, samples) in cells.items():
         current = sums[key][index] or 0
@@ -201,6 +206,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             peak_bytes=max(present) if present else None,
             hit_blocks=hits[key][0], miss_blocks=hits[key][1],
             in_flight_requests=sum(v for (node, k, salt), v in in_flight.items() if k == key),
+            orphaned_bytes=sum(v for (node, k, salt), v in orphaned.items() if k == key),
         )
         series.append(summary)
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,

@@ -159,3 +159,18 @@ def test_filter_choices_come_from_the_registry(ui):
     html = ui.get(reverse("ui:occupancy"), {"tenant": "acme"}).content.decode()
     for value in ("acme", "qwen3-8b", "prod-a", "app-a"):
         assert f'<option value="{value}"' in html
+
+
+def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
+    now = datetime.now(timezone.utc)
+    sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, orphaned_bytes=4096)
+    sample(ts=now - timedelta(seconds=30), node="node-a", size=1 << 20, orphaned_bytes=1024)
+    sample(ts=now - timedelta(seconds=30), node="node-b", group="g1", size=1 << 20, orphaned_bytes=512)
+    sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
+    by_label = {s.label: s for s in occupancy_series("15m").series}
+    assert by_label["acme/qwen3-8b/production-2026-07"].orphaned_bytes == 1024 + 512
+    assert by_label["acme/qwen3-8b/production-2026-08"].orphaned_bytes == 0
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m"}).json()
+    assert [s["orphaned_bytes"] for s in payload["series"]] == [1536, 0]
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
+    assert 'data-orphaned-bytes="1536"' in html and 'data-orphaned-bytes="0"' in html
