@@ -29,8 +29,12 @@ FAST'25 traces (Mooncake ``conversation_trace.jsonl``)
     and the root seed separate namespaces exactly as for real tokens); for SGLang it is
     ``SHA-256(prior || u32le(hash_id))`` with the namespace seed as the first prior.
 
-Speed: the vLLM chain runs one ``pickle.dumps``/``cbor2.dumps`` and one digest per block inside
-``itertools.accumulate`` over ``zip``-built block tuples; SGLang hashes slices of one ``array('I')`` buffer.
+Speed: the pickle variants run one ``pickle.dumps`` and one digest per block inside ``itertools.accumulate``
+over ``zip``-built block tuples. The CBOR variants encode all full blocks at once with numpy
+(:func:`_cbor_uint_blocks`: canonical CBOR unsigned ints take 1/2/3/5/9 bytes by magnitude) and hash
+``0x83 || bytes-head || parent || block bytes`` per block, byte-identical to ``cbor2.dumps(..., canonical=True)``;
+token lists with anything but ints in ``[0, 2**63)`` fall back to ``cbor2``. SGLang hashes slices of one
+``array('I')`` buffer.
 ``python -m bench.connector`` prints the measured tokens/s.
 """
 
@@ -46,6 +50,7 @@ from itertools import accumulate
 from typing import Any, Protocol, runtime_checkable
 
 import cbor2
+import numpy as np
 import xxhash
 
 #: vLLM ``--prefix-caching-hash-algo`` values (vLLM 0.33.0).
@@ -176,6 +181,67 @@ def _check_parent(parent: bytes | None, size: int) -> None:
         raise ValueError(f"parent must be a {size}-byte block hash or None, got {parent!r:.80}")
 
 
+#: Canonical CBOR initial byte of an unsigned int by its count of argument bytes (0 = value in the initial byte).
+_CBOR_UINT_OP = np.array([0, 0x18, 0x19, 0, 0x1A, 0, 0, 0, 0x1B], dtype=np.uint8)
+
+
+def _cbor_uint_blocks(vals: np.ndarray, block_size: int, head: bytes, tail: bytes) -> tuple[bytes, list[int]]:
+    """Canonical CBOR of ``head || uint... || tail`` for every block of ``vals``, all blocks concatenated.
+
+    ``vals``: int64 array, values in ``[0, 2**63)``, length a multiple of ``block_size``. Each int is encoded as
+    cbor2 (and RFC 8949 preferred serialisation) does: the value itself below 24, else ``0x18``/``0x19``/
+    ``0x1a``/``0x1b`` followed by 1/2/4/8 big-endian bytes, the shortest that holds it. Returns the bytes and
+    the end offset of each block within them.
+    """
+    n = len(vals)
+    nb = n // block_size
+    hlen, tlen = len(head), len(tail)
+    top = int(vals.max())
+    width = 8 if top >= 2**32 else 4 if top >= 65536 else 2 if top >= 256 else 1 if top >= 24 else 0
+    row = 1 + width
+    nbytes = (vals >= 24).view(np.int8) + (vals >= 256).view(np.int8)  # argument bytes: 0, 1, 2, 4, 8
+    if width >= 4:
+        nbytes += 2 * (vals >= 65536).view(np.int8)
+    if width == 8:
+        nbytes += 4 * (vals >= 2**32).view(np.int8)
+    # one right-aligned row per int: the encoding is the last 1 + nbytes bytes of its row
+    tok = np.empty((n, row), np.uint8)
+    if width:
+        tok[:, 1:] = vals.astype(">u8").view(np.uint8).reshape(n, 8)[:, 8 - width:]
+    op = _CBOR_UINT_OP[nbytes]
+    small = nbytes == 0
+    op[small] = vals[small]
+    tok[np.arange(n), width - nbytes] = op
+    cols = hlen + block_size * row + tlen
+    full = np.empty((nb, cols), np.uint8)
+    full[:, :hlen] = np.frombuffer(head, np.uint8)
+    full[:, hlen:cols - tlen] = tok.reshape(nb, block_size * row)
+    full[:, cols - tlen:] = np.frombuffer(tail, np.uint8)
+    keep = np.ones((nb, cols), bool)
+    keep[:, hlen:cols - tlen] = (np.arange(row) >= (width - nbytes)[:, None]).reshape(nb, block_size * row)
+    data = full.ravel()[np.flatnonzero(keep)].tobytes()
+    ends = np.cumsum(hlen + tlen + block_size + nbytes.reshape(nb, block_size).sum(1, dtype=np.int64))
+    return data, ends.tolist()
+
+
+def _int64_tokens(toks: Sequence[int]) -> np.ndarray | None:
+    """``toks`` (Python ints) as an int64 array when every one is an int in ``[0, 2**63)``, else ``None``.
+
+    ``bool`` tokens (an ``int`` subclass that CBOR and pickle encode differently) give ``None`` too.
+    """
+    arr = array("q")
+    try:
+        arr.fromlist(toks if isinstance(toks, list) else list(toks))
+    except (OverflowError, TypeError):
+        return None
+    vals = np.frombuffer(arr, dtype=np.int64)
+    low = vals <= 1
+    if low.any():
+        if vals.min() < 0 or any(type(toks[i]) is not int for i in np.flatnonzero(low).tolist()):
+            return None
+    return vals
+
+
 @runtime_checkable
 class BlockHasher(Protocol):
     """What the connector needs from a hasher: one digest per full block, chained from ``parent``.
@@ -231,6 +297,10 @@ class VllmBlockHasher:
         self._extra_rest = vllm_extra_keys(lora=lora, cache_salt=cache_salt, first_block=False)
         self._step_first = self._make_step(self._extra_first)
         self._step_rest = self._make_step(self._extra_rest)
+        # fixed parts of a canonical CBOR block triple (see _cbor_block_hashes)
+        self._cbor_pre = b"\x83" + cbor2.dumps(bytes(self.digest_size))[: -self.digest_size]
+        self._cbor_array_head = cbor2.dumps((0,) * block_size)[:-block_size]
+        self._cbor_tail_rest = cbor2.dumps(self._extra_rest, canonical=True)
 
     def _make_step(self, extra: tuple[Any, ...] | None) -> Callable[[bytes, tuple[int, ...]], bytes]:
         """``(parent, block tuple) -> digest`` with the encoder and digest bound as locals (the hot loop)."""
@@ -267,8 +337,50 @@ class VllmBlockHasher:
         first block then carries no salt, as in vLLM where only block 0 of a request is salted).
         """
         toks = _tokens(token_ids)
+        if self.algo.endswith("_cbor"):
+            fast = self._cbor_block_hashes(toks, parent)
+            if fast is not None:
+                return fast
         blocks = zip(*[iter(toks)] * self.block_size)
         return self._chain(blocks, parent)
+
+    def _cbor_block_hashes(self, toks: Sequence[int], parent: bytes | None) -> list[bytes] | None:
+        """The CBOR chain from one vectorised encoding of all full blocks (``None``: tokens need cbor2).
+
+        Block 0 of a new chain (salted extra keys) goes through ``cbor2``; every later block hashes
+        ``0x83 || bytes head || parent || array head || ints || cbor2(extra_keys)``, the exact bytes of
+        ``cbor2.dumps((parent, tuple(block), extra_keys), canonical=True)``.
+        """
+        bs = self.block_size
+        count = len(toks) // bs
+        if count < 2:
+            return None
+        vals = _int64_tokens(toks[: count * bs])
+        if vals is None:
+            return None
+        _check_parent(parent, self.digest_size)
+        out: list[bytes] = []
+        if parent is None:
+            parent = self._step_first(self.none_hash, tuple(toks[:bs]))
+            out.append(parent)
+            vals = vals[bs:]
+        data, ends = _cbor_uint_blocks(vals, bs, self._cbor_array_head, self._cbor_tail_rest)
+        pre = self._cbor_pre
+        append = out.append
+        start = 0
+        if self.algo == "sha256_cbor":
+            sha = hashlib.sha256
+            for end in ends:
+                parent = sha(pre + parent + data[start:end]).digest()
+                append(parent)
+                start = end
+        else:
+            xxh = xxhash.xxh3_128_digest
+            for end in ends:
+                parent = xxh(pre + parent + data[start:end])
+                append(parent)
+                start = end
+        return out
 
     def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
         """FAST'25 ``hash_ids`` chained as one-token blocks: ``hash_fn((parent, (hash_id,), extra_keys))``."""
