@@ -1,13 +1,14 @@
 """Config push fan-out: one registry change affecting N nodes, until every node's agent acked it.
 
-    python -m bench.push [--nodes 200] [--rounds 10] [--database-url URL]
+    python -m bench.push [--nodes 200] [--rounds 10] [--database-url URL] [--agent-processes 1] [--keep-workdir]
 
 Set-up: a private ``redis-server`` (free port), a private PostgreSQL database (as ``bench.ingest``), a registry
 of one tenant, model and release with one instance on each of ``N`` nodes; a real dashboard Celery worker
-(``celery -A dashboard.celery worker``, threads pool, 2 threads, both dashboard queues) and one process that
-simulates the ``N`` agents: a Celery worker consuming the ``N`` queues ``agent.<node>`` (threads pool) that
-hands each document to that node's real ``agent.daemon.Daemon`` (signature check, validation, namespace
-binding, persisted state, ack through the on-disk outbox to ``dashboard.ingest``).
+(``celery -A dashboard.celery worker``, threads pool, 2 threads, both dashboard queues) and one process (or
+``--agent-processes`` processes, each with every k-th node) that simulates the ``N`` agents: a Celery worker
+(``agent.celery_app.make_app``) consuming the ``N`` queues ``agent.<node>`` (threads pool) that hands each
+document to that node's real ``agent.daemon.Daemon`` (signature check, validation, namespace binding,
+persisted state, ack through the on-disk outbox to ``dashboard.ingest``).
 
 A round: change the tenant's quota (every node's document changes) and commit; ``transaction.on_commit`` queues
 ``dashboard.push_nodes`` tasks; the worker renders, versions, signs and sends ``N`` documents; the agents apply
@@ -16,7 +17,10 @@ all ``N`` nodes acked the new version (p50/p99 over rounds), plus each node's ow
 time), and the phases of each node (sent by the dashboard, acked by its agent, recorded by the dashboard).
 Goal: p99 until all acked < 2 s. On one machine the work of all ``N`` agents runs in one process beside the
 dashboard, PostgreSQL and Redis on the same cores (a deployment runs each agent on its own node); the CPU
-seconds per process printed with the result show where the time goes.
+seconds per process printed with the result show where the time goes: in total, and per measured round
+(``cpu_per_round_s``: dashboard worker, simulated agents, Redis, this process, and the PostgreSQL backends of
+the bench database). The work directory (worker logs) is removed after a successful run unless
+``--keep-workdir`` is given; a failed run keeps it and names it.
 
 Baseline, same run, same Redis: the same fan-out with raw Redis — ``LPUSH`` one document-sized payload to
 each of ``N`` lists, a consumer thread ``BRPOP``s across them and ``LPUSH``es a reply, until ``N`` replies.
@@ -309,7 +313,8 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
     p50, p99 = percentile(round_times, 50), percentile(round_times, 99)
     b50, b99 = percentile(raw_times, 50), percentile(raw_times, 99)
     return {
-        "bench": "push", "nodes": nodes, "rounds": rounds, "agent_processes": agent_processes, "document_bytes": len(payload),
+        "bench": "push", "nodes": nodes, "rounds": rounds, "agent_processes": agent_processes,
+        "document_bytes": len(payload),
         "all_acked_p50_s": round(p50, 3), "all_acked_p99_s": round(p99, 3),
         "all_acked_mean_s": round(statistics.mean(round_times), 3),
         "node_ack_p50_s": round(percentile(node_times, 50), 3), "node_ack_p99_s": round(percentile(node_times, 99), 3),

@@ -13,7 +13,8 @@ and no timer holds anything back.
 What is taken but not stored:
 
 * a queued message that is not a plain ``dashboard.ingest`` task (another task name, an ETA/countdown or an
-  expiry, an unknown protocol) goes back to the queue untouched, and draining stops: the Celery worker runs it;
+  expiry, an unknown protocol) goes back to the queue (marked redelivered), and draining stops: the Celery
+  worker runs it;
 * a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of messages is
   logged (WARNING, with the task id) and acknowledged — it can never be stored, as a worker would fail it too;
 * invalid agent messages inside a list are logged and skipped by ``ingest`` as always.
