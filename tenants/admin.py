@@ -4,7 +4,9 @@ from __future__ import annotations
 from django.contrib import admin
 
 from tenants import budgets
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ReservedSalt, ServedModel, Tenant,
+)  # fmt: skip
 from tenants.quota import format_quota
 
 
@@ -84,6 +86,26 @@ class AuditEntryAdmin(admin.ModelAdmin):
     list_display = ("timestamp", "actor_repr", "action", "object_type", "object_repr", "request_id")
     list_filter = ("action", "object_type")
     search_fields = ("object_repr", "object_id", "actor_repr", "request_id")
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ReservedSalt)
+class ReservedSaltAdmin(admin.ModelAdmin):
+    """Salts of deleted request groups: read only, never deleted (deleting one would allow its reuse)."""
+
+    list_display = ("cache_salt", "group_name", "tenant_id", "created_at")
+    search_fields = ("cache_salt", "group_name", "tenant_id")
 
     def get_readonly_fields(self, request, obj=None):
         return [field.name for field in self.model._meta.fields]

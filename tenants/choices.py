@@ -11,6 +11,22 @@ class Engine(models.TextChoices):
     SGLANG = "sglang", "SGLang"
 
 
+class KVCacheDtype(models.TextChoices):
+    """``--kv-cache-dtype`` values both engines accept (vLLM 0.33.0 and SGLang 0.5.23); ``auto`` = model dtype.
+
+    The value is part of the compatibility fingerprint (it changes the bytes of every KV block) and is passed
+    verbatim to the engine's command line, so only values the engines parse are allowed.
+    """
+
+    AUTO = "auto", "auto (the model's dtype)"
+    FLOAT16 = "float16", "float16"
+    BFLOAT16 = "bfloat16", "bfloat16"
+    FLOAT32 = "float32", "float32"
+    FP8 = "fp8", "fp8 (e4m3)"
+    FP8_E4M3 = "fp8_e4m3", "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2", "fp8_e5m2"
+
+
 class InstanceRole(models.TextChoices):
     """Role of an engine instance: prefill or decode of a disaggregated pair, or both (aggregated)."""
 

@@ -210,3 +210,20 @@ def validate_adapters(value: object) -> None:
         if name in seen:
             raise ValidationError(f"adapter '{name}' is listed twice.", code="duplicate")
         seen.add(name)
+
+
+#: Largest primary key the registry's tables hold (a signed 64-bit ``BigAutoField``).
+MAX_OBJECT_ID = 2**63 - 1
+
+
+def parse_object_id(text: object) -> int | None:
+    """An object id written as ASCII digits (``"12"``) -> ``12``; ``None`` for anything else.
+
+    Stricter than ``str.isdigit()``, which also accepts superscripts and other Unicode digits (``"²"``) that
+    ``int()`` then refuses; ids above ``MAX_OBJECT_ID`` (which no row can have, and which overflow SQLite's
+    integers) are ``None`` as well. Raises nothing.
+    """
+    if not isinstance(text, str) or not text or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if 0 < value <= MAX_OBJECT_ID else None

@@ -17,6 +17,7 @@ from rest_framework.validators import UniqueTogetherValidator, UniqueValidator
 from dashboard.api.fields import ByteSizeSerializerField
 from tenants.fields import ByteSizeField
 from tenants.services import validated_save
+from tenants.validators import MAX_OBJECT_ID, parse_object_id
 
 
 class Conflict(exceptions.APIException):
@@ -49,9 +50,34 @@ def save_or_400(instance):
         ) from None
 
 
-class ValidatedModelSerializer(serializers.ModelSerializer):
-    """Model serializer whose writes go through ``full_clean()`` and a transaction (see module docstring)."""
+class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object's id: a JSON integer or a string of ASCII digits, in ``[1, 2**63 - 1]``.
 
+    DRF's ``PrimaryKeyRelatedField`` hands the value to the ORM, which truncates ``1.5`` (or ``"1.9"``, ``true``)
+    to ``1`` and silently picks another object; this field refuses such values with HTTP 400 naming the field.
+    """
+
+    default_error_messages = {
+        **serializers.PrimaryKeyRelatedField.default_error_messages,
+        "incorrect_type": "Incorrect type. Expected an object id (a positive integer), received {data_type}.",
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, str)):
+            self.fail("incorrect_type", data_type=type(data).__name__)
+        object_id = data if isinstance(data, int) else parse_object_id(data)
+        if object_id is None or not 0 < object_id <= MAX_OBJECT_ID:
+            self.fail("does_not_exist", pk_value=data)
+        return super().to_internal_value(object_id)
+
+
+class ValidatedModelSerializer(serializers.ModelSerializer):
+    """Model serializer whose writes go through ``full_clean()`` and a transaction (see module docstring).
+
+    Foreign keys are ``StrictPrimaryKeyRelatedField`` (integers only, no silent truncation of ``1.5``).
+    """
+
+    serializer_related_field = StrictPrimaryKeyRelatedField
     serializer_field_mapping = {
         **serializers.ModelSerializer.serializer_field_mapping,
         ByteSizeField: ByteSizeSerializerField,

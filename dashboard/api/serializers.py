@@ -7,7 +7,7 @@ from rest_framework import serializers
 from dashboard.api.base import ValidatedModelSerializer
 from dashboard.api.fields import ByteSizeSerializerField
 from tenants import budgets
-from tenants.choices import Engine, HashAlgo, ReleaseState
+from tenants.choices import Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
 from tenants.quota import format_quota
 from tenants.validators import validate_adapters
@@ -83,7 +83,7 @@ class ReleaseCopySerializer(serializers.Serializer):
     num_kv_heads = serializers.IntegerField(required=False)
     head_dim = serializers.IntegerField(required=False)
     block_size = serializers.IntegerField(required=False)
-    kv_dtype = serializers.CharField(required=False)
+    kv_dtype = serializers.ChoiceField(choices=KVCacheDtype.choices, required=False)
     quantization = serializers.CharField(required=False, allow_blank=True)
     adapters = AdapterListField(required=False)
     engine = serializers.ChoiceField(choices=Engine.choices, required=False)

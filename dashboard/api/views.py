@@ -13,6 +13,7 @@ from dashboard.api.base import RegistryViewSet, drf_detail
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
 from tenants.rendering import StoreEndpoints, render_assignment, render_master, render_release
 from tenants.services import copy_release
+from tenants.validators import parse_object_id
 
 
 class TenantViewSet(RegistryViewSet):
@@ -62,10 +63,13 @@ class ReleaseViewSet(RegistryViewSet):
         endpoints = StoreEndpoints.from_settings()
         raw = request.query_params.get("assignment")
         if raw is not None:
-            if not raw.isdigit():
-                raise serializers.ValidationError({"assignment": ["Must be an instance assignment id (an integer)."]})
+            assignment_id = parse_object_id(raw)
+            if assignment_id is None:
+                raise serializers.ValidationError(
+                    {"assignment": ["Must be an instance assignment id (a positive integer in ASCII digits)."]}
+                )
             assignment = (
-                release.assignments.select_related("node", "release__model__tenant").filter(pk=int(raw)).first()
+                release.assignments.select_related("node", "release__model__tenant").filter(pk=assignment_id).first()
             )
             if assignment is None:
                 raise serializers.ValidationError(

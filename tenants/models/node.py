@@ -13,6 +13,15 @@ from tenants.models.release import Release
 from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname
 
 
+#: Largest parallel size (tensor/pipeline/context parallel ranks of one instance). Explicit because SQLite does
+#: not enforce the range of a small integer column, so PostgreSQL and SQLite must refuse the same values here.
+MAX_PARALLEL_SIZE = 4096
+_SIZE_VALIDATORS = [MinValueValidator(1), MaxValueValidator(MAX_PARALLEL_SIZE)]
+_RANK_VALIDATORS = [MinValueValidator(0), MaxValueValidator(MAX_PARALLEL_SIZE - 1)]
+_SIZE_HELP = f"Parallel size, 1 to {MAX_PARALLEL_SIZE}."
+_RANK_HELP = f"Rank inside the parallel group, 0 to {MAX_PARALLEL_SIZE - 1} (below the size)."
+
+
 def generate_signing_secret() -> str:
     """A fresh node signing secret: 32 random bytes as 64 lower-case hex characters."""
     return secrets.token_hex(32)
@@ -87,14 +96,14 @@ class InstanceAssignment(RegistryModel):
     release = models.ForeignKey(Release, on_delete=models.PROTECT, related_name="assignments")
     engine = models.CharField(max_length=16, choices=Engine.choices, blank=True)
     role = models.CharField(max_length=16, choices=InstanceRole.choices, default=InstanceRole.BOTH)
-    tp_rank = models.PositiveSmallIntegerField(default=0)
-    tp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
-    pp_rank = models.PositiveSmallIntegerField(default=0)
-    pp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
-    pcp_rank = models.PositiveSmallIntegerField(default=0)
-    pcp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
-    dcp_rank = models.PositiveSmallIntegerField(default=0)
-    dcp_size = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1)])
+    tp_rank = models.PositiveSmallIntegerField(default=0, validators=_RANK_VALIDATORS, help_text=_RANK_HELP)
+    tp_size = models.PositiveSmallIntegerField(default=1, validators=_SIZE_VALIDATORS, help_text=_SIZE_HELP)
+    pp_rank = models.PositiveSmallIntegerField(default=0, validators=_RANK_VALIDATORS, help_text=_RANK_HELP)
+    pp_size = models.PositiveSmallIntegerField(default=1, validators=_SIZE_VALIDATORS, help_text=_SIZE_HELP)
+    pcp_rank = models.PositiveSmallIntegerField(default=0, validators=_RANK_VALIDATORS, help_text=_RANK_HELP)
+    pcp_size = models.PositiveSmallIntegerField(default=1, validators=_SIZE_VALIDATORS, help_text=_SIZE_HELP)
+    dcp_rank = models.PositiveSmallIntegerField(default=0, validators=_RANK_VALIDATORS, help_text=_RANK_HELP)
+    dcp_size = models.PositiveSmallIntegerField(default=1, validators=_SIZE_VALIDATORS, help_text=_SIZE_HELP)
     port = models.PositiveIntegerField(validators=_PORT_VALIDATORS, help_text="Engine HTTP port on the node.")
     bootstrap_port = models.PositiveIntegerField(null=True, blank=True, validators=_PORT_VALIDATORS)
     gpu_ids = models.CharField(max_length=255, blank=True, validators=[validate_gpu_ids])

@@ -9,7 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from tenants import budgets, collisions
-from tenants.choices import Engine, HashAlgo, ReleaseState
+from tenants.choices import Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.fields import ByteSizeField
 from tenants.fingerprint import CACHE_SETTING_FIELDS, compute_fingerprint
 from tenants.models.base import RegistryModel
@@ -23,6 +23,12 @@ from tenants.validators import (
     validate_token,
     validate_version,
 )
+
+#: Upper bounds of the KV layout fields, far above any real model and inside a signed 32-bit column, so that
+#: SQLite (which does not enforce column ranges) and PostgreSQL refuse the same values with the same message.
+MAX_NUM_LAYERS = 4096
+MAX_NUM_KV_HEADS = 4096
+MAX_HEAD_DIM = 65535
 
 #: Fields that may not change once a release has served (the namespace, its model and the cache settings).
 IMMUTABLE_AFTER_SERVING: tuple[str, ...] = ("model", "namespace", *CACHE_SETTING_FIELDS)
@@ -58,13 +64,22 @@ class Release(RegistryModel):
     )
     state = models.CharField(max_length=16, choices=ReleaseState.choices, default=ReleaseState.WARMING)
     weights_revision = models.CharField(max_length=255, blank=True, validators=[validate_no_whitespace])
-    num_layers = models.PositiveIntegerField(validators=[MinValueValidator(1)])
-    num_kv_heads = models.PositiveIntegerField(validators=[MinValueValidator(1)])
-    head_dim = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    num_layers = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_NUM_LAYERS)],
+        help_text=f"Transformer layers holding KV cache, 1 to {MAX_NUM_LAYERS}.",
+    )
+    num_kv_heads = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_NUM_KV_HEADS)],
+        help_text=f"KV heads per layer (before tensor parallelism), 1 to {MAX_NUM_KV_HEADS}.",
+    )
+    head_dim = models.PositiveIntegerField(
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_HEAD_DIM)],
+        help_text=f"Elements per head, 1 to {MAX_HEAD_DIM}.",
+    )
     block_size = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(1 << 20)], help_text="Tokens per KV block / page."
     )
-    kv_dtype = models.CharField(max_length=32, default="auto", validators=[validate_token])
+    kv_dtype = models.CharField(max_length=32, choices=KVCacheDtype.choices, default=KVCacheDtype.AUTO)
     quantization = models.CharField(max_length=64, blank=True, validators=[validate_token])
     adapters = models.JSONField(default=list, blank=True, validators=[validate_adapters])
     engine = models.CharField(max_length=16, choices=Engine.choices)

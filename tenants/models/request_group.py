@@ -84,9 +84,26 @@ class RequestGroup(RegistryModel):
                 cache_salt="",
             )
         elif self.cache_salt is not None:
+            if stored is None or stored.cache_salt != self.cache_salt:
+                self._refuse_reserved_salt()
             self.unique_together_check(
                 "cache_salt",
                 "This cache_salt is already used by another request group; salts must be unique.",
                 cache_salt=self.cache_salt,
             )
         budgets.check_budget(self, self.tenant)
+
+    def _refuse_reserved_salt(self) -> None:
+        """Raise ``ValidationError`` on ``cache_salt`` when it belonged to a deleted group (see ``ReservedSalt``)."""
+        from tenants.models.reserved_salt import ReservedSalt
+
+        reserved = ReservedSalt.objects.filter(cache_salt=self.cache_salt).first()
+        if reserved is not None:
+            raise ValidationError(
+                {
+                    "cache_salt": f"This cache_salt belonged to deleted request group '{reserved.group_name}' "
+                    f"(tenant '{reserved.tenant_id}'); a new group with it would read that group's cached "
+                    "prefixes. Salts stay reserved forever: omit cache_salt to get a fresh one.",
+                },
+                code="reserved",
+            )

@@ -274,3 +274,148 @@ def test_obtain_token_with_password(anon, operator):
     anon.credentials(HTTP_AUTHORIZATION=f"Token {response.json()['token']}")
     assert anon.get(f"{V1}/tenants/").status_code == 200
     assert APIClient().post(f"{V1}/auth-token/", {"username": "operator", "password": "wrong"}).status_code == 400
+
+
+# --- pagination bounds and strict ids (new-user test findings) ---------------------------------------------
+
+
+@pytest.mark.parametrize("resource", ["releases", "audit", "telemetry/occupancy", "tenants"])
+def test_huge_limit_is_capped(api, release, resource):
+    response = api.get(f"{V1}/{resource}/?limit=99999999999999999999")
+    assert response.status_code == 200, response.content
+    assert "results" in response.json()
+
+
+def test_limit_capped_at_max(api):
+    for index in range(3):
+        make_tenant(f"t{index}")
+    from dashboard.api.pagination import BoundedLimitOffsetPagination
+
+    assert BoundedLimitOffsetPagination.max_limit == 1000
+    body = api.get(f"{V1}/tenants/?limit=5000").json()
+    assert body["count"] == 3 and len(body["results"]) == 3
+
+
+@pytest.mark.parametrize("resource", ["releases", "audit", "telemetry/occupancy"])
+def test_huge_offset_refused_naming_offset(api, release, resource):
+    response = api.get(f"{V1}/{resource}/?offset=99999999999999999999")
+    assert response.status_code == 400, response.content
+    assert "offset" in response.json()
+
+
+def test_large_but_valid_offset_gives_empty_page(api, release):
+    body = api.get(f"{V1}/releases/?offset=2147483647").json()
+    assert body["count"] == 1 and body["results"] == []
+
+
+@pytest.mark.parametrize("value", ["%C2%B2", "99999999999999999999", "0", "%D9%A1"])
+def test_release_config_assignment_must_be_ascii_id(api, release, value):
+    response = api.get(f"{V1}/releases/{release.pk}/config/?assignment={value}")
+    assert response.status_code == 400, response.content
+    assert "assignment" in response.json()
+
+
+@pytest.mark.parametrize("value", [1.5, 1.0, "1.9", True, "²", 99999999999999999999, -1, [1]])
+def test_related_ids_must_be_integers(api, tenant, value):
+    value = tenant.pk + 0.5 if value == 1.5 else value
+    response = api.post(f"{V1}/models/", {"tenant": value, "served_model_name": "m", "model_path": "Org/M"}, format="json")
+    assert response.status_code == 400, response.content
+    assert "tenant" in response.json()
+    assert not ServedModel.objects.exists()
+
+
+def test_related_id_as_digit_string_accepted(api, tenant):
+    response = api.post(f"{V1}/models/", {"tenant": str(tenant.pk), "served_model_name": "m", "model_path": "Org/M"}, format="json")
+    assert response.status_code == 201, response.json()
+
+
+def test_decimal_model_and_node_ids_refused(api, release, node):
+    body = {"model": release.model.pk + 0.9, "namespace": "other-ns", **RELEASE_BODY}
+    response = api.post(f"{V1}/releases/", body, format="json")
+    assert response.status_code == 400 and "model" in response.json()
+    body = {"node": node.pk + 0.9, "release": release.pk, "port": 8000, "role": "prefill"}
+    response = api.post(f"{V1}/assignments/", body, format="json")
+    assert response.status_code == 400 and "node" in response.json()
+    assert not InstanceAssignment.objects.exists()
+
+
+def test_deleted_group_salt_stays_reserved(api, tenant):
+    created = api.post(f"{V1}/request-groups/", {"tenant": tenant.pk, "name": "old-app", "cache_salt": "s3cret"}, format="json")
+    assert created.status_code == 201, created.json()
+    assert api.delete(f"{V1}/request-groups/{created.json()['id']}/").status_code == 204
+    response = api.post(f"{V1}/request-groups/", {"tenant": tenant.pk, "name": "new-app", "cache_salt": "s3cret"}, format="json")
+    assert response.status_code == 400, response.json()
+    message = response.json()["cache_salt"][0]
+    assert "deleted request group 'old-app'" in message and "cached prefixes" in message
+    assert not RequestGroup.objects.exists()
+    # Another tenant cannot take it either; a fresh generated salt still works.
+    other = make_tenant("other")
+    assert api.post(f"{V1}/request-groups/", {"tenant": other.pk, "name": "x", "cache_salt": "s3cret"}, format="json").status_code == 400
+    assert api.post(f"{V1}/request-groups/", {"tenant": tenant.pk, "name": "new-app"}, format="json").status_code == 201
+
+
+def test_reserved_salt_is_audited_and_default_shared_salt_not_reserved(api, tenant):
+    from tenants.models import ReservedSalt
+
+    shared = make_group(tenant, "shared", cache_salt="")
+    group = make_group(tenant, "app-b")
+    assert api.delete(f"{V1}/request-groups/{shared.pk}/").status_code == 204
+    assert api.delete(f"{V1}/request-groups/{group.pk}/").status_code == 204
+    reserved = ReservedSalt.objects.get()
+    assert reserved.cache_salt == group.cache_salt and reserved.group_name == "app-b" and reserved.tenant_id == "acme"
+    entry = AuditEntry.objects.get(object_type="tenants.reservedsalt")
+    assert entry.action == "create" and entry.actor_repr == "operator"
+    assert api.post(f"{V1}/request-groups/", {"tenant": tenant.pk, "name": "again", "cache_salt": ""}, format="json").status_code == 201
+
+
+@pytest.mark.parametrize(("field", "value", "limit"), [("num_layers", 2147483648, 4096), ("num_kv_heads", 4097, 4096), ("head_dim", 65536, 65535)])
+def test_release_layout_bounds_same_on_every_database(api, served_model, field, value, limit):
+    body = {"model": served_model.pk, "namespace": "big", **RELEASE_BODY, field: value}
+    response = api.post(f"{V1}/releases/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()[field] == [f"Ensure this value is less than or equal to {limit}."]
+    assert not Release.objects.exists()
+
+
+@pytest.mark.parametrize(("field", "value", "limit"), [("tp_size", 40000, 4096), ("pp_size", 4097, 4096), ("tp_rank", 4096, 4095), ("dcp_rank", 70000, 4095)])
+def test_assignment_parallel_bounds_same_on_every_database(api, release, node, field, value, limit):
+    body = {"node": node.pk, "release": release.pk, "port": 8000, "role": "prefill", field: value}
+    response = api.post(f"{V1}/assignments/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert response.json()[field] == [f"Ensure this value is less than or equal to {limit}."]
+    assert not InstanceAssignment.objects.exists()
+
+
+def test_schema_and_swagger_need_authentication(anon):
+    assert anon.get("/api/schema/", HTTP_ACCEPT="application/json").status_code == 401
+    assert anon.get("/api/schema/swagger/").status_code in (401, 403)
+
+
+def test_swagger_ui_references_no_external_host(client, operator):
+    import re
+
+    client.force_login(operator)
+    response = client.get("/api/schema/swagger/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "swagger-ui" in html and "drf_spectacular_sidecar" in html
+    urls = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']|["'](https?://[^"']+)["']""", html)
+    external = [u for pair in urls for u in pair if u.startswith(("http://", "https://", "//"))]
+    assert external == [], external
+
+
+@pytest.mark.parametrize("value", ["banana", "fp16", "FP8", ""])
+def test_kv_dtype_restricted_to_engine_values(api, served_model, value):
+    body = {"model": served_model.pk, "namespace": "ns", **RELEASE_BODY, "kv_dtype": value}
+    response = api.post(f"{V1}/releases/", body, format="json")
+    assert response.status_code == 400, response.content
+    assert "kv_dtype" in response.json()
+    assert not Release.objects.exists()
+
+
+def test_kv_dtype_engine_value_accepted_and_copy_checked(api, served_model):
+    body = {"model": served_model.pk, "namespace": "ns", **RELEASE_BODY, "kv_dtype": "fp8_e5m2"}
+    response = api.post(f"{V1}/releases/", body, format="json")
+    assert response.status_code == 201, response.json()
+    copy = api.post(f"{V1}/releases/{response.json()['id']}/copy/", {"namespace": "ns-2", "kv_dtype": "banana"}, format="json")
+    assert copy.status_code == 400 and "kv_dtype" in copy.json()

@@ -75,3 +75,33 @@ def test_ambiguous_namespace(release):
     make_release(make_model(make_tenant("other")), "production-2026-07")
     with pytest.raises(CommandError, match="is used by several releases"):
         _run("--release", "production-2026-07")
+
+
+@pytest.mark.parametrize("selector", ["²", "١٢", "99999999999999999999"])
+def test_release_selector_with_non_ascii_or_huge_digits(release, selector):
+    """``"²".isdigit()`` is True but ``int("²")`` fails: such selectors are namespaces, not ids (no traceback)."""
+    with pytest.raises(CommandError, match="No release with id or namespace"):
+        _run("--release", selector)
+
+
+@pytest.mark.parametrize("value", ["²", "x", "99999999999999999999", "-1"])
+def test_assignment_must_be_ascii_id(release, value):
+    make_assignment(make_node(), release)
+    with pytest.raises(CommandError, match="--assignment must be an instance assignment id"):
+        _run("--release", str(release.pk), "--assignment", value)
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("", "--out needs a directory path"),
+        ("   ", "--out needs a directory path"),
+        ("/etc/passwd", "exists and is not a directory"),
+        ("/etc/passwd/sub", "cannot create directory"),
+        ("/proc/nope", "cannot create directory"),
+    ],
+)
+def test_bad_out_directory(release, out, message):
+    make_assignment(make_node(), release)
+    with pytest.raises(CommandError, match=message):
+        _run("--release", str(release.pk), "--out", out)

@@ -179,7 +179,8 @@ def test_hash_seed_generated_once_and_kept(served_model):
     ("field", "value", "message"),
     [
         ("engine_version", ".33", "'.33' must start with a letter or digit and contain only letters, digits, '.', '+', '_', '-'."),
-        ("kv_dtype", "FP8", "'FP8' must be lower case and contain only letters, digits, '_', '.', '-'."),
+        ("kv_dtype", "FP8", "Value 'FP8' is not a valid choice."),
+        ("kv_dtype", "banana", "Value 'banana' is not a valid choice."),
         ("quantization", "awq q", "'awq q' must be lower case and contain only letters, digits, '_', '.', '-'."),
         ("weights_revision", "main branch", "This value must not contain whitespace."),
         ("adapters", "lora-a", "adapters must be a list of LoRA adapter names."),

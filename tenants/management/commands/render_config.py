@@ -9,13 +9,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Release, Tenant
 from tenants.rendering import RenderedConfig, StoreEndpoints, render_assignment, render_master
+from tenants.validators import parse_object_id
 
 
 def find_release(selector: str) -> Release:
     """A release by primary key or by namespace; an ambiguous namespace is refused with the candidates."""
     releases = Release.objects.select_related("model__tenant")
-    if selector.isdigit():
-        release = releases.filter(pk=int(selector)).first()
+    release_id = parse_object_id(selector)
+    if release_id is not None:
+        release = releases.filter(pk=release_id).first()
         if release is not None:
             return release
     matches = list(releases.filter(namespace=selector))
@@ -25,6 +27,26 @@ def find_release(selector: str) -> Release:
         listing = ", ".join(f"{r.pk} ({r.model.tenant}/{r.model.served_model_name})" for r in matches)
         raise CommandError(f"Namespace '{selector}' is used by several releases: {listing}; pass the id instead.")
     return matches[0]
+
+
+def output_dir(raw: str | None) -> Path | None:
+    """The ``--out`` directory, absolute and created if missing; ``None`` when ``--out`` was not given.
+
+    Raises ``CommandError`` for an empty value, a path that exists but is not a directory (``/etc/passwd``), or
+    a directory that cannot be created (``/proc/nope``: read-only file system, permission denied, ...).
+    """
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise CommandError("--out needs a directory path; omit --out to print the configuration instead.")
+    out = Path(raw).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise CommandError(f"--out {out} exists and is not a directory; pass a directory to write into.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CommandError(f"--out: cannot create directory {out}: {error.strerror or error}.") from None
+    return out
 
 
 def launch_script(config: RenderedConfig) -> str:
@@ -45,14 +67,14 @@ class Command(BaseCommand):
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--release", help="Release id or namespace.")
         target.add_argument("--master", action="store_true", help="Render the Mooncake master instead.")
-        parser.add_argument("--assignment", type=int, help="Only this instance assignment id of the release.")
+        parser.add_argument("--assignment", help="Only this instance assignment id of the release.")
         parser.add_argument(
             "--out",
             help="Write files under this directory (config files, and launch.sh per instance) instead of printing.",
         )
 
     def handle(self, *args, **options):
-        out = Path(options["out"]).resolve() if options["out"] else None
+        out = output_dir(options["out"])
         endpoints = StoreEndpoints.from_settings(**({"config_dir": str(out)} if out else {}))
         if options["master"]:
             if options["assignment"] is not None:
@@ -64,7 +86,13 @@ class Command(BaseCommand):
                 "node__name", "port"
             )
             if options["assignment"] is not None:
-                assignments = assignments.filter(pk=options["assignment"])
+                assignment_id = parse_object_id(options["assignment"])
+                if assignment_id is None:
+                    raise CommandError(
+                        f"--assignment must be an instance assignment id (a positive integer), "
+                        f"not {options['assignment']!r}."
+                    )
+                assignments = assignments.filter(pk=assignment_id)
                 if not assignments.exists():
                     raise CommandError(
                         f"Instance assignment {options['assignment']} does not belong to release "
@@ -78,8 +106,12 @@ class Command(BaseCommand):
         for assignment, config in configs:
             if out is None:
                 self._print(assignment, config)
-            else:
+                continue
+            try:
                 self._write(out, assignment, config)
+            except OSError as error:
+                where = error.filename or out
+                raise CommandError(f"--out: cannot write {where}: {error.strerror or error}.") from None
 
     def _print(self, assignment, config: RenderedConfig) -> None:
         title = config.kind if assignment is None else f"assignment {assignment.pk}: {assignment}"
