@@ -18,12 +18,41 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: ``--loglevel`` values (those of :mod:`logging` and of Celery's ``--loglevel``).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: Broker URL schemes the agent accepts: Redis (kombu's ``redis``/``rediss`` transports) and, for tests, kombu's
+#: in-process ``memory`` transport.
+BROKER_SCHEMES = ("redis", "rediss", "memory")
+
+
+def broker_url(text: str, schemes: tuple[str, ...] = BROKER_SCHEMES) -> str:
+    """Check a broker URL for argparse: one of ``schemes`` and, except ``memory://``, a host.
+
+    Returns ``text`` unchanged. Raises :class:`argparse.ArgumentTypeError` naming the problem: kombu would
+    otherwise fail with ``KeyError: No such transport`` (unknown scheme) or read a bare word as
+    ``amqp://WORD:5672`` and retry forever.
+    """
+    try:
+        parts = urlsplit(text)
+        hostname = parts.hostname
+        parts.port  # noqa: B018  (raises ValueError on a non-numeric or out-of-range port)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from None
+    allowed = ", ".join(f"{scheme}://" for scheme in schemes)
+    if "://" not in text or parts.scheme.lower() not in schemes:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a supported broker URL (use {allowed}, "
+                                         "e.g. redis://127.0.0.1:6379/0)")
+    if parts.scheme.lower() != "memory" and not hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} names no host (e.g. redis://127.0.0.1:6379/0)")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -31,6 +60,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
@@ -52,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the agent: a Celery worker on queue agent.<node> plus telemetry")
     run.add_argument("--node", required=True, help="node name as registered in the dashboard")
-    run.add_argument("--broker", required=True, help="Celery broker URL, e.g. redis://host:6379/0")
+    run.add_argument("--broker", required=True, type=broker_url,
+                     help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
     run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
     run.add_argument("--state-dir", help="directory for the applied document and the outbox")
     run.add_argument("--report-interval", type=_positive_float, default=10.0, help="seconds between reports")
@@ -61,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
     run.add_argument("--outbox-max", type=_positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
-    run.add_argument("--loglevel", default="INFO", help="logging level (default INFO)")
+    run.add_argument("--loglevel", type=str.upper, choices=LOG_LEVELS, default="INFO",
+                     help="logging level (default INFO)")
     run.add_argument("--simulate-engines", action="store_true",
                      help="play the document's engine instances: run agent.run_workload batches through the "
                           "connector into the Store (where no engine runs)")
@@ -86,6 +119,7 @@ def _secret(args: argparse.Namespace) -> str:
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
+    """The state directory: ``--state-dir``, else ``$KVPOOL_AGENT_STATE_DIR``, else the XDG default."""
     if args.state_dir:
         return Path(args.state_dir)
     if os.environ.get("KVPOOL_AGENT_STATE_DIR"):
@@ -94,11 +128,35 @@ def _state_dir(args: argparse.Namespace) -> Path:
     return base / "kvpool-agent" / args.node
 
 
+def check_state_dir(path: Path) -> str | None:
+    """Create ``path`` (with its parents) when missing; returns why it cannot be the state directory, else None.
+
+    The agent writes ``applied.json``, ``outbox.sqlite3`` and ``lock`` there, so it must be a writable directory.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"{path} exists and is not a directory"
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror or exc}"
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+def _usage_error(message: str) -> None:
+    """Exit with status 2 and ``message``, as argparse does for a bad argument."""
+    print(f"python -m agent run: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the daemon's telemetry thread and the Celery worker; returns the exit status."""
     if not NODE_PATTERN.match(args.node):
         raise SystemExit(f"error: --node {args.node!r} is not a valid node name (letters, digits, . _ -)")
-    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from agent.celery_app import make_app, make_publisher, register_tasks, run_worker
     from agent.daemon import Daemon
@@ -110,15 +168,21 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("error: --launch-overrides needs --simulate-engines")
     app = make_app(args.node, args.broker)
     secret = _secret(args)
+    state_dir = _state_dir(args)
+    problem = check_state_dir(state_dir)
+    if problem:
+        _usage_error(f"{'--state-dir' if args.state_dir else 'state directory'}: {problem}")
     ledger = Ledger()
     simulator = _simulator(args, ledger)
     hooks = {"snapshot": simulator.snapshot, "on_apply": simulator.on_apply} if simulator else {}
     try:
-        daemon = Daemon(args.node, secret, _state_dir(args), publish=make_publisher(app),
+        daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
                         outbox_max=args.outbox_max, ledger=ledger, **hooks)
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
+    except OSError as exc:  # e.g. a read-only file already in the state directory
+        _usage_error(f"state directory {state_dir}: {exc}")
     register_tasks(app, daemon)
     register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
                         ledger=daemon.ledger)
@@ -130,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             simulator.on_apply(daemon.current)
     daemon.start()
     try:
-        run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel.upper())
+        run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel)
     finally:
         daemon.stop()
         if simulator is not None:

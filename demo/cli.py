@@ -22,12 +22,14 @@ per-namespace summary from the REST API, runs the checks below and exits 0 only 
 * the Store filled to the point of eviction;
 * namespaces never shared blocks across releases, request groups or tenants (``demo.probe``).
 
-Ctrl-C (or SIGTERM) stops every process the demo started, also after an error.
+Ctrl-C (or SIGTERM) stops every process the demo started, also after an error, then deletes the demo's queue keys
+from a Redis it did not start (on the shared one: every node queue and kombu binding in database 11 only).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import secrets
@@ -45,14 +47,18 @@ from demo.procs import ROOT, DemoError, Service, Supervisor
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 DEFAULT_VAR = ROOT / "var" / "demo"
-#: Redis database the demo uses on a shared server (its queues are cleared there at start).
+#: Redis database the demo uses on a shared server (its queues are deleted there at start and at shutdown).
 SHARED_REDIS_DB = 11
 MARKER = ".kvpool-demo"
 ADMIN = "admin"
 ONCE_REQUESTS = 2000
-#: Queues (Redis keys) of one demo run, cleared at start on a shared Redis so no stale message is replayed.
+#: Queues (Redis keys) of one demo run, deleted at start (no stale message is replayed) and at shutdown.
 DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.control", "unacked", "unacked_index",
              "unacked_mutex")
+#: Key patterns of the demo's own database on the shared Redis, deleted at start and at shutdown: the queues of
+#: every node (also nodes added by hand during the session), the dashboard's queues and kombu's exchange bindings
+#: (``_kombu.binding.*``, ``_kombu.binding_permanent.*``, ``_kombu.binding_deadlines``).
+DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
 AGENT_COMMAND = [sys.executable, "-m", "agent", "run"]
 _BATCH_LINE = re.compile(r"node (\S+) batch \d+: (\d+) requests .* (\d+) failed, (\d+) corrupted")
 
@@ -74,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Store segment each agent mounts, MiB (>= 16; default 64); quotas and budgets follow")
     p.add_argument("--var-dir", default=str(DEFAULT_VAR), help="state of this run: database, logs (wiped at start)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--redis-url", help="broker URL (default: 127.0.0.1:6379 when it answers, "
+    group.add_argument("--redis-url", type=_redis_url,
+                       help="broker URL, redis:// or rediss:// with a host (default: 127.0.0.1:6379 when it answers, "
                        f"database {SHARED_REDIS_DB}; else a private redis-server)")
     group.add_argument("--private-redis", action="store_true", help="always start a private redis-server")
     p.add_argument("--batch", type=_positive_int, default=16, help="most requests per workload batch (default 16)")
@@ -105,9 +112,18 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
     return value
+
+
+def _redis_url(text: str) -> str:
+    """``--redis-url``: a ``redis://`` or ``rediss://`` URL with a host (the agents' ``--broker`` rule)."""
+    from agent.__main__ import broker_url
+
+    return broker_url(text, schemes=("redis", "rediss"))
 
 
 def _port(text: str) -> int:
@@ -156,6 +172,8 @@ class Demo:
         self.deployment: Any = None
         self.agents: dict[str, Service] = {}
         self._redis: Any = None
+        self._owns_redis_db = False  # True when the demo picked database SHARED_REDIS_DB of the shared Redis
+        self._clean_redis = False  # True on a Redis the demo did not start (its keys outlive the demo)
         self._secret_key = secrets.token_urlsafe(40)
         self.sizes: Any = None
         self.replayer: Any = None
@@ -195,6 +213,7 @@ class Demo:
             try:
                 if redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1).ping():
                     url = f"redis://127.0.0.1:6379/{SHARED_REDIS_DB}"
+                    self._owns_redis_db = True
             except redis.RedisError:
                 url = None
         if url is None:
@@ -223,12 +242,26 @@ class Demo:
             client = redis.Redis.from_url(url, socket_connect_timeout=2)
             try:
                 client.ping()
-                cleared = client.delete(*DEMO_KEYS)
+                cleared = self._delete_demo_keys(client)
             except redis.RedisError as exc:
                 raise DemoError(f"Redis at {url} does not answer: {exc}") from None
+            self._clean_redis = True
             self.say(f"using Redis {url} (cleared {cleared} stale demo queue key(s))")
         self.broker_url = url
         self._redis = client
+
+    def _delete_demo_keys(self, client: Any) -> int:
+        """Delete this demo's broker keys from its database; returns how many existed.
+
+        Always the fixed :data:`DEMO_KEYS`; in the demo's own database (``SHARED_REDIS_DB``, picked by the demo,
+        not a ``--redis-url``) also every key matching :data:`DEMO_KEY_PATTERNS`. Only the database of
+        ``client`` is touched. Raises ``redis.RedisError`` when Redis does not answer.
+        """
+        keys = set(DEMO_KEYS)
+        if self._owns_redis_db:
+            for pattern in DEMO_KEY_PATTERNS:
+                keys.update(client.scan_iter(match=pattern, count=500))
+        return int(client.delete(*keys)) if keys else 0
 
     def start_master(self) -> None:
         """A multi-tenant ``mooncake_master`` with eviction on free loopback ports (tenants come from the
@@ -619,10 +652,16 @@ class Demo:
         for line in failed:
             self.say(f"stopping {line}")
         if self._redis is not None:
-            try:
+            import redis
+
+            try:  # after every process stopped, so no worker re-declares a queue
+                if self._clean_redis:
+                    deleted = self._delete_demo_keys(self._redis)
+                    self.say(f"deleted {deleted} demo queue key(s) from Redis {self.broker_url}")
+            except redis.RedisError as exc:
+                self.say(f"could not delete the demo's queue keys from Redis {self.broker_url}: {exc}")
+            finally:
                 self._redis.close()
-            except Exception:
-                pass
 
 
 def _free_port() -> int:

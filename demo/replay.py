@@ -10,6 +10,7 @@ numbers reach it.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -83,14 +84,14 @@ class Replayer:
         requests: trace requests in timestamp order.
         deployment: the seeded registry (instances to route to).
         send: ``(node, batch dict) -> None`` publishes one workload batch (raises when the broker refuses).
-        speed: time compression (> 0): trace seconds per wall-clock second.
+        speed: time compression (finite, > 0): trace seconds per wall-clock second.
         batch_max: most requests per batch.
     """
 
     def __init__(self, requests: Sequence[TraceRequest], deployment: Deployment,
                  send: Callable[[str, dict], None], *, speed: float, batch_max: int = 16) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed must be > 0, got {speed}")
+        if not math.isfinite(speed) or speed <= 0:
+            raise ValueError(f"speed must be a finite number > 0, got {speed}")
         if batch_max < 1:
             raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.requests = list(requests)

@@ -8,6 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from dashboard.api.telemetry import node_states
 from dashboard.checks import applied_instances, prescribed_values
 from dashboard.models import NodeState
 from dashboard.purge import purges_for_release
@@ -135,7 +136,8 @@ def instance_config_download(request: HttpRequest, pk: int, assignment_pk: int) 
 @login_required
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node, pk=pk)
-    state = NodeState.objects.filter(node_name=node.name).first()
+    # annotated with last_report_at (newest report receipt), as GET /api/v1/telemetry/nodes/ shows it
+    state = node_states().filter(node_name=node.name).first()
     occupancy = current_occupancy()
     rows = []
     for assignment in node.assignments.select_related("release__model__tenant").order_by("port"):

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -135,8 +136,9 @@ def test_expected_counts_the_decode_lookup_under_the_namespace_it_reads():
 
 
 def test_replayer_refuses_bad_speed():
-    with pytest.raises(ValueError, match="speed"):
-        Replayer(trace(1), deployment(), lambda *a: None, speed=0)
+    for speed in (0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="speed"):
+            Replayer(trace(1), deployment(), lambda *a: None, speed=speed)
 
 
 # --- summary -------------------------------------------------------------------------------------------------
@@ -358,6 +360,32 @@ def test_parse_args_defaults_and_refusals(capsys):
         with pytest.raises(SystemExit):
             cli.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speed", "nan"], "--speed: 'nan' is not a finite number"),
+    (["--speed", "inf"], "--speed: 'inf' is not a finite number"),
+    (["--timeout", "nan"], "--timeout: 'nan' is not a finite number"),
+    (["--redis-url", "foo://x"], "--redis-url: 'foo://x' is not a supported broker URL"),
+    (["--redis-url", "notaurl"], "--redis-url: 'notaurl' is not a supported broker URL"),
+    (["--redis-url", "memory://"], "is not a supported broker URL"),
+    (["--redis-url", "redis://"], "names no host"),
+])
+def test_parse_args_refuses_non_finite_numbers_and_non_redis_urls(capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        cli.parse_args(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+    assert cli.parse_args(["--redis-url", "redis://127.0.0.1:6379/11"]).redis_url == "redis://127.0.0.1:6379/11"
+
+
+def test_demo_command_line_refuses_bad_input_without_a_traceback():
+    env = {**os.environ, "PYTHONPATH": str(cli.ROOT)}
+    for argv in (["--speed", "nan"], ["--redis-url", "foo://x"]):
+        done = subprocess.run([sys.executable, "-m", "demo", *argv], capture_output=True, text=True, env=env,
+                              cwd=cli.ROOT, timeout=60)
+        assert done.returncode == 2 and "error: argument" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_a_non_demo_directory_is_never_wiped(tmp_path):

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.urls import reverse
@@ -129,6 +130,21 @@ def test_node_page(ui, deployment):
     sample(size=2 << 20, node="node-a")
     html = ui.get(reverse("ui:node", args=[deployment["node"].pk])).content.decode()
     assert "in sync" in html and "agent.node-a" in html and 'data-bytes="2097152"' in html
+
+
+def test_node_page_shows_the_last_report(ui, deployment):
+    from dashboard.models import Report
+
+    apply_config(deployment["node"])
+    url = reverse("ui:node", args=[deployment["node"].pk])
+    assert "<th>last report</th><td>never</td>" in ui.get(url).content.decode()
+    sent = datetime(2026, 11, 30, 12, 34, 56, tzinfo=dt_timezone.utc)
+    for sequence, at in ((1, sent - timedelta(minutes=5)), (2, sent)):
+        Report.objects.create(node_name="node-a", sequence=sequence, sent_at=at, started_at=at, received_at=at)
+    Report.objects.create(node_name="node-other", sequence=3, sent_at=sent + timedelta(hours=1), started_at=sent,
+                          received_at=sent)
+    html = ui.get(url).content.decode()
+    assert "<th>last report</th><td>2026-11-30 12:34:56</td>" in html
 
 
 def test_request_group_page(ui, deployment):
