@@ -18,63 +18,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import re
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from agent.cli_args import broker_url, positive_float, positive_int
 
 NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: ``--loglevel`` values (those of :mod:`logging` and of Celery's ``--loglevel``).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-#: Broker URL schemes the agent accepts: Redis (kombu's ``redis``/``rediss`` transports) and, for tests, kombu's
-#: in-process ``memory`` transport.
-BROKER_SCHEMES = ("redis", "rediss", "memory")
-
-
-def broker_url(text: str, schemes: tuple[str, ...] = BROKER_SCHEMES) -> str:
-    """Check a broker URL for argparse: one of ``schemes`` and, except ``memory://``, a host.
-
-    Returns ``text`` unchanged. Raises :class:`argparse.ArgumentTypeError` naming the problem: kombu would
-    otherwise fail with ``KeyError: No such transport`` (unknown scheme) or read a bare word as
-    ``amqp://WORD:5672`` and retry forever.
-    """
-    try:
-        parts = urlsplit(text)
-        hostname = parts.hostname
-        parts.port  # noqa: B018  (raises ValueError on a non-numeric or out-of-range port)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from None
-    allowed = ", ".join(f"{scheme}://" for scheme in schemes)
-    if "://" not in text or parts.scheme.lower() not in schemes:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a supported broker URL (use {allowed}, "
-                                         "e.g. redis://127.0.0.1:6379/0)")
-    if parts.scheme.lower() != "memory" and not hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} names no host (e.g. redis://127.0.0.1:6379/0)")
-    return text
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,11 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
     run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
     run.add_argument("--state-dir", help="directory for the applied document and the outbox")
-    run.add_argument("--report-interval", type=_positive_float, default=10.0, help="seconds between reports")
-    run.add_argument("--heartbeat-interval", type=_positive_float, default=5.0,
+    run.add_argument("--report-interval", type=positive_float, default=10.0, help="seconds between reports")
+    run.add_argument("--heartbeat-interval", type=positive_float, default=5.0,
                      help="seconds between heartbeats")
     run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
-    run.add_argument("--outbox-max", type=_positive_int, default=20_000,
+    run.add_argument("--outbox-max", type=positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
     run.add_argument("--loglevel", type=str.upper, choices=LOG_LEVELS, default="INFO",
                      help="logging level (default INFO)")

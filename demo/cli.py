@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import secrets
@@ -43,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.cli_args import broker_url, positive_float, positive_int
 from demo.procs import ROOT, DemoError, Service, Supervisor
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -68,15 +68,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--once", action="store_true",
                    help=f"bounded replay (default {ONCE_REQUESTS} requests), summary and checks, then exit")
-    p.add_argument("--requests", type=_positive_int, help="replay only the first N requests (default: all; "
+    p.add_argument("--requests", type=positive_int, help="replay only the first N requests (default: all; "
                    f"{ONCE_REQUESTS} with --once)")
-    p.add_argument("--speed", type=_positive_float, default=20.0,
+    p.add_argument("--speed", type=positive_float, default=20.0,
                    help="time compression: trace seconds per wall-clock second (default 20)")
     p.add_argument("--port", type=_port, help="dashboard port (default 8000 when free, else a free one)")
     p.add_argument("--screenshot", metavar="PATH", help="save a screenshot of the occupancy page (headless Chromium)")
     p.add_argument("--trace", default=os.environ.get("KVPOOL_DEMO_TRACE", str(DEFAULT_TRACE)),
                    help="FAST'25 JSONL trace (default ../shared/traces/conversation_trace.jsonl)")
-    p.add_argument("--segment-mib", type=_positive_int, default=64,
+    p.add_argument("--segment-mib", type=positive_int, default=64,
                    help="Store segment each agent mounts, MiB (>= 16; default 64); quotas and budgets follow")
     p.add_argument("--var-dir", default=str(DEFAULT_VAR), help="state of this run: database, logs (wiped at start)")
     group = p.add_mutually_exclusive_group()
@@ -84,8 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="broker URL, redis:// or rediss:// with a host (default: 127.0.0.1:6379 when it answers, "
                        f"database {SHARED_REDIS_DB}; else a private redis-server)")
     group.add_argument("--private-redis", action="store_true", help="always start a private redis-server")
-    p.add_argument("--batch", type=_positive_int, default=16, help="most requests per workload batch (default 16)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0,
+    p.add_argument("--batch", type=positive_int, default=16, help="most requests per workload batch (default 16)")
+    p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds to wait for the agents to finish the replay (default 300)")
     args = p.parse_args(argv)
     if args.segment_mib < 16:
@@ -97,37 +97,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
 def _redis_url(text: str) -> str:
     """``--redis-url``: a ``redis://`` or ``rediss://`` URL with a host (the agents' ``--broker`` rule)."""
-    from agent.__main__ import broker_url
-
     return broker_url(text, schemes=("redis", "rediss"))
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port")
     return value

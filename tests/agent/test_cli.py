@@ -78,7 +78,7 @@ def test_state_dir_under_proc_is_refused(tmp_path):
 
 
 def test_broker_url_check_accepts_redis_and_memory_urls():
-    from agent.__main__ import broker_url
+    from agent.cli_args import broker_url
 
     for url in ("redis://127.0.0.1:6379/0", "rediss://:pw@cache.example:6380/2", "REDIS://h", "memory://"):
         assert broker_url(url) == url

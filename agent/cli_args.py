@@ -1,0 +1,58 @@
+"""Argument types shared by the command lines (``python -m agent``, ``python -m demo``); no Django.
+
+Each raises ``argparse.ArgumentTypeError`` with the offending text, so argparse prints ``error: --flag: ...`` and
+exits 2 instead of a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from urllib.parse import urlsplit
+
+#: Broker URL schemes the agent's Celery/kombu set-up supports (``memory://`` only for tests).
+BROKER_SCHEMES: tuple[str, ...] = ("redis", "rediss", "memory")
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``nan`` and ``inf`` are refused: as intervals they stop a loop or spin it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def broker_url(text: str, schemes: tuple[str, ...] = BROKER_SCHEMES) -> str:
+    """A broker URL with one of ``schemes`` and a host (``memory://`` needs none); returned unchanged.
+
+    Without this check kombu fails later with ``KeyError: No such transport`` (unknown scheme) or reads a bare
+    word as ``amqp://WORD:5672`` and retries forever.
+    """
+    try:
+        parts = urlsplit(text)
+        hostname = parts.hostname
+        parts.port  # noqa: B018  (raises ValueError on a non-numeric or out-of-range port)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from None
+    allowed = ", ".join(f"{scheme}://" for scheme in schemes)
+    if "://" not in text or parts.scheme.lower() not in schemes:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a supported broker URL (use {allowed}, "
+                                         "e.g. redis://127.0.0.1:6379/0)")
+    if parts.scheme.lower() != "memory" and not hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} names no host (e.g. redis://127.0.0.1:6379/0)")
+    return text
