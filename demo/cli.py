@@ -109,6 +109,12 @@ def _port(text: str) -> int:
     return value
 
 
+def setup_db_argv(username: str, password: str) -> list[str]:
+    """The ``demo.setup_db`` command line. Values go as ``--opt=value``: a generated password may start with ``-``,
+    which argparse would otherwise read as an option."""
+    return [sys.executable, "-m", "demo.setup_db", f"--username={username}", f"--password={password}"]
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether ``host:port`` can be bound now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -280,8 +286,8 @@ class Demo:
         env = self.django_env()
         self.say("migrating the database and creating the superuser")
         try:
-            done = subprocess.run([sys.executable, "-m", "demo.setup_db", "--username", ADMIN, "--password",
-                                   self.password], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(setup_db_argv(ADMIN, self.password), cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=300)
         except subprocess.TimeoutExpired:
             raise DemoError("demo.setup_db did not finish in 300 s") from None
         (self.logs / "setup_db.log").write_text(done.stdout + done.stderr)

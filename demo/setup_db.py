@@ -12,12 +12,17 @@ import os
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Migrate, create (or reset) the superuser, print its token."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m demo.setup_db`` argument parser."""
     parser = argparse.ArgumentParser(prog="python -m demo.setup_db")
     parser.add_argument("--username", required=True)
     parser.add_argument("--password", required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Migrate, create (or reset) the superuser, print its token."""
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "demo.settings")
     import django
 

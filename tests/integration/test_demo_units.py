@@ -484,3 +484,16 @@ def test_an_instance_that_leaves_the_document_releases_its_cache(pair):
     registered = len(store.registered)
     pair.prefill.on_apply(document("node-a", [instance("1", "prefill", 8)], version=2))
     assert len(pair.prefill._engines) == 1 and len(store.registered) == registered - 1
+
+
+@pytest.mark.parametrize("password", ["-Zq3x_9", "--help", "plain-pass"])
+def test_setup_db_command_line_keeps_a_password_that_starts_with_a_dash(password):
+    """secrets.token_urlsafe() may start with '-': passed as '--password VALUE' argparse took it for an option
+    and the demo failed to migrate (seen on CI)."""
+    from demo.cli import setup_db_argv
+    from demo.setup_db import build_parser
+
+    argv = setup_db_argv("admin", password)
+    assert argv[1:3] == ["-m", "demo.setup_db"]
+    args = build_parser().parse_args(argv[3:])
+    assert (args.username, args.password) == ("admin", password)
