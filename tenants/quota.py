@@ -81,8 +81,10 @@ def format_quota(num_bytes: int) -> str:
 
 def humanize_bytes(num_bytes: int) -> str:
     """Short human reading of a byte count for messages (``"1.5 GB"``); binary units, not for parsing."""
-    size = float(num_bytes)
     for unit, multiplier in UNITS:
         if abs(num_bytes) >= multiplier and unit != "B":
-            return f"{size / multiplier:.3g} {unit}"
+            value = num_bytes / multiplier
+            decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0  # about 3 significant digits
+            text = f"{value:.{decimals}f}"
+            return f"{text.rstrip('0').rstrip('.') if '.' in text else text} {unit}"
     return f"{num_bytes} B"

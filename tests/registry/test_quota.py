@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tenants.quota import MAX_QUOTA_BYTES, QuotaError, format_quota, parse_quota
+from tenants.quota import MAX_QUOTA_BYTES, QuotaError, format_quota, humanize_bytes, parse_quota
 
 
 @pytest.mark.parametrize(
@@ -75,3 +75,12 @@ def test_format_refuses_out_of_range():
         format_quota(0)
     with pytest.raises(QuotaError):
         format_quota(MAX_QUOTA_BYTES + 1)
+
+
+@pytest.mark.parametrize("num_bytes, text", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1 KB"), (1536, "1.5 KB"), (1000 * 1024**2, "1000 MB"),
+    (1023 * 1024**2, "1023 MB"), (1024**3, "1 GB"), (int(12.345 * 1024**3), "12.3 GB"),
+    (20000 * 1024**4, "20000 TB"),
+])
+def test_humanize_bytes_never_uses_exponents(num_bytes, text):
+    assert humanize_bytes(num_bytes) == text
