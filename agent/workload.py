@@ -542,6 +542,17 @@ class EngineSimulator:
         result.loaded_blocks += loaded
         return loaded
 
+    def _lookup(self, applied: _Applied, inst: _Instance, ns: Namespace, item: WorkItem,
+                result: BatchResult) -> tuple[Any, Any, list[bytes], int]:
+        """The instance's (cache, connector), the request's block hashes, and how many lead blocks are in the
+        Store (prefix lookup); counts the looked-up and hit blocks into ``result``."""
+        cache, connector = self._engine(applied, inst)
+        hashes = ns.trace_hashes(item.hash_ids)
+        hit = connector.lookup(block_hashes=hashes, namespace=ns)
+        result.lookup_blocks += len(hashes)
+        result.hit_blocks += hit
+        return cache, connector, hashes, hit
+
     def _prefill(self, applied: _Applied, inst: _Instance, ns: Namespace, item: WorkItem,
                  result: BatchResult) -> None:
         """Lookup, load the hit prefix, compute (fill) and save the rest."""
@@ -549,11 +560,7 @@ class EngineSimulator:
 
         from agent.errors import StoreError
 
-        cache, connector = self._engine(applied, inst)
-        hashes = ns.trace_hashes(item.hash_ids)
-        hit = connector.lookup(block_hashes=hashes, namespace=ns)
-        result.lookup_blocks += len(hashes)
-        result.hit_blocks += hit
+        cache, connector, hashes, hit = self._lookup(applied, inst, ns, item, result)
         done = self._load(cache, connector, ns, hashes[:hit], result) if hit else 0
         rows = cache.tensors[0].view(torch.uint8).view(cache.spec.num_blocks, -1)
         size = cache.spec.block_bytes
@@ -605,11 +612,7 @@ class EngineSimulator:
     def _decode(self, applied: _Applied, inst: _Instance, ns: Namespace, item: WorkItem,
                 result: BatchResult) -> None:
         """Lookup and load what the prefill instance stored."""
-        cache, connector = self._engine(applied, inst)
-        hashes = ns.trace_hashes(item.hash_ids)
-        hit = connector.lookup(block_hashes=hashes, namespace=ns)
-        result.lookup_blocks += len(hashes)
-        result.hit_blocks += hit
+        cache, connector, hashes, hit = self._lookup(applied, inst, ns, item, result)
         if hit:
             self._load(cache, connector, ns, hashes[:hit], result)
 
