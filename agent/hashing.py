@@ -29,18 +29,24 @@ FAST'25 traces (Mooncake ``conversation_trace.jsonl``)
     and the root seed separate namespaces exactly as for real tokens); for SGLang it is
     ``SHA-256(prior || u32le(hash_id))`` with the namespace seed as the first prior.
 
-Speed: the pickle variants run one ``pickle.dumps`` and one digest per block inside ``itertools.accumulate``
-over ``zip``-built block tuples. The CBOR variants encode all full blocks at once with numpy
-(:func:`_cbor_uint_blocks`: canonical CBOR unsigned ints take 1/2/3/5/9 bytes by magnitude) and hash
-``0x83 || bytes-head || parent || block bytes`` per block, byte-identical to ``cbor2.dumps(..., canonical=True)``;
-token lists with anything but ints in ``[0, 2**63)`` fall back to ``cbor2``. SGLang hashes slices of one
-``array('I')`` buffer.
-``python -m bench.connector`` prints the measured tokens/s.
+Speed: for ``sha256``, ``sha256_cbor`` and SGLang's page hash the optional compiled module ``agent._chainhash`` (built by
+``scripts/build_native.py``; needs a C compiler and OpenSSL headers) assembles each block's message in one
+buffer and hashes it with OpenSSL's SHA-256, outside the GIL; the constant parts of the message come from
+``pickle.dumps`` / ``cbor2.dumps`` of a template block, and a self-check against the Python encoder at
+construction disables it on any mismatch (:attr:`VllmBlockHasher.native`). Without it, the pickle variants run
+one ``pickle.dumps`` and one digest per block inside ``itertools.accumulate`` over ``zip``-built block tuples,
+and the CBOR variants encode all full blocks at once with numpy (:func:`_cbor_uint_blocks`: canonical CBOR
+unsigned ints take 1/2/3/5/9 bytes by magnitude) and hash ``0x83 || bytes-head || parent || block bytes`` per
+block, byte-identical to ``cbor2.dumps(..., canonical=True)``. SGLang's page hash uses the same compiled chain
+with little-endian u32 tokens, else hashes slices of one ``array('I')`` buffer. Tokens that are not ints in the encoders' fast
+range (pickle: ``[0, 2**31)``, CBOR: ``[0, 2**63)``, SGLang: ``[0, 2**32)``; never ``bool``) take the generic path.
+``python -m bench.connector`` prints the measured tokens/s and milliseconds per 128k-token prompt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
 import sys
 from array import array
@@ -52,6 +58,11 @@ from typing import Any, Protocol, runtime_checkable
 import cbor2
 import numpy as np
 import xxhash
+
+try:
+    from agent import _chainhash
+except ImportError:  # not built (no compiler or OpenSSL headers): the pure-Python paths below
+    _chainhash = None
 
 #: vLLM ``--prefix-caching-hash-algo`` values (vLLM 0.33.0).
 VLLM_HASH_ALGOS: tuple[str, ...] = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -65,6 +76,7 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 SGLANG_NAMESPACE_DOMAIN = b"sglang-cache-namespace-v1"
 
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+logger = logging.getLogger(__name__)
 _U32_MAX = 2**32 - 1
 
 
@@ -242,6 +254,80 @@ def _int64_tokens(toks: Sequence[int]) -> np.ndarray | None:
     return vals
 
 
+_ENC_PICKLE, _ENC_CBOR, _ENC_U32LE = 0, 1, 2  # agent._chainhash token encodings
+_DIGEST_SHA256, _DIGEST_XXH3_128 = 0, 1  # agent._chainhash digests
+_PICKLE_FRAME_LIMIT = 60_000  # pickle starts a second FRAME past 64 KiB; longer messages take the Python path
+#: Token ids covering every width of both encodings (pickle 2/3/5 bytes, CBOR 1/2/3/5 bytes): the self-check.
+_SELF_CHECK_TOKENS = (0, 1, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 151_643, 7)
+
+
+class _NativeChain:
+    """How ``agent._chainhash.hash_chain`` builds the messages of one (algorithm, block size, extra keys).
+
+    The constant parts come from the real encoder: ``pickle.dumps`` / ``cbor2.dumps(canonical=True)`` of
+    ``(placeholder parent, (0,) * block_size, extra_keys)`` split around the parent and the token ids; for
+    pickle, the FRAME length at bytes 3..10 of the head is rewritten per message by the C code.
+
+    Raises:
+        ValueError: no compiled chain for ``algo``, or the template does not have the expected shape (the
+            caller then keeps the Python path).
+    """
+
+    def __init__(self, algo: str, block_size: int, extra: tuple[Any, ...] | None) -> None:
+        if _chainhash is None or algo not in VLLM_HASH_ALGOS or (algo.startswith("xxhash") and not _chainhash.XXH3):
+            raise ValueError(f"no compiled chain for {algo!r}")
+        self.digest = _DIGEST_XXH3_128 if algo.startswith("xxhash") else _DIGEST_SHA256
+        placeholder = b"\xa5" * _DIGEST_SIZES[algo]  # stands in for the parent digest
+        block = (0,) * block_size
+        if algo.endswith("_cbor"):
+            self.encoding, zero = _ENC_CBOR, b"\x00"
+            template = cbor2.dumps((placeholder, block, extra), canonical=True)
+        else:
+            self.encoding, zero = _ENC_PICKLE, b"K\x00"  # BININT1 0
+            template = pickle.dumps((placeholder, block, extra), protocol=_PICKLE_PROTOCOL)
+            if 5 * block_size + len(template) > _PICKLE_FRAME_LIMIT:
+                raise ValueError("block too large for one pickle frame")
+        if template.count(placeholder) != 1:
+            raise ValueError("ambiguous template")
+        at = template.index(placeholder)
+        self.head, after = template[:at], template[at + len(placeholder):]
+        if self.encoding == _ENC_CBOR:
+            self.mid = cbor2.dumps(block, canonical=True)[:-block_size]  # the array head
+        else:
+            self.mid = after[: after.index(zero * block_size)]  # MEMOIZE (+ MARK above 3 items)
+        if not after.startswith(self.mid + zero * block_size):
+            raise ValueError("unexpected template layout")
+        self.post = after[len(self.mid) + len(zero) * block_size:]
+        self.frame_at = -1
+        if self.encoding == _ENC_PICKLE and template[2:3] == b"\x95":  # protocol >= 4 FRAME opcode
+            if int.from_bytes(template[3:11], "little") != len(template) - 11:
+                raise ValueError("unexpected pickle frame")
+            self.frame_at = 3
+        self.block_size = block_size
+
+    def chain(self, toks: Sequence[int], start: int, count: int, parent: bytes) -> list[bytes] | None:
+        """Digests of ``count`` blocks from ``toks[start:]`` chained from ``parent`` (None: a token needs Python)."""
+        return _chainhash.hash_chain(toks, start, self.block_size, count, parent, self.head, self.frame_at,
+                                     self.mid, self.post, self.encoding, self.digest)
+
+
+def _native_chain(algo: str, block_size: int, extra: tuple[Any, ...] | None,
+                  step: Callable[[bytes, tuple[int, ...]], bytes]) -> _NativeChain | None:
+    """A verified :class:`_NativeChain`, or ``None`` when there is none for ``algo`` or it disagrees with ``step``."""
+    try:
+        native = _NativeChain(algo, block_size, extra)
+    except ValueError:
+        return None
+    toks = [_SELF_CHECK_TOKENS[i % len(_SELF_CHECK_TOKENS)] for i in range(3 * block_size)]
+    parent = step(bytes(_DIGEST_SIZES[algo]), (1,))
+    expected = list(accumulate(zip(*[iter(toks)] * block_size), step, initial=parent))[1:]
+    if native.chain(toks, 0, 3, parent) != expected:  # pragma: no cover - would be a bug in the template split
+        logger.warning("agent._chainhash disagrees with %s for block size %d; using the Python path",
+                       algo, block_size)
+        return None
+    return native
+
+
 @runtime_checkable
 class BlockHasher(Protocol):
     """What the connector needs from a hasher: one digest per full block, chained from ``parent``.
@@ -274,15 +360,18 @@ class VllmBlockHasher:
         seed: the release's PYTHONHASHSEED ("" / None = unset; required for xxhash variants).
         cache_salt: the request group's salt ("" / None = default shared cache); block 0 only.
         lora: the LoRA adapter, if the namespace serves one.
+        native: use the compiled chain (``agent._chainhash``) when it is built: ``None`` (default) = if
+            available; ``False`` = never (the Python path, for comparisons); ``True`` = required.
 
     Raises:
-        ValueError: unknown algo, non-positive block size, missing xxhash seed.
+        ValueError: unknown algo, non-positive block size, missing xxhash seed, ``native=True`` without the
+            compiled chain for ``algo``.
     """
 
     engine = "vllm"
 
     def __init__(self, algo: str = "sha256", *, block_size: int = 16, seed: str | None = None,
-                 cache_salt: str | None = None, lora: LoraRef | None = None) -> None:
+                 cache_salt: str | None = None, lora: LoraRef | None = None, native: bool | None = None) -> None:
         self._fn = vllm_hash_fn(algo)
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive number of tokens, got {block_size!r}")
@@ -301,6 +390,21 @@ class VllmBlockHasher:
         self._cbor_pre = b"\x83" + cbor2.dumps(bytes(self.digest_size))[: -self.digest_size]
         self._cbor_array_head = cbor2.dumps((0,) * block_size)[:-block_size]
         self._cbor_tail_rest = cbor2.dumps(self._extra_rest, canonical=True)
+        self._native = self._native_trace = None
+        if native is not False:
+            self._native = _native_chain(algo, block_size, self._extra_rest, self._step_rest)
+            if block_size != 1:
+                self._native_trace = _native_chain(algo, 1, self._extra_rest, self._step_rest)
+            else:
+                self._native_trace = self._native
+            if native and self._native is None:
+                raise ValueError(f"native=True but agent._chainhash is not built or has no chain for {algo!r} "
+                                 f"at block size {block_size} (run scripts/build_native.py)")
+
+    @property
+    def native(self) -> bool:
+        """Whether :meth:`block_hashes` runs the compiled chain (``agent._chainhash``) for this namespace."""
+        return self._native is not None
 
     def _make_step(self, extra: tuple[Any, ...] | None) -> Callable[[bytes, tuple[int, ...]], bytes]:
         """``(parent, block tuple) -> digest`` with the encoder and digest bound as locals (the hot loop)."""
@@ -337,12 +441,39 @@ class VllmBlockHasher:
         first block then carries no salt, as in vLLM where only block 0 of a request is salted).
         """
         toks = _tokens(token_ids)
+        if self._native is not None:
+            fast = self._native_hashes(self._native, toks, parent)
+            if fast is not None:
+                return fast
         if self.algo.endswith("_cbor"):
             fast = self._cbor_block_hashes(toks, parent)
             if fast is not None:
                 return fast
         blocks = zip(*[iter(toks)] * self.block_size)
         return self._chain(blocks, parent)
+
+    def _native_hashes(self, native: _NativeChain, toks: Sequence[int], parent: bytes | None) -> list[bytes] | None:
+        """The chain through ``agent._chainhash`` (``None``: a token is outside the compiled encoders' range).
+
+        Block 0 of a new chain (salted extra keys) is hashed here in Python; the rest in one compiled call.
+        """
+        bs = native.block_size
+        count = len(toks) // bs
+        if count == 0:
+            return []
+        if not isinstance(toks, (list, tuple)):
+            toks = list(toks)
+        _check_parent(parent, self.digest_size)
+        start = 0
+        first: list[bytes] = []
+        if parent is None:
+            parent = self._step_first(self.none_hash, tuple(toks[:bs]))
+            first.append(parent)
+            start, count = bs, count - 1
+        rest = native.chain(toks, start, count, parent)
+        if rest is None:
+            return None
+        return first + rest if first else rest
 
     def _cbor_block_hashes(self, toks: Sequence[int], parent: bytes | None) -> list[bytes] | None:
         """The CBOR chain from one vectorised encoding of all full blocks (``None``: tokens need cbor2).
@@ -385,6 +516,10 @@ class VllmBlockHasher:
     def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
         """FAST'25 ``hash_ids`` chained as one-token blocks: ``hash_fn((parent, (hash_id,), extra_keys))``."""
         ids = _tokens(hash_ids)
+        if self._native_trace is not None:
+            fast = self._native_hashes(self._native_trace, ids, parent)
+            if fast is not None:
+                return fast
         return self._chain(((int(i),) for i in ids), parent)
 
 
@@ -425,8 +560,13 @@ class SglangPageHasher:
     Args:
         page_size: tokens per page (SGLang ``--page-size``), > 0.
         extra_key / cache_salt: the request's fields; ``None`` = absent (no namespace seed when both are).
+        native: use the compiled chain (``agent._chainhash``) when built: ``None`` = if available, ``False`` =
+            never, ``True`` = required.
 
     Digests are 32 raw bytes; keys render them as lowercase hex (``digest.hex()``).
+
+    Raises:
+        ValueError: non-positive page size, ``native=True`` without the compiled chain.
     """
 
     engine = "sglang"
@@ -434,13 +574,35 @@ class SglangPageHasher:
     digest_size = 32
 
     def __init__(self, page_size: int = 64, *, extra_key: str | None = None,
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, native: bool | None = None) -> None:
         if not isinstance(page_size, int) or page_size <= 0:
             raise ValueError(f"page_size must be a positive number of tokens, got {page_size!r}")
+        if native and _chainhash is None:
+            raise ValueError("native=True but agent._chainhash is not built (run scripts/build_native.py)")
         self.block_size = page_size
         self.extra_key = extra_key
         self.cache_salt = cache_salt
         self.namespace_seed = sglang_namespace_seed(extra_key, cache_salt)
+        self.native = _chainhash is not None and native is not False
+
+    def _native_chain(self, toks: Sequence[int], page: int, count: int, parent: bytes | None) -> list[bytes] | None:
+        """The chain through ``agent._chainhash`` (``None``: a token is not an exact int in ``[0, 2**32)``)."""
+        if not isinstance(toks, (list, tuple)):
+            toks = list(toks)
+        _check_parent(parent, 32)
+        prior = self.namespace_seed if parent is None else parent
+        first: list[bytes] = []
+        start = 0
+        if prior is None:  # no namespace seed: the first page hashes its tokens alone
+            if any(type(t) is not int for t in toks[:page]):
+                return None
+            prior = hashlib.sha256(_u32le(toks[:page])).digest()
+            first.append(prior)
+            start, count = page, count - 1
+        rest = _chainhash.hash_chain(toks, start, page, count, prior, b"", -1, b"", b"", _ENC_U32LE, _DIGEST_SHA256)
+        if rest is None:
+            return None
+        return first + rest if first else rest
 
     def _chain(self, data: bytes, step: int, count: int, parent: bytes | None) -> list[bytes]:
         _check_parent(parent, 32)
@@ -462,6 +624,10 @@ class SglangPageHasher:
         count = len(toks) // self.block_size
         if count == 0:
             return []
+        if self.native:
+            fast = self._native_chain(toks, self.block_size, count, parent)
+            if fast is not None:
+                return fast
         data = _u32le(toks[: count * self.block_size])
         return self._chain(data, 4 * self.block_size, count, parent)
 
@@ -470,6 +636,10 @@ class SglangPageHasher:
         ids = _tokens(hash_ids)
         if not ids:
             return []
+        if self.native:
+            fast = self._native_chain(ids, 1, len(ids), parent)
+            if fast is not None:
+                return fast
         return self._chain(_u32le(ids), 4, len(ids), parent)
 
 

@@ -9,11 +9,20 @@ parallel ranks, and the block-hash algorithm with its root seed and block size. 
 
 Namespaces are frozen dataclasses: a daemon changes what a connector uses by *replacing* the object (one
 reference assignment, see :class:`agent.connector.KVConnector`), never by mutating it.
+
+LoRA adapters: a release may load several adapters (``kv_layout.adapters``, each a name and the path the
+engine loads it from). A request for an adapter hashes differently from a base-model request: vLLM 0.33.0 adds
+``("lora", name, path)`` to every block's extra keys, SGLang 0.5.23 appends the adapter's id
+(:func:`sglang_lora_id`) to the request's ``extra_key``, which seeds its page chain. That is the only thing
+that separates the adapters' keys: they share the release namespace's key prefix, its ledger identity
+(occupancy and budget are per release namespace and request group, all adapters together) and its purge regex.
+:meth:`Namespace.for_adapter` and :func:`adapter_namespaces` give the namespace of each adapter.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -27,6 +36,11 @@ from agent.hashing import (
     VllmBlockHasher,
     make_hasher,
 )
+
+try:  # the compiled key builder (scripts/build_native.py); the same strings as the Python below
+    from agent._chainhash import hex_keys as _native_hex_keys
+except ImportError:
+    _native_hex_keys = None
 
 ENGINES = ("vllm", "sglang")
 _FORBIDDEN_IN_RELEASE = "@_"
@@ -65,7 +79,10 @@ class Namespace:
         tp_rank, pcp_rank, dcp_rank, pp_rank: parallel ranks of this connector.
         kv_group: vLLM KV-cache group id (key field ``group:<g>``).
         pp_size: pipeline-parallel size; SGLang keys carry ``_<pp_rank>`` only when it is > 1.
-        lora_name, lora_path: vLLM LoRA adapter ("" = none); in every block's extra keys.
+        lora_name, lora_path: the LoRA adapter of the requests ("" = base model) and the path the engine loaded
+            it from, byte for byte as on its command line. vLLM: ``("lora", name, path)`` in every block's extra
+            keys. SGLang: the page chain's extra key is ``sglang_extra_key`` followed by
+            ``sglang_lora_id(name, path)`` (both required).
         sglang_extra_key: SGLang request ``extra_key`` (None = absent); seeds the page chain with the salt.
 
     Raises:
@@ -103,7 +120,8 @@ class Namespace:
         if self.engine == "sglang":
             _require(self.hash_algo == SGLANG_HASH_ALGO, "hash_algo",
                      f"SGLang namespaces hash pages with {SGLANG_HASH_ALGO!r}, got {self.hash_algo!r}")
-            _require(not self.lora_name, "lora_name", "LoRA extra keys are a vLLM block-hash input")
+            _require(not self.lora_name or bool(self.lora_path), "lora_name",
+                     "an SGLang adapter's id is made from its name and path: lora_path is required")
         else:
             _require(self.hash_algo != SGLANG_HASH_ALGO, "hash_algo", "vLLM namespaces need a vLLM algorithm")
             _require(self.sglang_extra_key is None, "sglang_extra_key", "is an SGLang request field")
@@ -120,12 +138,15 @@ class Namespace:
             value = getattr(self, name)
             _require(isinstance(value, int) and value >= 0, name, f"must be a non-negative integer, got {value!r}")
         _require(self.pp_rank < self.pp_size, "pp_rank", f"{self.pp_rank} is not below pp_size {self.pp_size}")
+        _require(isinstance(self.lora_name, str) and isinstance(self.lora_path, str), "lora_name",
+                 "lora_name and lora_path must be strings")
+        _require(bool(self.lora_name) or not self.lora_path, "lora_path", "is set without a lora_name")
         try:
             self._cache["hasher"] = make_hasher(
                 self.hash_algo, block_size=self.block_size, seed=self.hash_seed or None,
                 cache_salt=self.cache_salt or None,
-                lora=LoraRef(self.lora_name, self.lora_path) if self.lora_name else None,
-                extra_key=self.sglang_extra_key)
+                lora=LoraRef(self.lora_name, self.lora_path) if self.lora_name and self.engine == "vllm" else None,
+                extra_key=self.sglang_chain_extra_key)
         except ValueError as exc:
             raise ValueError(f"hash_algo/hash_seed: {exc}") from None
         if self.engine == "vllm":
@@ -156,6 +177,26 @@ class Namespace:
     def id(self) -> NamespaceId:
         """Ledger identity: (tenant_id, served_model_name, release namespace, request group)."""
         return NamespaceId(self.tenant_id, self.served_model_name, self.release_namespace, self.request_group)
+
+    @property
+    def sglang_chain_extra_key(self) -> str | None:
+        """The ``extra_key`` SGLang 0.5.23 seeds this namespace's page chains with (``None`` for vLLM or none).
+
+        A LoRA request's is ``(extra_key or "") + lora_id`` (``Req.__init__``), the adapter id last.
+        """
+        if self.engine != "sglang":
+            return None
+        if not self.lora_name:
+            return self.sglang_extra_key
+        return (self.sglang_extra_key or "") + sglang_lora_id(self.lora_name, self.lora_path)
+
+    def for_adapter(self, name: str, path: str) -> Namespace:
+        """This namespace for requests of LoRA adapter ``name`` loaded from ``path`` (validated again).
+
+        Same tenant, key prefix, ledger identity and purge regex; only the block hashes differ (see the module
+        docstring). ``for_adapter("", "")`` gives the base-model namespace back.
+        """
+        return self.replace(lora_name=name, lora_path=path)
 
     def replace(self, **changes: Any) -> Namespace:
         """A new namespace with ``changes`` applied (validated again); this one is left as it is."""
@@ -204,9 +245,16 @@ class Namespace:
     def keys(self, block_hashes: Iterable[bytes]) -> list[str]:
         """Flat object keys of many blocks, block-major: ``[b0, b1, ...]`` or ``[b0_k, b0_v, b1_k, ...]``."""
         prefix = self._cache["prefix"]
+        suffixes = () if self.engine == "vllm" else self._cache["suffixes"]
+        if _native_hex_keys is not None:
+            if not isinstance(block_hashes, (list, tuple)):
+                block_hashes = list(block_hashes)
+            fast = _native_hex_keys(prefix, block_hashes, suffixes)  # None for a non-ASCII prefix
+            if fast is not None:
+                return fast
         if self.engine == "vllm":
             return list(map(prefix.__add__, map(bytes.hex, block_hashes)))
-        sk, sv = self._cache["suffixes"]
+        sk, sv = suffixes
         out: list[str] = []
         for h in block_hashes:
             base = prefix + h.hex()
@@ -230,6 +278,15 @@ class Namespace:
                     and len(parsed.block_hash) == 2 * self.digest_size)
         return (isinstance(parsed, keygrammar.SglangKey) and key.startswith(self._cache["prefix"])
                 and key.endswith(self._cache["suffixes"]))
+
+
+def sglang_lora_id(name: str, path: str) -> str:
+    """SGLang 0.5.23 ``LoRARef.deterministic_id``: the id of a ``--lora-paths`` adapter, 32 lowercase hex digits.
+
+    ``uuid5(NAMESPACE_URL, name + "\\0" + path).hex``: stable across processes and nodes, so instances that
+    load the same adapter from the same path share its page hashes.
+    """
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"{name}\0{path}").hex
 
 
 def _rebuild_namespace(values: dict[str, Any]) -> Namespace:
@@ -276,4 +333,29 @@ def namespaces_for_instance(instance: Any) -> dict[tuple[int, str], Namespace]:
                 hash_algo=hash_algo, hash_seed=instance.hash_seed or "",
                 block_size=_block_size(instance.kv_layout), tp_rank=tp, pcp_rank=ranks.pcp_rank,
                 dcp_rank=ranks.dcp_rank, pp_rank=ranks.pp_rank, pp_size=pp_size)
+    return out
+
+
+def adapter_namespaces(instance: Any) -> dict[tuple[int, str, str], Namespace]:
+    """Every namespace of one instance including its LoRA adapters, keyed ``(tp_rank, request group, adapter)``.
+
+    The base-model namespaces of :func:`namespaces_for_instance` have adapter ``""``; each adapter of
+    ``instance.kv_layout.adapters`` (objects with ``name`` and ``path``) adds one namespace per rank and group
+    (:meth:`Namespace.for_adapter`). Adapters without a path (recorded before the registry held paths, or a bare
+    name) are left out: the hash input the engine uses is not known for them.
+
+    Raises:
+        ValueError: naming the field, when the instance's values do not make a valid namespace.
+    """
+    base = namespaces_for_instance(instance)
+    adapters = []
+    for adapter in getattr(instance.kv_layout, "adapters", None) or []:
+        name, path = getattr(adapter, "name", ""), getattr(adapter, "path", "")
+        if name and path:
+            adapters.append((name, path))
+    out: dict[tuple[int, str, str], Namespace] = {}
+    for (tp, group), ns in base.items():
+        out[(tp, group, "")] = ns
+        for name, path in adapters:
+            out[(tp, group, name)] = ns.for_adapter(name, path)
     return out

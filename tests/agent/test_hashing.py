@@ -23,6 +23,8 @@ from agent.hashing import (
     vllm_none_hash,
 )
 
+pytestmark = pytest.mark.usefixtures("hash_impl")  # every test: compiled chain and pure Python
+
 # --- independent encoders -------------------------------------------------------------------------------------
 
 

@@ -17,6 +17,8 @@ import xxhash
 
 from agent.hashing import LoraRef, VllmBlockHasher, _cbor_uint_blocks, _int64_tokens, vllm_extra_keys
 
+pytestmark = pytest.mark.usefixtures("hash_impl")  # every test: compiled chain and pure Python
+
 BOUNDARIES = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1]
 
 

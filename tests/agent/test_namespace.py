@@ -9,6 +9,8 @@ import pytest
 from agent import keys
 from agent.namespace import Namespace, NamespaceId, namespaces_for_instance
 
+pytestmark = pytest.mark.usefixtures("hash_impl")  # every test: compiled chain and pure Python
+
 
 def vllm_ns(**kw) -> Namespace:
     base = dict(tenant_id="alpha", engine="vllm", served_model_name="Qwen/Qwen3-8B", release_namespace="prod-1",
