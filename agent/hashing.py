@@ -29,18 +29,18 @@ FAST'25 traces (Mooncake ``conversation_trace.jsonl``)
     and the root seed separate namespaces exactly as for real tokens); for SGLang it is
     ``SHA-256(prior || u32le(hash_id))`` with the namespace seed as the first prior.
 
-Speed: for ``sha256``, ``sha256_cbor`` and SGLang's page hash the optional compiled module ``agent._chainhash`` (built by
-``scripts/build_native.py``; needs a C compiler and OpenSSL headers) assembles each block's message in one
-buffer and hashes it with OpenSSL's SHA-256, outside the GIL; the constant parts of the message come from
-``pickle.dumps`` / ``cbor2.dumps`` of a template block, and a self-check against the Python encoder at
-construction disables it on any mismatch (:attr:`VllmBlockHasher.native`). Without it, the pickle variants run
-one ``pickle.dumps`` and one digest per block inside ``itertools.accumulate`` over ``zip``-built block tuples,
-and the CBOR variants encode all full blocks at once with numpy (:func:`_cbor_uint_blocks`: canonical CBOR
-unsigned ints take 1/2/3/5/9 bytes by magnitude) and hash ``0x83 || bytes-head || parent || block bytes`` per
-block, byte-identical to ``cbor2.dumps(..., canonical=True)``. SGLang's page hash uses the same compiled chain
-with little-endian u32 tokens, else hashes slices of one ``array('I')`` buffer. Tokens that are not ints in the encoders' fast
-range (pickle: ``[0, 2**31)``, CBOR: ``[0, 2**63)``, SGLang: ``[0, 2**32)``; never ``bool``) take the generic path.
-``python -m bench.connector`` prints the measured tokens/s and milliseconds per 128k-token prompt.
+Speed: the optional compiled module ``agent._chainhash`` (``agent/_chainhash.c``, built by
+``scripts/build_native.py``; needs a C compiler, OpenSSL's and, for the xxhash variants, xxhash's headers)
+assembles each block's message in one reused buffer and hashes it with OpenSSL's SHA-256 or XXH3-128 with the
+GIL released. The constant parts of a vLLM message come from ``pickle.dumps`` / ``cbor2.dumps`` of a template
+block (:class:`_NativeChain`), and a self-check against the Python encoder at construction turns it off on any
+mismatch (:attr:`VllmBlockHasher.native`). Tokens outside its encoders' range (pickle ``[0, 2**31)``, CBOR
+``[0, 2**63)``, SGLang ``[0, 2**32)``; never ``bool``) take the Python paths, which give the same digests:
+pickle variants run one ``pickle.dumps`` and one digest per block inside ``itertools.accumulate``; CBOR
+variants encode all full blocks at once with numpy (:func:`_cbor_uint_blocks`: canonical CBOR unsigned ints take
+1/2/3/5/9 bytes by magnitude) and hash ``0x83 || bytes-head || parent || block bytes`` per block; SGLang hashes
+slices of one ``array('I')`` buffer. ``python -m bench.connector`` prints tokens/s and milliseconds per
+128k-token prompt for both paths.
 """
 
 from __future__ import annotations
