@@ -14,7 +14,7 @@ its ancestors). Zero orphans by construction; SGLang's ``_k``/``_v`` objects of 
 
 Orphans (present blocks a prefix lookup cannot reach because an ancestor is gone, e.g. after the master evicted
 it) are reported per namespace by :meth:`BudgetEnforcer.stats` (whole subtrees) and by the ledger snapshot's
-``orphaned_bytes`` (blocks whose parent is gone), and are always planned first.
+``orphaned_bytes`` (whole subtrees too), and are always planned first.
 
 No Django. Sizes are bytes; times are the ledger's clock in seconds.
 """

@@ -21,6 +21,10 @@ is mutated, so old objects stay valid for as long as anyone holds them.
 Each outcome becomes an ``Ack`` in the outbox. A background thread appends a ``Report`` (the ledger snapshot)
 every ``report_interval`` seconds, sends a ``Heartbeat`` every ``heartbeat_interval`` seconds, and delivers
 the outbox whenever the broker takes it (see ``agent.outbox``).
+
+Everything the daemon sends is signed **at send time** (``_send``: ``agent.signing.sign_message`` with the
+node's secret, ``signed_at`` = now), the outbox's backlog included: the dashboard refuses unsigned, tampered,
+foreign and stale messages (``dashboard.agent_auth``).
 """
 from __future__ import annotations
 
@@ -141,7 +145,7 @@ class Daemon:
 
     Args:
         node: the node name (queue ``agent.<node>``).
-        secret: the node's signing secret (HMAC key for documents).
+        secret: the node's signing secret: HMAC key of the documents it receives and of the messages it sends.
         state_dir: directory for ``applied.json`` and ``outbox.sqlite3`` (created when missing).
         publish: sends a batch of messages to ``dashboard.ingest``; raises when the broker is unavailable.
         binder: builds the per-instance bindings (default: ``namespace_binder``, the connector's namespaces).
@@ -370,8 +374,12 @@ class Daemon:
         return self._send([heartbeat])
 
     def _send(self, messages: list[dict[str, Any]]) -> bool:
+        """Sign ``messages`` now (a fresh ``signed_at`` on every attempt) and publish them; False when the broker
+        did not take them (logged once per outage)."""
+        now = utcnow()
+        signed = [signing.sign_message(message, self._secret, now=now) for message in messages]
         try:
-            self._publish(messages)
+            self._publish(signed)
         except Exception as exc:  # broker down: keep the messages, log once per outage
             if self._broker_ok:
                 log.warning("node %s: broker unavailable, buffering telemetry (%s: %s)", self.node,

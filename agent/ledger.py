@@ -10,9 +10,14 @@ Ownership: the ledger *claims* only blocks this node wrote successfully (``owned
 existed when it tried to put them (written by another instance of the namespace) are kept as ``foreign``
 entries while they matter as parents, and never counted, so two nodes never report the same block.
 
-Orphans: a present owned block whose parent is known to be absent can never be hit (a prefix lookup stops at
-the first miss); its bytes are counted in ``orphaned_bytes``. Orphans arise when the master evicts a parent
-(it knows no prefixes) or when an ancestor is removed.
+Orphans: a present owned block with an ancestor known to be absent — its prefix chain is broken anywhere above
+it, so it heads or lies inside the subtree below a missing block — can never be hit (a prefix lookup stops at
+the first miss); its bytes are counted in ``orphaned_bytes`` (whole subtrees, as
+``agent.budget.BudgetEnforcer.stats`` counts them among the owned blocks it tracks; here a missing foreign
+ancestor orphans the owned blocks below it too). Orphans arise when the master evicts a parent (it knows no
+prefixes) or when an ancestor is removed. Each entry keeps a ``cut`` flag ("some ancestor is absent"), updated only when
+a block's presence changes and only down to where it stops changing (an absent descendant's subtree is cut
+already), so the counters stay exact incrementally and a snapshot never walks the tree.
 
 Reconciliation: blocks the master evicts stop counting when a lookup, a put's existence check, a get, or
 :meth:`Ledger.reconcile` (``batch_is_exist`` on a sample, escalating to every block once a sample finds a
@@ -66,10 +71,12 @@ class BlockEntry:
         hit_count: lookups that found it inside the hit prefix.
         children: primary keys of known child blocks.
         children_count: how many of those children are present.
+        cut: some known ancestor is absent (the prefix chain is broken above it); an owned present block with
+            ``cut`` is an orphan.
     """
 
     __slots__ = ("key", "block_hash", "parent", "ns", "size", "owned", "present", "created_at", "last_access",
-                 "hit_count", "children", "children_count")
+                 "hit_count", "children", "children_count", "cut")
 
     def __init__(self, key: str, block_hash: bytes, parent: str | None, ns: Namespace, size: int, owned: bool,
                  now: float) -> None:
@@ -85,6 +92,7 @@ class BlockEntry:
         self.hit_count = 0
         self.children: set[str] = set()
         self.children_count = 0
+        self.cut = False
 
     def __repr__(self) -> str:
         state = ("owned" if self.owned else "foreign") + ("" if self.present else ",absent")
@@ -135,11 +143,8 @@ class NamespaceTable:
         return self.entries.get(key)
 
     def is_orphan(self, entry: BlockEntry) -> bool:
-        """Owned, present, and its parent is known to be absent."""
-        if not (entry.owned and entry.present) or entry.parent is None:
-            return False
-        parent = self.entries.get(entry.parent)
-        return parent is not None and not parent.present
+        """Owned, present, and some ancestor (parent, grandparent, ...) is known to be absent."""
+        return entry.owned and entry.present and entry.cut
 
     def leaves(self) -> Iterator[BlockEntry]:
         """Owned present blocks without a present child: removing one orphans nothing."""
@@ -181,14 +186,10 @@ class NamespaceTable:
 
     def _set(self, e: BlockEntry, *, present: bool | None = None, owned: bool | None = None,
              size: int | None = None) -> None:
-        """Change an entry's state, keeping every counter (its own and its children's orphan state) exact."""
-        kids = [self.entries[c] for c in e.children if c in self.entries]
+        """Change an entry's state, keeping every counter (its own and its descendants' orphan state) exact."""
         presence_changes = present is not None and present != e.present
         was_counted = e.owned and e.present
         self._detach(e)
-        if presence_changes:
-            for kid in kids:
-                self._detach(kid)
         if presence_changes:
             e.present = bool(present)
             parent = self.entries.get(e.parent) if e.parent is not None else None
@@ -200,10 +201,25 @@ class NamespaceTable:
             e.size = size
         self._attach(e)
         if presence_changes:
-            for kid in kids:
-                self._attach(kid)
+            self._recut(e)
             if was_counted and not e.present:
                 self._emit("remove", e)
+
+    def _recut(self, root: BlockEntry) -> None:
+        """Re-derive ``cut`` below ``root`` after its presence changed, walking down only while it changes
+        (below an absent block everything is cut already), with each changed block's counters."""
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            below = node.cut or not node.present
+            for key in node.children:
+                kid = self.entries.get(key)
+                if kid is None or kid.cut == below:
+                    continue
+                self._detach(kid)
+                kid.cut = below
+                self._attach(kid)
+                stack.append(kid)
 
     def _entry(self, ns: Namespace, block_hash: bytes, parent: str | None, now: float) -> BlockEntry:
         key = ns.primary_key(block_hash)
@@ -215,6 +231,7 @@ class NamespaceTable:
                 p = self.entries.get(parent)
                 if p is not None:
                     p.children.add(key)
+                    e.cut = p.cut or not p.present
         return e
 
     def _gc(self, key: str) -> None:

@@ -4,10 +4,16 @@ Dashboard → agent (queue ``agent.<node>``, task ``agent.apply_config``):
   * ``ConfigDocument`` — what a node must serve, signed (see ``agent.signing``).
 
 Agent → dashboard (queue ``dashboard.ingest``, task ``dashboard.ingest``, a JSON list of messages, each
-tagged by ``kind``):
+tagged by ``kind``), all ``AgentMessage``s:
   * ``Ack`` — the outcome of one received document (``applied`` or ``rejected`` with a reason code);
   * ``Report`` — occupancy per namespace (the ledger snapshot), idempotency key ``(node, sequence)``;
   * ``Heartbeat`` — liveness plus the applied version and digest (drift is visible even if an ack is lost).
+  (``agent.purge.PurgeResult``, task ``dashboard.purge_result``, is an ``AgentMessage`` too.)
+
+Every ``AgentMessage`` names its sender (``node``) and is signed by it when sent: ``signed_at`` (UTC, the
+sending time) and ``signature`` (HMAC-SHA256 with the node's signing secret over the canonical encoding,
+``agent.signing.sign_message``). They are built unsigned (``signed_at`` None, ``signature`` ""), wait so in the
+outbox, and are stamped and signed at each delivery attempt; the dashboard refuses unsigned ones.
 
 Every message has ``schema`` (this module's ``SCHEMA_VERSION``); a receiver refuses a schema it does not know
 with a clear error instead of guessing. Models refuse unknown fields (``extra="forbid"``), so a typo in a
@@ -112,11 +118,26 @@ class RequestGroupSpec(BaseModel):
     budget_bytes: NonNegative | None = None
 
 
+class LoraAdapterSpec(BaseModel):
+    """A LoRA adapter the instance loads: ``name`` (what requests ask for) and ``path`` (absolute directory or
+    hub id, exactly as the engine got it; "" = unknown, for adapters recorded before the registry held paths).
+
+    vLLM 0.33.0 hashes ``("lora", name, path)`` into every block of an adapter request; SGLang 0.5.23 seeds the
+    adapter's page chains with an id made from both (see ``agent.namespace.sglang_lora_id``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = ""
+
+
 class KVLayout(BaseModel):
     """The release's cache-affecting settings that shape one stored block; equal layouts can share blocks.
 
     ``block_size`` is tokens per block (vLLM ``--block-size``, SGLang ``--page-size``); ``kv_dtype`` the KV
-    cache dtype name; ``adapters`` the LoRA names (sorted); ``weights_revision`` the model weights revision.
+    cache dtype name; ``adapters`` the LoRA adapters (sorted by name; a bare string, as documents before adapter
+    paths carried, reads as a name without a path); ``weights_revision`` the model weights revision.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -127,8 +148,15 @@ class KVLayout(BaseModel):
     block_size: Annotated[int, Field(ge=1)]
     kv_dtype: str = "auto"
     quantization: str = ""
-    adapters: list[str] = Field(default_factory=list)
+    adapters: list[LoraAdapterSpec] = Field(default_factory=list)
     weights_revision: str = ""
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _names_are_adapters(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
 
     @property
     def block_size_tokens(self) -> int:
@@ -220,7 +248,19 @@ class ConfigDocument(Message):
 # --- agent → dashboard ------------------------------------------------------------------------------------
 
 
-class Ack(Message):
+class AgentMessage(Message):
+    """Base of every agent → dashboard message: the sender and the signature it adds when sending.
+
+    ``node`` is the sending node (its signing secret is the HMAC key); ``signed_at``/``signature`` are set by
+    ``agent.signing.sign_message`` at each delivery attempt (None / "" while the message waits to be sent).
+    """
+
+    node: NodeName
+    signed_at: datetime | None = None
+    signature: str = ""
+
+
+class Ack(AgentMessage):
     """The agent's answer to one received document.
 
     ``version``/``digest`` describe the received document (``None`` when it could not be read that far);
@@ -229,7 +269,6 @@ class Ack(Message):
     """
 
     kind: Literal["ack"] = "ack"
-    node: NodeName
     sequence: Annotated[int, Field(ge=1)]
     sent_at: datetime
     status: Literal["applied", "rejected"]
@@ -266,11 +305,10 @@ class NamespaceOccupancy(BaseModel):
     in_flight_requests: NonNegative = 0
 
 
-class Report(Message):
+class Report(AgentMessage):
     """Occupancy report: one ledger snapshot. Stored once per ``(node, sequence)``."""
 
     kind: Literal["report"] = "report"
-    node: NodeName
     sequence: Annotated[int, Field(ge=1)]
     sent_at: datetime
     started_at: datetime
@@ -278,11 +316,10 @@ class Report(Message):
     namespaces: list[NamespaceOccupancy] = Field(default_factory=list)
 
 
-class Heartbeat(Message):
+class Heartbeat(AgentMessage):
     """Liveness: sent every heartbeat interval, never buffered (only the latest one matters)."""
 
     kind: Literal["heartbeat"] = "heartbeat"
-    node: NodeName
     sent_at: datetime
     started_at: datetime
     applied_version: NonNegative = 0

@@ -7,6 +7,15 @@ in sequence order. A crash between publishing and deleting delivers a message tw
 once. When the buffer holds ``max_messages`` the oldest are dropped (counted in ``dropped`` and logged), so a
 long outage costs the oldest telemetry, never the disk.
 
+**Signed at send time, not here.** Bodies are stored unsigned (``signed_at`` None, ``signature`` ""); the
+daemon stamps and signs each message on every delivery attempt (``agent.daemon.Daemon._send``,
+``agent.signing.sign_message``). So a backlog delivered after a long broker outage carries a fresh
+``signed_at`` and passes the dashboard's replay window (which can therefore stay short), and a backlog queued
+before the node's secret was rotated is delivered under the new secret once the agent restarts with it. The
+disk copy gains nothing from a signature: the secret lives on the same node. ``deliver`` hands ``send`` the
+stored (unsigned) bodies. (A backlog older than the receipts the dashboard keeps — 2 days by default — is
+refused there as ``expired`` all the same: it could no longer be told from a replay.)
+
 Storage is one SQLite file (``outbox.sqlite3`` in the state directory, WAL journal, synchronous=FULL), so a
 message that ``add`` returned for is on disk. Thread-safe: one connection guarded by a lock.
 """

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import Field
 
 from agent import keys, signing
-from agent.messages import Message, MessageError, NodeName, utcnow
+from agent.messages import AgentMessage, Message, MessageError, NodeName, utcnow
 
 log = logging.getLogger("kvpool.agent.purge")
 
@@ -60,8 +60,9 @@ class PurgeRequest(Message):
     signature: str = ""
 
 
-class PurgeResult(Message):
-    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed)."""
+class PurgeResult(AgentMessage):
+    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed); signed with
+    the node's secret when sent (``agent.signing.sign_message``), like every ``AgentMessage``."""
 
     kind: Literal["purge_result"] = "purge_result"
     purge_id: str = Field(min_length=1, max_length=64)
@@ -216,8 +217,9 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
 
     @app.task(name=PURGE_TASK, ignore_result=True, shared=False)
     def purge_namespace(request: dict[str, Any]) -> dict[str, Any]:
-        """Run one purge request and send its result to the dashboard."""
-        result = handle_purge(request, node=node, secret=secret, open_store=open_store, ledger=ledger)
+        """Run one purge request and send its result, signed with the node's secret, to the dashboard."""
+        result = signing.sign_message(
+            handle_purge(request, node=node, secret=secret, open_store=open_store, ledger=ledger), secret)
         try:
             send(result)
         except Exception as exc:

@@ -75,10 +75,16 @@ def server_url(arg: str | None) -> str:
 
 
 def make_reports(count: int, namespaces: int, nodes: int = 200) -> list[dict]:
-    """``count`` report wire dicts, round-robin over ``nodes`` nodes, ``namespaces`` namespaces each."""
+    """``count`` report wire dicts, round-robin over ``nodes`` nodes, ``namespaces`` namespaces each, signed as
+    their agents send them; the nodes are registered with their secrets (ingest verifies every report)."""
     from agent.messages import NamespaceOccupancy, Report
+    from agent.signing import sign_message
+    from tenants.models import Node
 
-    t0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    Node.objects.bulk_create([Node(name=f"bench-{node:03d}", hostname="10.0.0.1",
+                                   signing_secret=f"bench-secret-{node:03d}") for node in range(nodes)],
+                             ignore_conflicts=True)
+    t0 = datetime.now(timezone.utc) - timedelta(hours=1)  # inside the dashboard's receipt horizon
     reports = []
     for i in range(count):
         node, sequence = i % nodes, i // nodes + 1
@@ -91,6 +97,7 @@ def make_reports(count: int, namespaces: int, nodes: int = 200) -> list[dict]:
                 hit_blocks=7000 + i, miss_blocks=2000 + k, evicted_blocks=k, orphaned_bytes=0,
                 in_flight_requests=k % 7) for k in range(namespaces)],
         ).to_wire())
+        reports[-1] = sign_message(reports[-1], f"bench-secret-{node:03d}")
     return reports
 
 

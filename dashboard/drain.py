@@ -17,7 +17,8 @@ What is taken but not stored:
   worker runs it;
 * a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of messages is
   logged (WARNING, with the task id) and acknowledged — it can never be stored, as a worker would fail it too;
-* invalid agent messages inside a list are logged and skipped by ``ingest`` as always.
+* agent messages inside a list that are unsigned, forged, replayed or invalid are logged, counted and skipped
+  by ``ingest`` (``dashboard.agent_auth``), as a task run on its own would.
 
 If the batch cannot be stored — the database refuses something one message carries — every task is stored
 on its own, and a task that still fails message by message, so only the message at fault is lost (logged
@@ -36,6 +37,7 @@ from django.db import InterfaceError, OperationalError
 from kombu import Queue
 
 from agent.messages import INGEST_QUEUE, INGEST_TASK
+from dashboard.agent_auth import count_refused
 from dashboard.ingest import IngestResult, ingest
 
 log = logging.getLogger("kvpool.dashboard.drain")
@@ -139,6 +141,8 @@ def _settle(message, *, requeue: bool = False) -> None:
 def _merge(total: IngestResult, part: IngestResult) -> None:
     for name in ("reports", "duplicate_reports", "samples", "acks", "duplicate_acks", "heartbeats", "invalid"):
         setattr(total, name, getattr(total, name) + getattr(part, name))
+    for reason, count in part.rejected.items():
+        total.rejected[reason] = total.rejected.get(reason, 0) + count
     total.errors.extend(part.errors)
 
 
@@ -219,6 +223,9 @@ def ingest_queued(app, own: list[Any], *, own_id: str = "") -> tuple[IngestResul
         if channel is not None:
             taken, dropped = take_queued(channel, accept=app.conf.accept_content)
         result = store_batch(own, taken, own_id)
+    if dropped:
+        count_refused("invalid", "malformed dashboard.ingest task", n=dropped)
+        result.rejected["invalid"] = result.rejected.get("invalid", 0) + dropped
     result.invalid += dropped
     if taken:
         log.info("ingest: stored %d queued tasks together with task %s (%d acks, %d reports, %d heartbeats)",

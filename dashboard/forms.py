@@ -20,19 +20,26 @@ CONFLICT_MESSAGE = "The change conflicts with a concurrent change to the registr
 
 def add_validation_error(form: forms.Form, error: ValidationError) -> None:
     """Put a Django ``ValidationError`` on ``form``: errors of fields the form shows go on the field, the others
-    become non-field errors prefixed with the field name (the message itself is unchanged)."""
-    if not hasattr(error, "error_dict"):
-        for message in error.messages:
-            form.add_error(None, message)
-        return
-    for name, messages in error.message_dict.items():
+    become non-field errors prefixed with the field name (the message itself is unchanged). A message the form
+    already shows there (a field's message also counts above the form, and the other way round) is not added
+    again."""
+    items = error.message_dict.items() if hasattr(error, "error_dict") else [(NON_FIELD_ERRORS, error.messages)]
+    for name, messages in items:
         for message in messages:
-            if name == NON_FIELD_ERRORS:
-                form.add_error(None, message)
-            elif name in form.fields:
-                form.add_error(name, message)
+            if name == NON_FIELD_ERRORS or name in form.fields:
+                target, text = (None if name == NON_FIELD_ERRORS else name), message
             else:
-                form.add_error(None, f"{name}: {message}")
+                target, text = None, f"{name}: {message}"
+            if not _shown(form, target, message, text):
+                form.add_error(target, text)
+
+
+def _shown(form: forms.Form, target: str | None, message: str, text: str) -> bool:
+    """True when ``form`` already shows ``message`` (or ``text``) where it would go: for a field, on that field
+    or above the form; for a non-field error, anywhere on the form."""
+    names = list(form.errors) if target is None else [NON_FIELD_ERRORS, target]
+    shown = {shown for name in names for shown in form.errors.get(name, [])}
+    return message in shown or text in shown
 
 
 class RegistryModelForm(forms.ModelForm):
@@ -75,22 +82,45 @@ class ServedModelForm(RegistryModelForm):
 
 
 class AdaptersField(forms.CharField):
-    """LoRA adapter names as a comma-separated line; cleans to a list (the model's ``validate_adapters`` checks it)."""
+    """LoRA adapters as one comma-separated line of ``name=path`` items, each optionally ``;rank=N``; cleans to
+    ``[{"name", "path"[, "rank"]}]`` for the model rule ``validate_adapters``. An item without ``=`` is an adapter
+    without a path (only kept on adapters stored that way before paths were required)."""
+
+    _RANK = ";rank="
 
     def prepare_value(self, value):
         if isinstance(value, (list, tuple)):
-            return ", ".join(str(item) for item in value)
+            return ", ".join(self._item_text(item) for item in value)
         return value
+
+    def _item_text(self, item) -> str:
+        if not isinstance(item, dict):
+            return str(item)
+        text = str(item.get("name", "")) if item.get("path") is None else f"{item.get('name', '')}={item['path']}"
+        return text if item.get("rank") is None else f"{text}{self._RANK}{item['rank']}"
 
     def to_python(self, value):
         if isinstance(value, (list, tuple)):
             return list(value)
         text = super().to_python(value)
-        return [part.strip() for part in text.split(",")] if text.strip() else []
+        return [self._item(part.strip()) for part in text.split(",")] if text.strip() else []
+
+    def _item(self, text: str) -> dict:
+        text, has_rank, rank = text.partition(self._RANK)
+        name, has_path, path = text.partition("=")
+        item: dict = {"name": name.strip(), "path": path.strip() if has_path else None}
+        if has_rank:
+            rank = rank.strip()
+            item["rank"] = int(rank) if rank.isascii() and rank.isdigit() else rank
+        return item
 
 
 class ReleaseForm(RegistryModelForm):
-    adapters = AdaptersField(required=False, help_text="LoRA adapter names, comma-separated.")
+    adapters = AdaptersField(
+        required=False,
+        help_text="LoRA adapters, comma-separated name=path (an absolute directory or a hub id owner/name), "
+        "optionally name=path;rank=N (vLLM --max-lora-rank).",
+    )
 
     class Meta:
         model = Release

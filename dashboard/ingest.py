@@ -1,7 +1,12 @@
 """Store what agents send on ``dashboard.ingest``: acks, occupancy reports, heartbeats.
 
-``ingest(messages)`` validates each message (``agent.messages.parse_ingest``; an invalid one is logged with the
-field at fault and skipped, the rest of the batch is stored) and writes in one transaction:
+``ingest(messages)`` first checks who sent each message and that it is fresh (``dashboard.agent_auth.check``:
+signature with the signing secret of the node it names, ``signed_at`` inside the replay window), then
+validates it (``agent.messages.parse_ingest``) and, for acks and reports, that it is younger than the receipts
+kept (``agent_auth.check_horizon``). A refused message — unsigned, tampered, wrong node, replayed, invalid… —
+is logged with its reason and skipped, the rest of the batch is stored; refusals (and duplicates) are counted
+per reason in ``MessageRejection`` in the same transaction. The accepted messages are written in one
+transaction:
 
 * reports — the receipt row ``(node, sequence)`` is inserted with ``ON CONFLICT DO NOTHING RETURNING`` (SQLite
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
@@ -27,6 +32,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agent.messages import Ack, Heartbeat, MessageError, Report, parse_ingest
+from dashboard.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
 from dashboard.models import ConfigAck, NodeState, OccupancySample
 from dashboard.models import Report as ReportReceipt
 
@@ -40,7 +46,11 @@ SAMPLE_BATCH = 2000
 
 @dataclass
 class IngestResult:
-    """Counts of one ``ingest`` call."""
+    """Counts of one ``ingest`` call.
+
+    ``rejected`` counts the messages refused, per reason of ``dashboard.agent_auth.REASONS`` (``invalid`` and
+    ``duplicate`` included); ``invalid`` and ``duplicate_*`` are kept as their own counts too.
+    """
 
     reports: int = 0
     duplicate_reports: int = 0
@@ -49,29 +59,42 @@ class IngestResult:
     duplicate_acks: int = 0
     heartbeats: int = 0
     invalid: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready counts (the task's return value)."""
         return {"reports": self.reports, "duplicate_reports": self.duplicate_reports, "samples": self.samples,
                 "acks": self.acks, "duplicate_acks": self.duplicate_acks, "heartbeats": self.heartbeats,
-                "invalid": self.invalid}
+                "invalid": self.invalid, "rejected": dict(self.rejected)}
 
 
-def ingest(messages: Iterable[Any]) -> IngestResult:
-    """Validate and store a batch of agent messages (dicts as decoded from JSON); see the module docstring."""
+def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestResult:
+    """Verify, validate and store a batch of agent messages (dicts as decoded from JSON); see the module
+    docstring. ``now`` (default: the current time) is what the replay window and the receipt horizon are
+    measured from, and the receipts' ``received_at``."""
+    now = now or timezone.now()
+    messages = list(messages)
     result = IngestResult()
+    tally = Tally("ingest", log)
+    keys = NodeKeys.for_messages(messages)
     reports: list[Report] = []
     acks: list[Ack] = []
     heartbeats: list[Heartbeat] = []
     for raw in messages:
         try:
-            message = parse_ingest(raw)
-        except MessageError as exc:
-            result.invalid += 1
-            node = raw.get("node") if isinstance(raw, dict) else None
-            result.errors.append(str(exc))
-            log.warning("ingest: dropped invalid message from node %r: %s", node, exc)
+            check(raw, keys, now)
+            try:
+                message = parse_ingest(raw)
+            except MessageError as exc:
+                raise Refused("invalid", str(exc)) from None
+            if isinstance(message, (Ack, Report)):
+                check_horizon(message, now)
+        except Refused as exc:
+            tally.refuse(raw, exc)
+            if exc.reason == "invalid":
+                result.invalid += 1
+            result.errors.append(f"{exc.reason}: {exc}")
             continue
         if isinstance(message, Report):
             reports.append(message)
@@ -79,7 +102,6 @@ def ingest(messages: Iterable[Any]) -> IngestResult:
             acks.append(message)
         else:
             heartbeats.append(message)
-    now = timezone.now()
     with transaction.atomic():
         if acks and heartbeats:  # both update node states: lock all their rows first, in one order
             _lock_nodes([m.node for m in acks] + [m.node for m in heartbeats])
@@ -89,6 +111,13 @@ def ingest(messages: Iterable[Any]) -> IngestResult:
             store_acks(acks, now, result)
         if heartbeats:
             store_heartbeats(heartbeats, result)
+        duplicates = result.duplicate_reports + result.duplicate_acks
+        if duplicates:
+            log.info("ingest: %d report(s) and %d ack(s) already stored (re-delivered or replayed): ignored",
+                     result.duplicate_reports, result.duplicate_acks)
+            tally.add("duplicate", "", "(node, sequence) already stored", duplicates)
+        tally.record(now)
+    result.rejected = dict(tally.counts)
     return result
 
 

@@ -207,3 +207,24 @@ class MasterQuotaSync(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant_id} quota sync"
 
+
+
+class MessageRejection(models.Model):
+    """How many agent → dashboard messages were refused, per reason (``kvpool_agent_messages_rejected_total``).
+
+    One row per reason (``dashboard.agent_auth.REASONS``), incremented in the transaction that refused the
+    messages, so every dashboard process exposes the same counts. ``last_*`` describe the newest refusal;
+    ``last_node`` is the node the message *named*, not a verified identity.
+    """
+
+    reason = models.CharField(max_length=32, unique=True)
+    count = models.PositiveBigIntegerField(default=0)
+    last_at = models.DateTimeField(null=True, blank=True)
+    last_node = models.CharField(max_length=128, blank=True, default="")
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["reason"]
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.count}"

@@ -127,6 +127,8 @@ def request_purge(release: Release, *, confirm: str) -> str:
 def record_purge_result(raw: Any) -> bool:
     """Store one agent's ``PurgeResult``; returns False for a duplicate or an answer nobody asked for.
 
+    Trusts ``raw``: the task ``purge_result`` verifies the agent's signature first.
+
     Raises ``agent.messages.MessageError`` for a message that is not a purge result (named field).
     """
     try:
@@ -155,7 +157,12 @@ def record_purge_result(raw: Any) -> bool:
 
 @app.task(name=PURGE_RESULT_TASK, ignore_result=True)
 def purge_result(result: dict[str, Any]) -> bool:
-    """Celery task: an agent's answer to a purge request (see ``record_purge_result``)."""
+    """Celery task: an agent's answer to a purge request, stored (``record_purge_result``) only when signed by
+    the node it names and fresh (``dashboard.agent_auth.accept``: a refusal is logged and counted)."""
+    from dashboard.agent_auth import accept
+
+    if not accept(result, source="purge result"):
+        return False
     try:
         return record_purge_result(result)
     except MessageError as exc:

@@ -33,6 +33,7 @@ from agent.messages import (
     SCHEMA_VERSION,
     InstanceSpec,
     KVLayout,
+    LoraAdapterSpec,
     Ranks,
     RequestGroupSpec,
     StoreEndpoints,
@@ -81,7 +82,9 @@ def _instance(assignment, groups: list[RequestGroupSpec]) -> InstanceSpec:
         kv_layout=KVLayout(
             num_layers=release.num_layers, num_kv_heads=release.num_kv_heads, head_dim=release.head_dim,
             block_size=release.block_size, kv_dtype=release.kv_dtype, quantization=release.quantization,
-            adapters=sorted(release.adapters or []), weights_revision=release.weights_revision,
+            adapters=[LoraAdapterSpec(name=a.name, path=a.path or "")
+                      for a in sorted(release.lora_adapters, key=lambda a: a.name)],
+            weights_revision=release.weights_revision,
         ),
         hash_algo=release.hash_algo,
         hash_seed=release.hash_seed,

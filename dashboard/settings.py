@@ -174,6 +174,9 @@ KVPOOL_GLOBAL_SEGMENT_SIZE = env_int("KVPOOL_GLOBAL_SEGMENT_SIZE", 4 << 30, mini
 KVPOOL_LOCAL_BUFFER_SIZE = env_int("KVPOOL_LOCAL_BUFFER_SIZE", 512 << 20, minimum=1 << 20)
 KVPOOL_ENGINE_CONFIG_DIR = env_str("KVPOOL_ENGINE_CONFIG_DIR", "/etc/kvpool")
 KVPOOL_HEARTBEAT_SILENCE_SECONDS = env_int("KVPOOL_HEARTBEAT_SILENCE_SECONDS", 30, minimum=1)
+# Agent messages are accepted this long after the agent signed them, and this far ahead (dashboard.agent_auth).
+KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS = env_int("KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS", 6 * 3600, minimum=60)
+KVPOOL_AGENT_CLOCK_SKEW_SECONDS = env_int("KVPOOL_AGENT_CLOCK_SKEW_SECONDS", 300, minimum=0)
 
 LOGGING = {
     "version": 1,

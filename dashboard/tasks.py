@@ -20,20 +20,25 @@ log = logging.getLogger("kvpool.dashboard.tasks")
 
 @app.task(name="dashboard.ingest", ignore_result=True, bind=True)
 def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
-    """Store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
+    """Verify and store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
+
+    Each message must be signed by the node it names and fresh (``dashboard.agent_auth``); a refused one is
+    logged, counted per reason (``kvpool_agent_messages_rejected_total``) and not stored.
 
     Run by a worker from the ``dashboard.ingest`` queue, it also takes the ingest tasks waiting behind it and
     stores everything in one transaction (``dashboard.drain``); the result then counts all of them and
     ``tasks`` says how many tasks were stored. Called directly or eagerly it stores only ``messages``.
     Arguments that are not a list are logged and dropped (counted as ``invalid``).
     """
+    from dashboard.agent_auth import count_refused
     from dashboard.ingest import IngestResult
     from dashboard.ingest import ingest as run
 
     if not isinstance(messages, list):
         log.warning("ingest: dropped task %s: its argument is %s, not a list of agent messages",
                     self.request.id, type(messages).__name__)
-        return {**IngestResult(invalid=1).as_dict(), "tasks": 1}
+        count_refused("invalid", f"ingest task argument is {type(messages).__name__}, not a list")
+        return {**IngestResult(invalid=1, rejected={"invalid": 1}).as_dict(), "tasks": 1}
     queue = (self.request.delivery_info or {}).get("routing_key")
     if self.request.called_directly or self.request.is_eager or queue != INGEST_QUEUE:
         return {**run(messages).as_dict(), "tasks": 1}

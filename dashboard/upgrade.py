@@ -30,7 +30,7 @@ from dashboard.views.queries import NamespaceKey, NamespaceNow, OccupancyFilter,
 from tenants.choices import ReleaseState
 from tenants.models import AuditEntry, InstanceAssignment, Release, ServedModel, Tenant
 from tenants.quota import humanize_bytes
-from tenants.services import copy_release, validated_save
+from tenants.services import build_release_copy, copy_release, validated_save
 
 log = logging.getLogger("kvpool.dashboard.upgrade")
 
@@ -184,6 +184,14 @@ def upgrade_state(model: ServedModel) -> UpgradeState:
 # --- steps ------------------------------------------------------------------------------------------------
 
 
+def quota_refusal(projection: Projection, accept_over_quota: bool = False) -> str | None:
+    """Why a start with this ``projection`` is refused (``None``: it fits, or the overrun is accepted)."""
+    if projection.fits or accept_over_quota:
+        return None
+    return (f"The {projection.describe()}. Old and new releases are both warm while they overlap: raise the "
+            "quota, or accept that the master evicts (or refuses writes) during the upgrade.")
+
+
 def start_upgrade(old: Release, namespace: str, *, overrides: dict | None = None, budget_bytes: int | None = None,
                   description: str | None = None, copy_instances: bool = False, port_offset: int = 0,
                   accept_over_quota: bool = False) -> Release:
@@ -194,7 +202,8 @@ def start_upgrade(old: Release, namespace: str, *, overrides: dict | None = None
     ports (and bootstrap ports) shifted by ``port_offset``. Raises ``UpgradeError`` when ``old`` is not the
     model's serving release or an upgrade is already under way, and ``ValidationError`` keyed by field
     (``namespace``, a setting, ``budget_bytes``, ``port_offset`` for a refused instance copy,
-    ``accept_over_quota`` when the projection exceeds the quota); nothing is written then.
+    ``accept_over_quota`` when the projection exceeds the quota — together with the new release's own errors);
+    nothing is written then.
     """
     state = upgrade_state(old.model)
     if old.state != ReleaseState.SERVING:
@@ -204,10 +213,17 @@ def start_upgrade(old: Release, namespace: str, *, overrides: dict | None = None
             f"An upgrade of '{old.model}' is already {state.phase} (release '{(state.new or state.old).namespace}'); "
             "finish or abort it first.")
     projection = project(old)
-    if not projection.fits and not accept_over_quota:
-        raise ValidationError({"accept_over_quota": (
-            f"The {projection.describe()}. Old and new releases are both warm while they overlap: raise the "
-            "quota, or accept that the master evicts (or refuses writes) during the upgrade.")})
+    refusal = quota_refusal(projection, accept_over_quota)
+    if refusal is not None:
+        # Report the new release's own errors (namespace taken, settings, budget) with the quota at once.
+        errors = {"accept_over_quota": [refusal]}
+        try:
+            build_release_copy(old, namespace, budget_bytes=budget_bytes, description=description,
+                               **(overrides or {})).full_clean()
+        except ValidationError as error:
+            for name, messages in error.message_dict.items():
+                errors.setdefault(name, []).extend(messages)
+        raise ValidationError(errors)
     with transaction.atomic():
         new = copy_release(old, namespace, budget_bytes=budget_bytes, description=description,
                            **(overrides or {}))

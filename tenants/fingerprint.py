@@ -2,15 +2,19 @@
 
 Two releases may share KV cache entries only when everything that shapes the stored bytes or the block hashes
 is equal: weights revision, KV layout (layers, KV heads, head dim, block size in tokens), KV dtype,
-quantization, LoRA adapters, engine and engine version (vLLM changed its block-hash input between versions),
-and the prefix-caching hash algorithm with its seed (vLLM 0.33.0 ``--prefix-caching-hash-algo`` and
-``PYTHONHASHSEED``). The fingerprint is stable across processes, machines and Python versions.
+quantization, LoRA adapters (name and path: both are block-hash inputs), engine and engine version (vLLM
+changed its block-hash input between versions), and the prefix-caching hash algorithm with its seed (vLLM
+0.33.0 ``--prefix-caching-hash-algo`` and ``PYTHONHASHSEED``). The fingerprint is stable across processes,
+machines and Python versions.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
+
+from tenants.validators import lora_adapters
 
 #: Fields of a release that affect its KV cache, in the order the fingerprint document lists them.
 CACHE_SETTING_FIELDS: tuple[str, ...] = (
@@ -32,13 +36,28 @@ CACHE_SETTING_FIELDS: tuple[str, ...] = (
 FINGERPRINT_SCHEMA = 1
 
 
+def canonical_adapters(value: Any) -> list[Any]:
+    """The fingerprint form of ``Release.adapters``: sorted by name; a name-only adapter is its name, one with a
+    path is ``{"name", "path"}``. ``rank`` is left out: it sizes vLLM's LoRA slots, not the cached KV.
+
+    A release whose adapters have no path (recorded before paths were required) therefore keeps the fingerprint
+    it had, and adding or changing a path changes it. Raises ``TypeError`` for malformed values.
+    """
+    adapters = sorted(lora_adapters(value), key=lambda adapter: adapter.name)
+    return [
+        adapter.name if adapter.path is None else {"name": adapter.name, "path": adapter.path}
+        for adapter in adapters
+    ]
+
+
 def canonical_settings(settings: Mapping[str, Any]) -> bytes:
-    """UTF-8 JSON of the cache settings: sorted keys, no spaces, adapters sorted, plus the schema version.
+    """UTF-8 JSON of the cache settings: sorted keys, no spaces, adapters as ``canonical_adapters``, plus the
+    schema version.
 
     Raises ``KeyError`` when a field of ``CACHE_SETTING_FIELDS`` is missing from ``settings``.
     """
     document: dict[str, Any] = {name: settings[name] for name in CACHE_SETTING_FIELDS}
-    document["adapters"] = sorted(document["adapters"] or [])
+    document["adapters"] = canonical_adapters(document["adapters"])
     document["schema"] = FINGERPRINT_SCHEMA
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 

@@ -13,6 +13,7 @@ from django.db import transaction
 from tenants.choices import ReleaseState
 from tenants.fingerprint import CACHE_SETTING_FIELDS
 from tenants.models import InstanceAssignment, Release, RequestGroup, ServedModel, Tenant
+from tenants.models.base import RegistryModel
 
 
 def owning_tenant_pk(obj: Any) -> int | None:
@@ -35,15 +36,54 @@ def lock_tenant(tenant_pk: int | None) -> None:
 
 
 def validated_save(obj: Any, **save_kwargs: Any) -> Any:
-    """``full_clean()`` then ``save()`` inside one transaction holding the owning tenant's lock.
+    """``full_clean()`` then ``save()`` inside one transaction holding the owning tenant's lock; returns ``obj``.
 
-    Raises Django ``ValidationError`` (keyed by field) and writes nothing when a rule refuses the change.
+    Raises Django ``ValidationError`` (keyed by field) and writes nothing when a rule refuses the change. An
+    update that changes no field (after ``clean()`` derived its values) is not saved at all: ``updated_at``
+    keeps its value, no audit entry is written and no config push is scheduled.
     """
     with transaction.atomic():
         lock_tenant(owning_tenant_pk(obj))
         obj.full_clean()
+        stored = obj.stored() if isinstance(obj, RegistryModel) else None
+        if stored is not None and obj.unchanged_since(stored):
+            return obj
         obj.save(**save_kwargs)
     return obj
+
+
+def build_release_copy(
+    release: Release,
+    namespace: str,
+    *,
+    state: str = ReleaseState.WARMING,
+    budget_bytes: int | None = None,
+    description: str | None = None,
+    **overrides: Any,
+) -> Release:
+    """The unsaved release ``copy_release`` would create (same arguments); ``full_clean()`` it to see its errors.
+
+    Raises ``ValidationError`` keyed by the name of each override that is not a cache setting.
+    """
+    unknown = sorted(set(overrides) - set(CACHE_SETTING_FIELDS))
+    if unknown:
+        raise ValidationError(
+            {
+                name: f"'{name}' is not a cache setting of a release; it cannot be overridden in a copy."
+                for name in unknown
+            }
+        )
+    settings = {name: getattr(release, name) for name in CACHE_SETTING_FIELDS}
+    settings["adapters"] = list(settings["adapters"] or [])
+    settings.update(overrides)
+    return Release(
+        model_id=release.model_id,
+        namespace=namespace,
+        state=state,
+        budget_bytes=budget_bytes,
+        description=release.description if description is None else description,
+        **settings,
+    )
 
 
 def copy_release(
@@ -63,23 +103,6 @@ def copy_release(
     old release's budget twice). Raises ``ValidationError`` for unknown override names and for any rule the
     new release breaks (namespace taken, collisions, budget over quota); nothing is written then.
     """
-    unknown = sorted(set(overrides) - set(CACHE_SETTING_FIELDS))
-    if unknown:
-        raise ValidationError(
-            {
-                name: f"'{name}' is not a cache setting of a release; it cannot be overridden in a copy."
-                for name in unknown
-            }
-        )
-    settings = {name: getattr(release, name) for name in CACHE_SETTING_FIELDS}
-    settings["adapters"] = list(settings["adapters"] or [])
-    settings.update(overrides)
-    copy = Release(
-        model_id=release.model_id,
-        namespace=namespace,
-        state=state,
-        budget_bytes=budget_bytes,
-        description=release.description if description is None else description,
-        **settings,
-    )
+    copy = build_release_copy(release, namespace, state=state, budget_bytes=budget_bytes, description=description,
+                              **overrides)
     return validated_save(copy)

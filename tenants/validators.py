@@ -11,11 +11,16 @@ page forms all refuse the same input with the same message. Rules and the upstre
   lower-case letters, digits and inner hyphens only (no ``_``, ``@``, ``.``, whitespace), 1-63 characters, so
   it is a literal in any regex dialect and both key grammars stay parseable.
 * served model name / vLLM model name — no whitespace, control characters or ``@`` (vLLM's key separator).
+* LoRA adapters — name + path (absolute directory or hub id ``owner/name``): vLLM 0.33.0 hashes
+  ``("lora", name, path)`` into every block of an adapter request, SGLang 0.5.23 seeds the adapter's page
+  chains with an id derived from both, so the path is part of the cache identity (see ``LoraAdapter``).
 """
 from __future__ import annotations
 
+import posixpath
 import re
 import unicodedata
+from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 
@@ -193,20 +198,177 @@ def validate_gpu_ids(value: str) -> None:
         raise ValidationError(
             f"gpu_ids '{value}' must be comma-separated device ordinals like '0,1'.", code="invalid_value"
         )
-    if len(set(int(part) for part in parts)) != len(parts):
+    if len({int(part) for part in parts}) != len(parts):
         raise ValidationError(f"gpu_ids '{value}' lists a device twice.", code="duplicate")
 
 
-def validate_adapters(value: object) -> None:
-    """LoRA adapter names: a list of distinct non-empty strings without whitespace or control characters."""
+#: vLLM 0.33.0 ``--max-lora-rank`` choices (``vllm.config.lora.MaxLoRARanks``); vLLM refuses to load an adapter
+#: whose rank exceeds the value it runs with (default 16).
+VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORA_RANK = VLLM_MAX_LORA_RANKS[-1]
+_ADAPTER_FIELDS = ("name", "path", "rank")
+# A Hugging Face hub repository id as both engines download it: owner/name, letters, digits, '.', '_', '-',
+# each part starting and ending with a letter or digit (the hub also refuses '--' and '..'), at most 96 chars.
+_HUB_ID_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_HUB_ID_RE = re.compile(f"{_HUB_ID_PART}/{_HUB_ID_PART}")
+_MAX_HUB_ID = 96
+_ADAPTER_SHAPE = '{"name": ..., "path": ...} (and optionally "rank")'
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One LoRA adapter of a release, as vLLM 0.33.0 and SGLang 0.5.23 load it at launch.
+
+    * ``name`` — what requests ask for (the request's model name); vLLM ``--lora-modules`` ``name``, SGLang
+      ``--lora-paths`` ``lora_name``.
+    * ``path`` — where the engine loads the weights from: an absolute directory on the node or a hub id
+      ``owner/name``. vLLM puts ``("lora", name, path)`` into every block hash of an adapter request and SGLang
+      derives the adapter's ``lora_id`` (its page-hash namespace) from ``name`` and ``path``, so the exact
+      string is part of the cache identity: changed weights must come under a new path (neither engine pins a
+      hub revision, and vLLM does not invalidate cached blocks when an adapter is reloaded in place from the same
+      path). ``None`` for an adapter recorded before paths were required
+      (migration 0005): kept as it was, but it cannot be launched until the release is copied with a path.
+    * ``rank`` — the adapter's LoRA rank when declared (1-512); vLLM's ``--max-lora-rank`` must be at least it.
+    """
+
+    name: str
+    path: str | None = None
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The stored form: ``{"name", "path"}`` plus ``"rank"`` when declared."""
+        document: dict[str, object] = {"name": self.name, "path": self.path}
+        if self.rank is not None:
+            document["rank"] = self.rank
+        return document
+
+
+def lora_adapters(value: object) -> list[LoraAdapter]:
+    """Stored ``Release.adapters`` -> ``LoraAdapter`` list, in stored order (no rule is checked here).
+
+    Entries are objects ``{"name", "path"[, "rank"]}``; a bare string (the name-only form stored before
+    migration 0005) reads as a name without a path. ``None`` reads as no adapters.
+
+    Raises:
+        TypeError: ``value`` is not a list, or an entry is neither a string nor an object with a ``name``.
+    """
+    if value is None:
+        return []
     if not isinstance(value, list):
-        raise ValidationError("adapters must be a list of LoRA adapter names.", code="invalid_value")
+        raise TypeError("adapters must be a list")
+    adapters = []
+    for entry in value:
+        if isinstance(entry, str):
+            adapters.append(LoraAdapter(entry))
+        elif isinstance(entry, dict) and "name" in entry:
+            adapters.append(LoraAdapter(entry["name"], entry.get("path"), entry.get("rank")))
+        else:
+            raise TypeError(f"adapter entries must be objects with a name, got {entry!r}")
+    return adapters
+
+
+def validate_adapter_name(name: object) -> None:
+    """A LoRA adapter name: a non-empty string without whitespace, control characters, ``,`` or ``=``.
+
+    ``=`` and ``,`` would make the engines' ``name=path`` shorthand (vLLM ``--lora-modules``, SGLang
+    ``--lora-paths``) and the page form's comma-separated list ambiguous.
+    """
+    if not isinstance(name, str) or name == "":
+        raise ValidationError("each adapter needs a non-empty 'name' (the LoRA name requests ask for).",
+                              code="invalid_value")
+    _refuse_invisible(name, f"adapter '{name}'")
+    _refuse_whitespace(name, f"adapter '{name}'")
+    for char in ",=":
+        if char in name:
+            raise ValidationError(
+                f"adapter name '{name}' must not contain '{char}' (it separates the engines' name=path lists).",
+                code="invalid_value",
+            )
+
+
+def validate_adapter_path(path: object, name: str) -> None:
+    """Where adapter ``name`` is loaded from: an absolute directory in normal form, or a hub id ``owner/name``.
+
+    Both engines also accept relative paths and ``~``, but those resolve against the engine's working or home
+    directory, so one string could name different weights on different nodes; they are refused. An absolute
+    path must be written in normal form (no ``//``, ``.``/``..`` parts or trailing ``/``): the string is a
+    block-hash input, so two spellings of one directory would never share cache entries. A hub id is downloaded
+    by the engine (vLLM 0.33.0 ``get_adapter_absolute_path``, SGLang 0.5.23 ``LoRAConfig``) unless a directory
+    of that relative name exists in its working directory, which both then load instead.
+    """
+    hint = "give an absolute directory such as '/adapters/sql-v1' or a hub id such as 'org/sql-lora'"
+    if not isinstance(path, str) or path == "":
+        raise ValidationError(f"adapter '{name}' path must be a non-empty string: {hint}.", code="invalid_value")
+    _refuse_invisible(path, f"adapter '{name}' path")
+    _refuse_whitespace(path, f"adapter '{name}' path")
+    if "," in path:
+        raise ValidationError(
+            f"adapter '{name}' path '{path}' must not contain ',' (it separates the engines' name=path lists).",
+            code="invalid_value",
+        )
+    if path.startswith("/"):
+        normal = posixpath.normpath(path)
+        if normal == "/" or path.startswith("//"):
+            raise ValidationError(f"adapter '{name}' path '{path}' must name a directory below '/'.",
+                                  code="invalid_value")
+        if normal != path:
+            raise ValidationError(
+                f"adapter '{name}' path '{path}' must be written as '{normal}': the path is part of every block "
+                "hash of the adapter's requests, so one directory must have one spelling.",
+                code="invalid_value",
+            )
+        return
+    if path.startswith(("~", ".")):
+        raise ValidationError(
+            f"adapter '{name}' path '{path}' is relative to the engine's home or working directory; {hint}.",
+            code="invalid_value",
+        )
+    if not _HUB_ID_RE.fullmatch(path) or len(path) > _MAX_HUB_ID or "--" in path or ".." in path:
+        raise ValidationError(
+            f"adapter '{name}' path '{path}' is neither an absolute path nor a hub id 'owner/name' (at most "
+            f"{_MAX_HUB_ID} characters); {hint}.",
+            code="invalid_value",
+        )
+
+
+def validate_adapters(value: object) -> None:
+    """LoRA adapters: a list of objects ``{"name", "path"[, "rank"]}`` with distinct names.
+
+    ``name`` follows ``validate_adapter_name``, ``path`` ``validate_adapter_path`` (``null`` is accepted here
+    for adapters recorded before paths were required; ``Release.clean`` refuses it for any new adapter),
+    ``rank`` is an integer from 1 to 512 or absent/``null``. Unknown fields are refused.
+    """
+    if not isinstance(value, list):
+        raise ValidationError(f"adapters must be a list of LoRA adapters, each {_ADAPTER_SHAPE}.",
+                              code="invalid_value")
     seen: set[str] = set()
-    for name in value:
-        if not isinstance(name, str) or name == "":
-            raise ValidationError("each adapter must be a non-empty string (a LoRA name).", code="invalid_value")
-        _refuse_invisible(name, f"adapter '{name}'")
-        _refuse_whitespace(name, f"adapter '{name}'")
+    for entry in value:
+        if isinstance(entry, str):
+            raise ValidationError(
+                f"adapter '{entry}' must be an object {_ADAPTER_SHAPE}: the engines load a LoRA adapter from a "
+                "path (an absolute directory or a hub id 'owner/name'), so a name alone cannot be launched.",
+                code="invalid_value",
+            )
+        if not isinstance(entry, dict):
+            raise ValidationError(f"each adapter must be an object {_ADAPTER_SHAPE}.", code="invalid_value")
+        name = entry.get("name")
+        validate_adapter_name(name)
+        unknown = sorted(set(entry) - set(_ADAPTER_FIELDS))
+        if unknown:
+            raise ValidationError(
+                f"adapter '{name}' has unknown field(s) {', '.join(repr(key) for key in unknown)}; "
+                f"allowed: {', '.join(_ADAPTER_FIELDS)}.",
+                code="invalid_value",
+            )
+        if entry.get("path") is not None:
+            validate_adapter_path(entry["path"], name)
+        rank = entry.get("rank")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= MAX_LORA_RANK):
+            raise ValidationError(
+                f"adapter '{name}' rank must be an integer from 1 to {MAX_LORA_RANK} (the LoRA rank r), "
+                f"not {rank!r}.",
+                code="invalid_value",
+            )
         if name in seen:
             raise ValidationError(f"adapter '{name}' is listed twice.", code="duplicate")
         seen.add(name)

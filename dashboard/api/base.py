@@ -11,10 +11,13 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError
+from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.validators import UniqueTogetherValidator, UniqueValidator
 
 from dashboard.api.fields import ByteSizeSerializerField
+from dashboard.api.filtersets import StrictOrderingFilter
+from dashboard.api.permissions import RegistryModelPermissions
 from tenants.fields import ByteSizeField
 from tenants.services import validated_save
 from tenants.validators import MAX_OBJECT_ID, parse_object_id
@@ -119,7 +122,15 @@ def protected_message(instance, error: ProtectedError) -> str:
 
 
 class RegistryViewSet(viewsets.ModelViewSet):
-    """CRUD viewset: deletes run in a transaction and a refused delete answers 409 with the reason."""
+    """CRUD viewset of a registry model.
+
+    Reads for any authenticated user, writes with the model's add/change/delete permission
+    (``RegistryModelPermissions``); an invalid filter or ``ordering`` value is a 400 naming the parameter;
+    deletes run in a transaction and a refused delete answers 409 with the reason.
+    """
+
+    permission_classes = [RegistryModelPermissions]
+    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
 
     def perform_destroy(self, instance):
         try:

@@ -1,10 +1,51 @@
-"""One FilterSet per registry model, shared by the API lists and the dashboard pages."""
+"""One FilterSet per registry model for the API lists, and the ordering backend of those lists.
+
+An invalid filter value is an HTTP 400 naming the parameter (``DjangoFilterBackend`` raises the FilterSet's form
+errors): ``?has_served=maybe`` -> ``{"has_served": ["'maybe' is not a boolean: use true or false."]}``,
+``?engine=foo`` -> ``{"engine": ["Select a valid choice. ..."]}``. So is an unknown ``?ordering=`` field
+(``StrictOrderingFilter``). Unknown parameter names are ignored, as DRF does.
+"""
 from __future__ import annotations
 
 import django_filters as filters
+from rest_framework import serializers
+from rest_framework.filters import OrderingFilter
 
 from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, ReleaseState
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+
+
+class StrictBooleanFilter(filters.TypedChoiceFilter):
+    """A boolean query parameter, ``true`` or ``false`` (any other value is a 400 naming the parameter).
+
+    django-filter's ``BooleanFilter`` turns an unrecognised value into "no filter", so a typo silently returns
+    the whole list; a typed choice refuses it.
+    """
+
+    CHOICES = (("true", "true"), ("false", "false"))
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("choices", self.CHOICES)
+        kwargs.setdefault("coerce", lambda value: value == "true")
+        kwargs.setdefault("error_messages", {"invalid_choice": "'%(value)s' is not a boolean: use true or false."})
+        super().__init__(*args, **kwargs)
+
+
+class StrictOrderingFilter(OrderingFilter):
+    """DRF's ``OrderingFilter``, but ``?ordering=`` naming a field the view does not order by is a 400.
+
+    Terms are comma-separated field names of the view's ``ordering_fields``, ``-`` in front for descending.
+    """
+
+    def remove_invalid_fields(self, queryset, fields, view, request):
+        valid = [name for name, _label in self.get_valid_fields(queryset, view, {"request": request})]
+        fields = [term for term in fields if term]
+        invalid = [term for term in fields if term.removeprefix("-") not in valid]
+        if invalid:
+            raise serializers.ValidationError({self.ordering_param: [
+                f"Cannot order by {', '.join(repr(term) for term in invalid)}: use "
+                f"{', '.join(valid)} (prefix '-' for descending)."]})
+        return fields
 
 
 class TenantFilterSet(filters.FilterSet):
@@ -34,7 +75,7 @@ class ReleaseFilterSet(filters.FilterSet):
     state = filters.MultipleChoiceFilter(choices=ReleaseState.choices)
     engine = filters.ChoiceFilter(choices=Engine.choices)
     hash_algo = filters.ChoiceFilter(choices=HashAlgo.choices)
-    has_served = filters.BooleanFilter(field_name="first_served_at", lookup_expr="isnull", exclude=True)
+    has_served = StrictBooleanFilter(field_name="first_served_at", lookup_expr="isnull", exclude=True)
 
     class Meta:
         model = Release

@@ -46,10 +46,27 @@ class ServedModelSerializer(ValidatedModelSerializer):
         read_only_fields = ("vllm_model_name",)
 
 
+@extend_schema_field({
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name", "path"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "description": "LoRA name requests ask for."},
+            "path": {"type": "string", "nullable": True,
+                     "description": "Absolute directory or hub id 'owner/name'; null only on adapters stored "
+                                    "before paths were required (not launched)."},
+            "rank": {"type": "integer", "nullable": True, "minimum": 1, "maximum": 512,
+                     "description": "LoRA rank (sets vLLM --max-lora-rank)."},
+        },
+    },
+})
 class AdapterListField(serializers.ListField):
-    """LoRA adapter names (validated by the model rule ``validate_adapters``)."""
+    """LoRA adapters ``{"name", "path"[, "rank"]}``, passed through unchanged to the model rule
+    ``validate_adapters`` (and ``Release.clean``), which words every refusal."""
 
-    child = serializers.CharField(trim_whitespace=False, allow_blank=True)
+    child = serializers.JSONField()
 
 
 class ReleaseSerializer(ValidatedModelSerializer):
@@ -172,6 +189,9 @@ class RenderedConfigSerializer(serializers.Serializer):
     tenant_id = serializers.CharField(required=False)
     served_model_name = serializers.CharField(required=False)
     vllm_model_name = serializers.CharField(required=False)
+    adapters_without_path = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="LoRA adapters stored without a path (before paths were required): not in the launch line.")
 
 
 class ReleaseConfigSerializer(serializers.Serializer):

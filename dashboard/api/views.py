@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -10,6 +11,7 @@ from rest_framework.response import Response
 from dashboard.api import filtersets
 from dashboard.api import serializers as s
 from dashboard.api.base import RegistryViewSet, drf_detail
+from dashboard.api.filtersets import StrictOrderingFilter
 from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
 from tenants.rendering import StoreEndpoints, render_assignment, render_master, render_release
 from tenants.services import copy_release
@@ -139,9 +141,10 @@ class InstanceAssignmentViewSet(RegistryViewSet):
 
 
 class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
-    """The audit log (read only)."""
+    """The audit log (read only, for every authenticated user)."""
 
     queryset = AuditEntry.objects.select_related("actor")
+    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
     serializer_class = s.AuditEntrySerializer
     filterset_class = filtersets.AuditEntryFilterSet
     ordering_fields = ("timestamp",)

@@ -1,9 +1,10 @@
 """Create / edit / delete pages of the registry objects (one generic view per action, one ``Kind`` per model).
 
 Forms are ``dashboard.forms`` ModelForms: the models' ``clean()`` rules with the API's messages, saved through
-``validated_save``; the audit middleware records each change under the logged-in user. A delete the registry
-refuses (a protected reference, a served release, a tenant the master still holds objects for) shows the same
-reason the API answers with HTTP 409.
+``validated_save``; the audit middleware records each change under the logged-in user. Each page needs the
+model permission the API needs for the same write (``add``/``change``/``delete``; HTTP 403 without it, even for a
+GET of the form). A delete the registry refuses (a protected reference, a served release, a tenant the master
+still holds objects for) shows the same reason the API answers with HTTP 409.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from django.urls import reverse
 from dashboard import forms as ui_forms
 from dashboard.api.base import protected_message
 from dashboard.signals import TenantStillOwnsObjects
+from dashboard.views.base import model_permission, permission_denied
 from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
 
 
@@ -70,6 +72,9 @@ def _prefill(kind: Kind, request: HttpRequest) -> dict[str, str]:
 @login_required
 def create(request: HttpRequest, kind: str) -> HttpResponse:
     spec = KINDS[kind]
+    denied = permission_denied(request, [model_permission(spec.model, "add")], f"create a {spec.label}")
+    if denied:
+        return denied
     if request.method == "POST":
         form = spec.form_class(request.POST)
         if form.is_valid() and form.save_validated():
@@ -87,23 +92,34 @@ def create(request: HttpRequest, kind: str) -> HttpResponse:
 def edit(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
     spec = KINDS[kind]
     obj = get_object_or_404(spec.model, pk=pk)
+    # The bound form writes the submitted values into ``obj``: name the page after the stored object.
+    title = f"Edit {spec.label} '{obj}'"
+    denied = permission_denied(request, [model_permission(spec.model, "change")], f"edit {spec.label} '{obj}'")
+    if denied:
+        return denied
     if request.method == "POST":
         form = spec.form_class(request.POST, instance=obj)
         if form.is_valid() and form.save_validated():
-            messages.success(request, f"Saved {spec.label} '{form.instance}'.")
+            if form.has_changed():
+                messages.success(request, f"Saved {spec.label} '{form.instance}'.")
+            else:
+                messages.info(request, f"Nothing changed in {spec.label} '{form.instance}'.")
             return redirect(spec.after_save(form.instance))
         status = 400
     else:
         form = spec.form_class(instance=obj)
         status = 200
-    return render(request, "ui/form.html", {"form": form, "kind": spec, "object": obj,
-                                             "title": f"Edit {spec.label} '{obj}'"}, status=status)
+    return render(request, "ui/form.html", {"form": form, "kind": spec, "object": obj, "title": title},
+                  status=status)
 
 
 @login_required
 def delete(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
     spec = KINDS[kind]
     obj = get_object_or_404(spec.model, pk=pk)
+    denied = permission_denied(request, [model_permission(spec.model, "delete")], f"delete {spec.label} '{obj}'")
+    if denied:
+        return denied
     status = 200
     if request.method == "POST":
         form = ui_forms.DeleteForm(request.POST)

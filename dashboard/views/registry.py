@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, render
 
 from dashboard.api.telemetry import node_states
 from dashboard.checks import applied_instances, prescribed_values
+from dashboard.forms import AdaptersField
 from dashboard.models import NodeState
 from dashboard.purge import purges_for_release
 from dashboard.push import drift
@@ -101,7 +102,8 @@ def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "purges": purges_for_release(release), "audit": _audit("tenants.release", release.pk),
         "settings": [(name, getattr(release, name)) for name in (
             "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype", "quantization",
-            "adapters", "engine", "engine_version", "hash_algo", "hash_seed")],
+            "engine", "engine_version", "hash_algo", "hash_seed")]
+        + [("adapters", AdaptersField().prepare_value(release.adapters or []) or "none")],
     }
     return render(request, "ui/release_detail.html", context)
 

@@ -1,5 +1,9 @@
 """Rolling upgrade page of a served model (``dashboard.upgrade``) and the purge of a retired release
-(``dashboard.purge``). Every step is a POST that redirects back to the page with a message."""
+(``dashboard.purge``). Every step is a POST that redirects back to the page with a message.
+
+Every user may look; each step needs the model permissions of the registry writes it makes
+(``STEP_PERMISSIONS``), else HTTP 403, and the page hides the steps the user may not take.
+"""
 from __future__ import annotations
 
 from urllib.parse import urlencode
@@ -15,12 +19,34 @@ from django.views.decorators.http import require_POST
 from dashboard import upgrade as flow
 from dashboard.forms import PurgeForm, StartUpgradeForm, add_validation_error
 from dashboard.purge import PurgeError, key_model, purge_nodes, purges_for_release, request_purge
+from dashboard.views.base import model_permission, permission_denied
 from dashboard.views.queries import OccupancyFilter, current_occupancy
 from agent.purge import release_keys_regex
-from tenants.models import Release, ServedModel
+from tenants.models import InstanceAssignment, Release, ServedModel
+from tenants.services import build_release_copy
 
 STEPS = (("start", "Start new release"), ("warm", "Warm"), ("shift", "Shift traffic"), ("retire", "Retire old"),
          ("purge", "Purge old keys"))
+
+
+#: Model permissions of each step: the registry writes it makes. A purge destroys the release's cached data, so
+#: it needs the permission to delete releases.
+STEP_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "start": (model_permission(Release, "add"), model_permission(InstanceAssignment, "add")),
+    "shift": (model_permission(Release, "change"),),
+    "retire": (model_permission(Release, "change"), model_permission(InstanceAssignment, "delete")),
+    "abort": (model_permission(Release, "change"), model_permission(InstanceAssignment, "delete")),
+    "purge": (model_permission(Release, "delete"),),
+}
+
+
+def allowed_steps(user) -> dict[str, bool]:
+    """``{step: True when user holds every permission of STEP_PERMISSIONS[step]}`` (what the page offers)."""
+    return {step: user.has_perms(perms) for step, perms in STEP_PERMISSIONS.items()}
+
+
+def _denied(request: HttpRequest, step: str, what: str) -> HttpResponse | None:
+    return permission_denied(request, STEP_PERMISSIONS[step], what)
 
 
 def _step(state: flow.UpgradeState) -> str:
@@ -53,7 +79,9 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
     context = {
         "model": model, "state": state, "sides": sides, "projection": projection, "form": form,
         "readiness": flow.retire_readiness(state.old) if state.phase == flow.PHASE_DRAINING else None,
-        "retired": retired, "steps": STEPS, "current_step": _step(state),
+        "retired": retired, "steps": STEPS, "current_step": _step(state), "can": allowed_steps(request.user),
+        "step_permissions": STEP_PERMISSIONS,
+        "can_assign": request.user.has_perm(model_permission(InstanceAssignment, "add")),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(chart_params)}",
         "occupancy_url": f"{reverse('ui:occupancy')}?{urlencode(chart_params)}",
     }
@@ -74,6 +102,9 @@ def _back(model: ServedModel) -> HttpResponse:
 @require_POST
 def upgrade_start(request: HttpRequest, pk: int) -> HttpResponse:
     model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
+    denied = _denied(request, "start", f"start a rolling upgrade of '{model}'")
+    if denied:
+        return denied
     form = StartUpgradeForm(request.POST)
     state = flow.upgrade_state(model)
     if state.old is None or state.phase != flow.PHASE_IDLE:
@@ -93,14 +124,34 @@ def upgrade_start(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Started release '{new.namespace}' (warming) from '{state.old.namespace}'.")
             return _back(model)
+    else:
+        _add_start_refusals(form, state.old)
     return _page(request, model, form=form, status=400)
 
 
-def _step_view(action):
+def _add_start_refusals(form: StartUpgradeForm, old: Release) -> None:
+    """On an invalid start form, add what ``start_upgrade`` would refuse too — the quota projection and the new
+    release's rules for the values that are valid — so that every error shows at once."""
+    data = form.cleaned_data
+    refusal = flow.quota_refusal(flow.project(old), data.get("accept_over_quota", False))
+    if refusal is not None:
+        add_validation_error(form, ValidationError({"accept_over_quota": refusal}))
+    if "namespace" in data:
+        try:
+            build_release_copy(old, data["namespace"], budget_bytes=data.get("budget_bytes"),
+                               **form.overrides()).full_clean()
+        except ValidationError as error:
+            add_validation_error(form, error)
+
+
+def _step_view(step: str, action):
     @login_required
     @require_POST
     def view(request: HttpRequest, pk: int) -> HttpResponse:
         model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
+        denied = _denied(request, step, f"take the step '{step}' of the rolling upgrade of '{model}'")
+        if denied:
+            return denied
         try:
             message = action(model)
         except flow.UpgradeError as error:
@@ -135,9 +186,9 @@ def _abort(model: ServedModel) -> str:
     return f"Aborted the upgrade: '{new.namespace}' is retired."
 
 
-upgrade_shift = _step_view(_shift)
-upgrade_retire = _step_view(_retire)
-upgrade_abort = _step_view(_abort)
+upgrade_shift = _step_view("shift", _shift)
+upgrade_retire = _step_view("retire", _retire)
+upgrade_abort = _step_view("abort", _abort)
 
 
 @login_required
@@ -146,6 +197,9 @@ def purge_page(request: HttpRequest, pk: int) -> HttpResponse:
     release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
     status = 200
     if request.method == "POST":
+        denied = _denied(request, "purge", f"purge the keys of release '{release.namespace}'")
+        if denied:
+            return denied
         form = PurgeForm(request.POST)
         if form.is_valid():
             try:
@@ -165,5 +219,6 @@ def purge_page(request: HttpRequest, pk: int) -> HttpResponse:
     except ValueError as error:
         regex = f"({error})"
     context = {"release": release, "form": form, "regex": regex, "nodes": purge_nodes(release),
-               "purges": purges_for_release(release)}
+               "purges": purges_for_release(release), "can_purge": allowed_steps(request.user)["purge"],
+               "purge_permissions": STEP_PERMISSIONS["purge"]}
     return render(request, "ui/purge.html", context, status=status)

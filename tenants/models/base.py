@@ -39,6 +39,15 @@ class RegistryModel(models.Model):
             return None
         return type(self)._base_manager.filter(pk=self.pk).first()
 
+    def unchanged_since(self, stored: "RegistryModel") -> bool:
+        """True when every concrete field except ``updated_at`` holds the same value as in ``stored`` (the row as
+        it is in the database, see ``stored()``): saving ``self`` would change nothing but the timestamp."""
+        return all(
+            field.value_from_object(self) == field.value_from_object(stored)
+            for field in self._meta.concrete_fields
+            if field.name != "updated_at"
+        )
+
     def unique_together_check(self, field: str, message: str, **lookup: Any) -> None:
         """Raise ``ValidationError({field: message})`` when another row matches ``lookup``."""
         if any(value is None for value in lookup.values()):

@@ -16,6 +16,8 @@ from tenants.models.base import RegistryModel
 from tenants.models.served_model import ServedModel
 from tenants.validators import (
     MAX_HASH_SEED,
+    LoraAdapter,
+    lora_adapters,
     validate_adapters,
     validate_hash_seed,
     validate_no_whitespace,
@@ -45,14 +47,20 @@ class Release(RegistryModel):
     ``namespace`` is SGLang 0.5.23 ``extra_backend_tag`` and vLLM 0.33.0 ``cache_prefix`` (unique per model).
     Cache settings (``tenants.fingerprint.CACHE_SETTING_FIELDS``): ``weights_revision``, KV layout
     ``num_layers``/``num_kv_heads``/``head_dim``/``block_size`` (tokens per block; vLLM ``--block-size``,
-    SGLang ``--page-size``), ``kv_dtype``, ``quantization``, ``adapters`` (LoRA names), ``engine``,
+    SGLang ``--page-size``), ``kv_dtype``, ``quantization``, ``adapters`` (LoRA adapters, each
+    ``{"name", "path"[, "rank"]}``, see ``tenants.validators.LoraAdapter``), ``engine``,
     ``engine_version``, ``hash_algo`` (vLLM ``--prefix-caching-hash-algo``) and ``hash_seed``
     (``PYTHONHASHSEED``, generated once when not given). ``fingerprint`` is the SHA-256 hex of their canonical
     encoding, recomputed on every save.
 
     ``state`` follows ``ReleaseState`` transitions; entering ``serving`` stamps ``first_served_at``. From then
     on the namespace, the model and every cache setting are immutable (seed: change the namespace before a
-    cache-incompatible deployment), and the release cannot be deleted (its namespace stays reserved).
+    cache-incompatible deployment), and the release cannot be deleted (its namespace stays reserved). An
+    adapter's ``rank`` is not a cache setting and may change; its name and path may not.
+
+    Every new adapter needs a path. An adapter stored without one (name-only, from before migration 0005) stays
+    valid while it is unchanged, is listed by ``adapters_without_path`` and is left out of the rendered launch
+    lines; to launch it, copy the release under a new namespace with the adapter's path.
     ``budget_bytes`` (optional) is the release's share of its tenant's quota; retired releases free it.
     """
 
@@ -81,7 +89,13 @@ class Release(RegistryModel):
     )
     kv_dtype = models.CharField(max_length=32, choices=KVCacheDtype.choices, default=KVCacheDtype.AUTO)
     quantization = models.CharField(max_length=64, blank=True, validators=[validate_token])
-    adapters = models.JSONField(default=list, blank=True, validators=[validate_adapters])
+    adapters = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_adapters],
+        help_text='LoRA adapters: [{"name": "sql-lora", "path": "/adapters/sql-v1" or "org/sql-lora", '
+        '"rank": 16 (optional)}].',
+    )
     engine = models.CharField(max_length=16, choices=Engine.choices)
     engine_version = models.CharField(max_length=64, validators=[validate_version])
     hash_algo = models.CharField(max_length=16, choices=HashAlgo.choices, default=HashAlgo.SHA256)
@@ -107,6 +121,19 @@ class Release(RegistryModel):
     def has_served(self) -> bool:
         """True once the release has entered ``serving``."""
         return self.first_served_at is not None
+
+    @property
+    def lora_adapters(self) -> list[LoraAdapter]:
+        """``adapters`` as ``LoraAdapter`` values, in stored order (raises ``TypeError`` when malformed)."""
+        return lora_adapters(self.adapters)
+
+    @property
+    def adapters_without_path(self) -> list[str]:
+        """Names of adapters recorded without a path (before migration 0005); they cannot be launched."""
+        try:
+            return [adapter.name for adapter in self.lora_adapters if adapter.path is None]
+        except TypeError:
+            return []
 
     def cache_settings(self) -> dict:
         """The cache-affecting settings as a plain dict (input of the fingerprint)."""
@@ -138,6 +165,7 @@ class Release(RegistryModel):
                         for name in changed
                     }
                 )
+        self._clean_adapter_paths(stored)
         if self.engine == Engine.SGLANG and self.hash_algo != HashAlgo.SHA256:
             raise ValidationError(
                 {"hash_algo": "SGLang 0.5.23 hashes pages with SHA-256; hash_algo must be 'sha256' for SGLang."}
@@ -157,7 +185,27 @@ class Release(RegistryModel):
         except (TypeError, ValueError):
             pass  # invalid settings are reported by clean_fields; save() recomputes
 
-    def _clean_state(self, stored: "Release | None") -> None:
+    def _clean_adapter_paths(self, stored: Release | None) -> None:
+        """A new adapter needs a path; one stored without a path may stay as it is (nothing stored is lost)."""
+        try:
+            validate_adapters(self.adapters)
+        except ValidationError:
+            return  # reported by clean_fields
+        pathless = self.adapters_without_path
+        if not pathless:
+            return
+        kept = set(stored.adapters_without_path) if stored is not None else set()
+        new = [name for name in pathless if name not in kept]
+        if new:
+            raise ValidationError(
+                {
+                    "adapters": f"adapter '{new[0]}' needs a path: the absolute directory (e.g. '/adapters/sql-v1') "
+                    "or hub id ('org/sql-lora') the engines load it from. vLLM puts the path into every block "
+                    "hash of the adapter's requests, so it is part of the release's cache identity."
+                }
+            )
+
+    def _clean_state(self, stored: Release | None) -> None:
         if self.state not in ReleaseState.values:
             return
         if stored is None:
@@ -177,8 +225,17 @@ def _differs(stored: Release, current: Release, name: str) -> bool:
     if name == "model":
         return stored.model_id != current.model_id
     if name == "adapters":
-        return sorted(stored.adapters or []) != sorted(current.adapters or [])
+        return _adapter_identity(stored.adapters) != _adapter_identity(current.adapters)
     return getattr(stored, name) != getattr(current, name)
+
+
+def _adapter_identity(value: object) -> list[tuple[str, str | None]] | None:
+    """What of the adapters decides the cache: (name, path) pairs sorted by name; ``None`` when malformed."""
+    try:
+        pairs = [(adapter.name, adapter.path) for adapter in lora_adapters(value)]
+    except TypeError:
+        return None
+    return sorted(pairs, key=repr)
 
 
 def refuse_served_release_delete(sender, instance: Release, **kwargs) -> None:

@@ -11,9 +11,11 @@ Public API::
     render_release(release, endpoints) -> list[RenderedConfig]      # one per assignment
     render_sglang(assignment, endpoints) / render_vllm(assignment, endpoints)
     kv_transfer_config(role, cache_prefix) -> dict
+    vllm_lora_args(release) / sglang_lora_args(release) -> list[str]  # LoRA adapter flags (may be empty)
     render_master(tenants, endpoints) -> RenderedConfig            # argv + tenant_quotas.yaml
     render_tenant_quotas_yaml(tenants) -> str
 """
+from tenants.rendering.lora import sglang_lora_args, vllm_lora_args
 from tenants.rendering.master import render_master, render_tenant_quotas_yaml
 from tenants.rendering.release import render_assignment, render_release
 from tenants.rendering.sglang import render_sglang, sglang_extra_config
@@ -31,4 +33,6 @@ __all__ = [
     "render_tenant_quotas_yaml",
     "render_vllm",
     "sglang_extra_config",
+    "sglang_lora_args",
+    "vllm_lora_args",
 ]

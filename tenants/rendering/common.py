@@ -36,10 +36,14 @@ def instance_dir(endpoints: StoreEndpoints, assignment) -> str:
 
 
 def instance_meta(assignment) -> dict[str, Any]:
-    """What a rendered instance was made from, for API consumers and the config push."""
+    """What a rendered instance was made from, for API consumers and the config push.
+
+    ``adapters_without_path`` (only when not empty) names the release's LoRA adapters stored without a path
+    (before migration 0005): the launch line leaves them out, since no engine can load a name alone.
+    """
     release = assignment.release
     model = release.model
-    return {
+    meta = {
         "assignment": assignment.pk,
         "node": assignment.node.name,
         "engine": release.engine,
@@ -51,8 +55,13 @@ def instance_meta(assignment) -> dict[str, Any]:
         "served_model_name": model.served_model_name,
         "vllm_model_name": model.vllm_model_name,
     }
+    unlaunched = release.adapters_without_path
+    if unlaunched:
+        meta["adapters_without_path"] = unlaunched
+    return meta
 
 
 def cuda_env(assignment) -> dict[str, str]:
     """``CUDA_VISIBLE_DEVICES`` when the assignment pins devices."""
     return {"CUDA_VISIBLE_DEVICES": assignment.gpu_ids} if assignment.gpu_ids else {}
+

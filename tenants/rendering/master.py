@@ -1,7 +1,7 @@
 """Mooncake master (0.3.13.post1) command line in multi-tenant mode and its ``tenant_quotas.yaml`` policy."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import yaml

@@ -12,6 +12,7 @@ from tenants.rendering.common import (
     pretty_json,
     store_client_config,
 )
+from tenants.rendering.lora import sglang_lora_args
 from tenants.rendering.types import RenderedConfig, StoreEndpoints
 
 #: Name of the config file written next to each instance (``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``).
@@ -38,7 +39,9 @@ def render_sglang(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
 
     Arguments: ``--model-path``, ``--served-model-name``, ``--revision`` (when the release pins weights),
     ``--port``, ``--tp-size``, ``--pp-size`` (> 1), ``--page-size`` (release block size in tokens),
-    ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set), ``--enable-hierarchical-cache``,
+    ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set), the LoRA flags ``--enable-lora
+    --lora-paths ...`` (when the release has adapters with paths, see ``tenants.rendering.lora``),
+    ``--enable-hierarchical-cache``,
     ``--hicache-storage-backend mooncake``, ``--hicache-storage-backend-extra-config <JSON>``; for a
     ``prefill``/``decode`` role also ``--disaggregation-mode``, ``--disaggregation-transfer-backend mooncake``
     and ``--disaggregation-bootstrap-port`` (when set). The equivalent store config is rendered as a file
@@ -63,6 +66,7 @@ def render_sglang(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
         argv += ["--kv-cache-dtype", release.kv_dtype]
     if release.quantization:
         argv += ["--quantization", release.quantization]
+    argv += sglang_lora_args(release)
     argv += [
         "--enable-hierarchical-cache",
         "--hicache-storage-backend", "mooncake",

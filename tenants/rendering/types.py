@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -34,7 +35,7 @@ class StoreEndpoints:
     config_dir: str = "/etc/kvpool"
 
     @classmethod
-    def from_settings(cls, **overrides: Any) -> "StoreEndpoints":
+    def from_settings(cls, **overrides: Any) -> StoreEndpoints:
         """Build from Django settings ``KVPOOL_MASTER_ADDRESS``, ``KVPOOL_METADATA_SERVER``,
         ``KVPOOL_STORE_PROTOCOL``, ``KVPOOL_MASTER_ADMIN_URL`` and, when defined, ``KVPOOL_STORE_DEVICE``,
         ``KVPOOL_GLOBAL_SEGMENT_SIZE``, ``KVPOOL_LOCAL_BUFFER_SIZE`` (bytes), ``KVPOOL_ENGINE_CONFIG_DIR``;

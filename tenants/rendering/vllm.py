@@ -12,6 +12,7 @@ from tenants.rendering.common import (
     pretty_json,
     store_client_config,
 )
+from tenants.rendering.lora import vllm_lora_args
 from tenants.rendering.types import RenderedConfig, StoreEndpoints
 
 #: Name of the config file written next to each instance (``MOONCAKE_CONFIG_PATH``).
@@ -64,12 +65,15 @@ def render_vllm(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
     ``--served-model-name``, ``--revision`` (when pinned), ``--port``, ``--tensor-parallel-size``,
     ``--pipeline-parallel-size`` / ``--decode-context-parallel-size`` / ``--prefill-context-parallel-size``
     (each when > 1), ``--block-size``, ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set),
-    ``--prefix-caching-hash-algo`` and ``--kv-transfer-config`` (see ``kv_transfer_config``). Environment:
+    the LoRA flags ``--enable-lora --lora-modules ...`` (when the release has adapters with paths, see
+    ``tenants.rendering.lora.vllm_lora_args``), ``--prefix-caching-hash-algo`` and ``--kv-transfer-config``
+    (see ``kv_transfer_config``). Environment:
     ``MOONCAKE_CONFIG_PATH`` (file with ``metadata_server``, ``master_server_address``, ``protocol``,
     ``device_name``, ``global_segment_size``, ``local_buffer_size`` in bytes, ``tenant_id``), the release's
     ``PYTHONHASHSEED`` (identical for every instance of the release, as xxhash block hashes require),
     ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` for P/D roles with a bootstrap port, ``CUDA_VISIBLE_DEVICES``.
-    LoRA adapters are part of the fingerprint but not rendered (the registry holds names, not paths).
+    Adapters stored without a path (before migration 0005) are not rendered; ``meta`` lists them under
+    ``adapters_without_path``.
     """
     release = assignment.release
     model = release.model
@@ -89,6 +93,7 @@ def render_vllm(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
         argv += ["--kv-cache-dtype", release.kv_dtype]
     if release.quantization:
         argv += ["--quantization", release.quantization]
+    argv += vllm_lora_args(release)
     argv += [
         "--prefix-caching-hash-algo", release.hash_algo,
         "--kv-transfer-config", compact_json(kv_transfer_config(assignment.role, release.namespace)),

@@ -26,11 +26,21 @@ def chain(n: int, namespace: Namespace | None = None, start: int = 0) -> list[by
     return (namespace or ns()).block_hashes(list(range(start, start + 4 * n)))
 
 
+def broken_above(t, e) -> bool:
+    """Brute force: some known ancestor of ``e`` (parent, grandparent, ...) is absent."""
+    parent = t.entries.get(e.parent) if e.parent is not None else None
+    while parent is not None:
+        if not parent.present:
+            return True
+        parent = t.entries.get(parent.parent) if parent.parent is not None else None
+    return False
+
+
 def recount(ledger: Ledger, n: Namespace) -> tuple[int, int, int, int]:
-    """Brute-force blocks/bytes/orphaned_blocks/orphaned_bytes from the entries."""
+    """Brute-force blocks/bytes/orphaned_blocks/orphaned_bytes from the entries (orphan: any ancestor absent)."""
     t = ledger.table(n)
     live = [e for e in t.entries.values() if e.owned and e.present]
-    orphans = [e for e in live if e.parent is not None and e.parent in t.entries and not t.entries[e.parent].present]
+    orphans = [e for e in live if broken_above(t, e)]
     return len(live), sum(e.size for e in live), len(orphans), sum(e.size for e in orphans)
 
 
@@ -60,15 +70,46 @@ def test_master_eviction_creates_and_clears_orphans() -> None:
     led.record_put(n, h, None, [S] * 5, SIZE)
     keys = [n.primary_key(x) for x in h]
     assert led.mark_evicted(n, [keys[2]]) == 1
-    assert counters(led, n) == (4, 4 * SIZE, 1, SIZE)  # block 3 lost its parent
+    assert counters(led, n) == (4, 4 * SIZE, 2, 2 * SIZE)  # blocks 3 and 4 lost their prefix
     led.mark_evicted(n, [keys[3]])
-    assert counters(led, n) == (3, 3 * SIZE, 1, SIZE)  # now block 4 is the orphan
+    assert counters(led, n) == (3, 3 * SIZE, 1, SIZE)  # now block 4 is the only orphan
     led.record_put(n, h[2:4], h[1], [S, S], SIZE)  # parents come back
     assert counters(led, n) == (5, 5 * SIZE, 0, 0)
     led.mark_evicted(n, keys[2:])
     t = led.table(n)
     assert counters(led, n) == (2, 2 * SIZE, 0, 0) and set(t.entries) == set(keys[:2])  # tombstones collected
     assert t.evicted_blocks == t.master_evicted_blocks == 5
+
+
+def test_orphans_are_every_descendant_of_a_missing_block_three_levels_down() -> None:
+    led, n = Ledger(), ns()
+    h = chain(4)  # root -> b1 -> b2 -> b3
+    led.record_put(n, h, None, [S] * 4, SIZE)
+    keys = [n.primary_key(x) for x in h]
+    branch = n.block_hashes(list(range(8)) + [77] * 4)[2]  # a second child of b1
+    led.record_put(n, [branch], h[1], [S], 2 * SIZE)
+    t = led.table(n)
+    led.mark_evicted(n, [keys[0]])  # the root goes: its children, grandchildren and great-grandchild orphan
+    assert counters(led, n) == (4, 5 * SIZE, 4, 5 * SIZE) == recount(led, n)
+    assert all(t.is_orphan(t.get(k)) for k in keys[1:])
+    assert led.snapshot()[0]["orphaned_bytes"] == 5 * SIZE
+    led.mark_evicted(n, [keys[2]])  # a second gap below the first changes nothing for b3
+    assert counters(led, n) == (3, 4 * SIZE, 3, 4 * SIZE) == recount(led, n)
+    led.record_put(n, h[:1], None, [S], SIZE)  # the root returns: b1, the branch are reachable again, b3 is not
+    assert counters(led, n) == (4, 5 * SIZE, 1, SIZE) == recount(led, n)
+    assert t.is_orphan(t.get(keys[3])) and not t.is_orphan(t.get(keys[1]))
+    led.record_put(n, h[2:3], h[1], [S], SIZE)  # the gap fills: nothing orphaned below any more
+    assert counters(led, n) == (5, 6 * SIZE, 0, 0) == recount(led, n)
+
+
+def test_an_absent_foreign_ancestor_orphans_the_owned_blocks_below_it() -> None:
+    led, n = Ledger(), ns()
+    h = chain(4)
+    led.record_put(n, h, None, [E, S, E, S], SIZE)  # another instance wrote blocks 0 and 2
+    keys = [n.primary_key(x) for x in h]
+    led.mark_evicted(n, [keys[0]])  # its first block vanished: both our blocks are unreachable
+    assert counters(led, n) == (2, 2 * SIZE, 2, 2 * SIZE) == recount(led, n)
+    assert led.table(n).evicted_blocks == 0
 
 
 def test_existing_blocks_are_foreign_parents_not_counted() -> None:

@@ -62,7 +62,10 @@ def _isolated(settings, _memory_broker):
 
 @pytest.fixture
 def operator(transactional_db, django_user_model):
-    return django_user_model.objects.create_user("operator", password=PASSWORD)
+    """A user with add/change/delete on every registry model (pages need them for their forms)."""
+    from tests.registry.factories import grant_registry_writes
+
+    return grant_registry_writes(django_user_model.objects.create_user("operator", password=PASSWORD))
 
 
 @pytest.fixture

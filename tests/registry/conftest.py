@@ -6,7 +6,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tenants.rendering import StoreEndpoints
-from tests.registry.factories import make_model, make_node, make_release, make_tenant
+from tests.registry.factories import grant_registry_writes, make_model, make_node, make_release, make_tenant
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +17,14 @@ def fast_password_hashing(settings):
 
 @pytest.fixture
 def operator(db, django_user_model):
-    return django_user_model.objects.create_user("operator", password="operator-pw")
+    """A user with add/change/delete on every registry model (neither staff nor superuser)."""
+    return grant_registry_writes(django_user_model.objects.create_user("operator", password="operator-pw"))
+
+
+@pytest.fixture
+def viewer(db, django_user_model):
+    """A logged-in user without any permission: may read everything, write nothing."""
+    return django_user_model.objects.create_user("viewer", password="viewer-pw")
 
 
 @pytest.fixture
@@ -35,6 +42,12 @@ def _token_client(user) -> APIClient:
 def api(operator) -> APIClient:
     """Client authenticated with the operator's token (not staff)."""
     return _token_client(operator)
+
+
+@pytest.fixture
+def viewer_api(viewer) -> APIClient:
+    """Client authenticated with the viewer's token (no permissions)."""
+    return _token_client(viewer)
 
 
 @pytest.fixture

@@ -46,6 +46,27 @@ def make_assignment(node: Node, release: Release, port: int = 8000, **kwargs: An
     return validated_save(InstanceAssignment(node=node, release=release, port=port, **kwargs))
 
 
+#: Every write permission of the registry models (what an operator is granted in the Django admin).
+REGISTRY_MODELS = ("tenant", "servedmodel", "release", "requestgroup", "node", "instanceassignment")
+
+
+def grant(user: Any, *perms: str) -> Any:
+    """Give ``user`` the permissions ``perms`` (``"tenants.add_tenant"``, ...); returns the user, reloaded
+    (Django caches permissions on the user object)."""
+    from django.contrib.auth.models import Permission
+
+    for perm in perms:
+        app_label, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return type(user).objects.get(pk=user.pk)
+
+
+def grant_registry_writes(user: Any) -> Any:
+    """Give ``user`` add/change/delete on every registry model (not superuser, not staff); returns it reloaded."""
+    return grant(user, *(f"tenants.{action}_{model}" for model in REGISTRY_MODELS
+                         for action in ("add", "change", "delete")))
+
+
 def refused(obj: Any) -> dict[str, list[str]]:
     """``full_clean()`` must fail; return ``message_dict``."""
     with pytest.raises(ValidationError) as info:

@@ -128,13 +128,16 @@ def test_release_rules_reach_the_api(api, release):
     assert release.block_size == 16
 
 
+ADAPTERS = [{"name": "b", "path": "/adapters/b"}, {"name": "a", "path": "org/a-lora", "rank": 64}]
+
+
 def test_release_fields_computed_and_read_only(api, served_model):
-    body = {"model": served_model.pk, "namespace": "canary", "fingerprint": "f" * 64, "adapters": ["b", "a"], **RELEASE_BODY}
+    body = {"model": served_model.pk, "namespace": "canary", "fingerprint": "f" * 64, "adapters": ADAPTERS, **RELEASE_BODY}
     data = api.post(f"{V1}/releases/", body, format="json").json()
     release = Release.objects.get(pk=data["id"])
     assert data["fingerprint"] == release.fingerprint != "f" * 64
     assert data["tenant_id"] == "acme" and data["served_model_name"] == "qwen3-8b" and data["hash_seed"] == release.hash_seed
-    assert data["adapters"] == ["b", "a"]
+    assert data["adapters"] == ADAPTERS
     model = api.post(
         f"{V1}/models/", {"tenant": served_model.tenant_id, "served_model_name": "m2", "model_path": "/x/Y/", "vllm_model_name": "hacked"}, format="json"
     ).json()
@@ -179,6 +182,56 @@ def test_filters_and_pagination(api, tenant):
     assert page["count"] == 3 and len(page["results"]) == 1 and page["results"][0]["namespace"] == "prod-a"
     assert "offset=1" in page["next"]
     assert api.get(f"{V1}/releases/?state=bogus").status_code == 400
+
+
+@pytest.mark.parametrize("value", ["maybe", "1", "yes", "TRUE", "True"])
+def test_invalid_boolean_filter_is_400_naming_it(api, release, value):
+    response = api.get(f"{V1}/releases/?has_served={value}")
+    assert response.status_code == 400
+    assert response.json() == {"has_served": [f"'{value}' is not a boolean: use true or false."]}
+
+
+def test_boolean_filter_true_false_and_blank(api, served_model):
+    serving = make_release(served_model, "prod-a", state="serving")
+    warming = make_release(served_model, "prod-b")
+    ids = lambda query: [item["id"] for item in api.get(f"{V1}/releases/?{query}").json()["results"]]  # noqa: E731
+    assert ids("has_served=true") == [serving.pk]
+    assert ids("has_served=false") == [warming.pk]
+    assert sorted(ids("has_served=")) == sorted([serving.pk, warming.pk])
+
+
+@pytest.mark.parametrize(("query", "parameter"), [
+    ("releases/?engine=tensorrt", "engine"),
+    ("releases/?state=serving&state=bogus", "state"),
+    ("releases/?tenant=x", "tenant"),
+    ("assignments/?role=leader", "role"),
+    ("assignments/?node=1.5", "node"),
+    ("audit/?action=rename", "action"),
+    ("audit/?since=yesterday", "since"),
+])
+def test_invalid_choice_and_typed_filters_are_400_naming_them(api, release, query, parameter):
+    response = api.get(f"{V1}/{query}")
+    assert response.status_code == 400 and list(response.json()) == [parameter]
+
+
+@pytest.mark.parametrize("resource", ["tenants", "models", "releases", "request-groups", "nodes", "assignments",
+                                      "audit"])
+def test_unknown_ordering_field_is_400_naming_ordering(api, resource):
+    response = api.get(f"{V1}/{resource}/?ordering=-bogus")
+    assert response.status_code == 400
+    message = response.json()["ordering"][0]
+    assert message.startswith("Cannot order by '-bogus': use ") and "prefix '-' for descending" in message
+
+
+def test_valid_ordering_still_applies(api, served_model):
+    make_release(served_model, "prod-a")
+    make_release(served_model, "prod-b")
+    names = [r["namespace"] for r in api.get(f"{V1}/releases/?ordering=-namespace,created_at").json()["results"]]
+    assert names == ["prod-b", "prod-a"]
+
+
+def test_unknown_parameter_names_are_ignored(api, release):
+    assert api.get(f"{V1}/releases/?colour=blue").json()["count"] == 1
 
 
 # --- rendered config, copy, secrets --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ NEW_VALUES = {
     "block_size": 32,
     "kv_dtype": "fp8",
     "quantization": "awq",
-    "adapters": ["sql-lora"],
+    "adapters": [{"name": "sql-lora", "path": "/adapters/sql-v1"}],
     "engine": "sglang",
     "engine_version": "0.34.0",
     "hash_algo": "sha256_cbor",

@@ -1,7 +1,12 @@
-"""Builders shared by the telemetry tests: config documents, reports, acks (wire dicts)."""
+"""Builders shared by the telemetry tests: config documents, reports, acks, heartbeats (wire dicts).
+
+Agent messages come signed the way an agent sends them (``agent.signing.sign_message``, ``signed_at`` = now)
+with ``secret_of(node)``; ``register(*names)`` puts those nodes and secrets into the registry so the
+dashboard's ingest accepts them. ``secret=None`` builds an unsigned message.
+"""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent import signing
@@ -17,7 +22,31 @@ from agent.messages import (
     StoreEndpoints,
 )
 
-T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+#: A whole hour about a day ago: recent enough for the dashboard's receipt horizon (2 days), old enough that
+#: minute and hour buckets before ``rollup(now=T0 + ...)`` are complete.
+T0 = (datetime.now(UTC) - timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
+_SIGN = object()  # "sign with the node's test secret"
+
+
+def secret_of(node: str) -> str:
+    """The signing secret the tests give ``node`` (see ``register``)."""
+    return f"test-secret-of-{node}"
+
+
+def register(*names: str) -> None:
+    """Register nodes ``names`` with ``secret_of(name)`` (bulk: no push on commit, no audit entries)."""
+    from tenants.models import Node
+
+    Node.objects.bulk_create([Node(name=name, hostname="10.0.0.1", signing_secret=secret_of(name))
+                              for name in names], ignore_conflicts=True)
+
+
+def sent(wire: dict[str, Any], secret: Any = _SIGN, signed_at: datetime | None = None) -> dict[str, Any]:
+    """``wire`` as the agent of its node sends it: signed with ``secret`` (default ``secret_of(node)``) at
+    ``signed_at`` (default now); unsigned when ``secret`` is None."""
+    if secret is None:
+        return wire
+    return signing.sign_message(wire, secret_of(wire["node"]) if secret is _SIGN else secret, now=signed_at)
 
 
 def instance(instance_id: str = "1", *, tenant_id: str = "acme", namespace: str = "prod-2026-07",
@@ -49,29 +78,32 @@ def document(node: str = "node-a", version: int = 1, *, instances: list[Instance
 
 
 def report(node: str = "node-a", sequence: int = 1, *, at: datetime = T0, namespaces: int = 2,
-           bytes_per_ns: int = 4096, hits: int = 3, misses: int = 1) -> dict[str, Any]:
-    """A report wire dict with ``namespaces`` namespaces of tenant ``acme``."""
-    return Report(
+           bytes_per_ns: int = 4096, hits: int = 3, misses: int = 1, secret: Any = _SIGN,
+           signed_at: datetime | None = None) -> dict[str, Any]:
+    """A report wire dict with ``namespaces`` namespaces of tenant ``acme``, sent (see ``sent``)."""
+    return sent(Report(
         node=node, sequence=sequence, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=1,
         namespaces=[NamespaceOccupancy(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod-2026-07",
                                        salt_group=f"g{i}", blocks=bytes_per_ns // 1024, bytes=bytes_per_ns,
                                        puts=10, gets=20, hit_blocks=hits, miss_blocks=misses)
                     for i in range(namespaces)],
-    ).to_wire()
+    ).to_wire(), secret, signed_at)
 
 
 def ack(node: str = "node-a", sequence: int = 1, *, version: int = 1, status: str = "applied",
         digest: str = "d" * 64, reason: str = "", applied_version: int | None = None,
-        at: datetime = T0) -> dict[str, Any]:
-    """An ack wire dict."""
+        at: datetime = T0, secret: Any = _SIGN, signed_at: datetime | None = None) -> dict[str, Any]:
+    """An ack wire dict, sent (see ``sent``)."""
     applied = applied_version if applied_version is not None else (version if status == "applied" else 0)
-    return Ack(node=node, sequence=sequence, sent_at=at, status=status, version=version,
-               digest=digest, reason=reason, error="refused" if reason else "", applied_version=applied,
-               applied_digest=digest if status == "applied" else "").to_wire()
+    return sent(Ack(node=node, sequence=sequence, sent_at=at, status=status, version=version,
+                    digest=digest, reason=reason, error="refused" if reason else "", applied_version=applied,
+                    applied_digest=digest if status == "applied" else "").to_wire(), secret, signed_at)
 
 
 def heartbeat(node: str = "node-a", *, at: datetime = T0, applied_version: int = 1,
-              applied_digest: str = "d" * 64) -> dict[str, Any]:
-    """A heartbeat wire dict."""
-    return Heartbeat(node=node, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=applied_version,
-                     applied_digest=applied_digest, hostname="gpu-1", pid=123).to_wire()
+              applied_digest: str = "d" * 64, secret: Any = _SIGN,
+              signed_at: datetime | None = None) -> dict[str, Any]:
+    """A heartbeat wire dict, sent (see ``sent``)."""
+    return sent(Heartbeat(node=node, sent_at=at, started_at=T0 - timedelta(hours=1),
+                          applied_version=applied_version, applied_digest=applied_digest, hostname="gpu-1",
+                          pid=123).to_wire(), secret, signed_at)

@@ -10,9 +10,14 @@ from rest_framework.test import APIClient
 
 from dashboard.ingest import ingest
 from dashboard.models import ConfigVersion, MasterQuotaSample, MasterQuotaSync, NodeState
-from tests.telemetry.helpers import ack, heartbeat, report
+from tests.telemetry.helpers import ack, heartbeat, register, report
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _nodes():
+    register("node-a", "node-b")
 
 
 @pytest.fixture

@@ -86,8 +86,9 @@ def test_dashboard_tasks_and_routes():
 def test_ingest_task_runs_the_ingest_function(db):
     from dashboard.models import Report
     from dashboard.tasks import ingest
-    from tests.telemetry.helpers import report
+    from tests.telemetry.helpers import register, report
 
+    register("node-a")
     assert ingest.apply(args=[[report(sequence=1)]]).get()["reports"] == 1
     assert Report.objects.count() == 1
 

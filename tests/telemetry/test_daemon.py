@@ -228,3 +228,34 @@ def test_corrupt_applied_state_refuses_to_start(tmp_path, broker):
     (state / "applied.json").write_text('{"version": "x"')
     with pytest.raises(RuntimeError, match="cannot resume"):
         Daemon("node-a", "s3cret", state, publish=broker.publish)
+
+
+def test_everything_sent_is_signed_when_sent_and_the_outbox_keeps_it_unsigned(tmp_path, broker, monkeypatch):
+    from datetime import datetime, timedelta
+
+    from agent import daemon as daemon_module
+    from agent import signing
+
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish)
+    try:
+        broker.down = True
+        d.handle_document(document(version=1))
+        d.report_now()
+        assert d.flush() == 0
+        stored = d.outbox.peek(10)
+        assert [m["signature"] for m in stored] == ["", ""] and all(m["signed_at"] is None for m in stored)
+        later = daemon_module.utcnow() + timedelta(hours=5)  # the broker comes back hours later
+        monkeypatch.setattr(daemon_module, "utcnow", lambda: later)
+        broker.down = False
+        assert d.flush() == 2 and d.heartbeat_now()
+        sent = broker.messages()
+        assert [m["kind"] for m in sent] == ["ack", "report", "heartbeat"]
+        for message in sent:
+            signing.verify(message, "s3cret")  # the node's secret, over the message as sent
+            with pytest.raises(signing.SignatureError):
+                signing.verify(message, "another node's secret")
+            assert datetime.fromisoformat(message["signed_at"]) == later  # stamped at delivery
+            assert parse_ingest(message).signed_at == later
+        assert [m["sent_at"] for m in sent[:2]] == [m["sent_at"] for m in stored]  # content as queued
+    finally:
+        d.stop()

@@ -16,9 +16,9 @@ from agent.celery_app import make_app, make_publisher
 from agent.messages import INGEST_QUEUE, INGEST_TASK
 from dashboard import drain
 from dashboard.drain import ingest_queued
-from dashboard.models import ConfigAck, NodeState, Report
+from dashboard.models import ConfigAck, MessageRejection, NodeState, Report
 from tests.telemetry.conftest import wait_for
-from tests.telemetry.helpers import T0, ack, heartbeat, report
+from tests.telemetry.helpers import T0, ack, heartbeat, register, report, sent
 
 pytestmark = [pytest.mark.integration]
 
@@ -28,6 +28,7 @@ def queued(dashboard_broker):
     """(dashboard Celery app, agent-side ``publish(messages)``, redis client), all on a private Redis."""
     from dashboard.celery import app
 
+    register("node-a", "node-b", "node-c", "poison", *(f"node-{i:02d}" for i in range(30)))
     agent_app = make_app("tests", dashboard_broker.url)
     yield app, make_publisher(agent_app), dashboard_broker.client()
     agent_app.close()
@@ -47,17 +48,20 @@ def test_batch_with_a_duplicate_and_bad_messages_stores_the_good_ones_once(queue
     app, publish, client = queued
     publish([report("node-a", 1)])
     publish([report("node-a", 1), report("node-a", 2, at=T0 + timedelta(seconds=10))])  # an outbox re-send
-    bad = ack("node-b", 1)
+    bad = ack("node-b", 1, secret=None)
     bad["status"] = "maybe"
-    publish([bad, ack("node-b", 2, version=1, digest="b" * 64)])
+    publish([sent(bad), ack("node-b", 2, version=1, digest="b" * 64)])
+    publish([ack("node-b", 3, version=9, digest="f" * 64, secret=None)])  # unsigned: a forgery
     app.send_task(INGEST_TASK, args=["not a list"], queue=INGEST_QUEUE)  # a malformed task
     publish([heartbeat("node-c", applied_version=1)])
     with caplog.at_level(logging.WARNING, logger="kvpool.dashboard"):
         result, taken = ingest_queued(app, [ack("node-a", 3, version=1, digest="a" * 64)], own_id="own-task")
 
-    assert taken == 4  # the malformed task was dropped, not taken
+    assert taken == 5  # the malformed task was dropped, not taken
     assert (result.reports, result.duplicate_reports, result.acks, result.heartbeats) == (2, 1, 2, 1)
     assert result.invalid == 2  # the ack with a bad status and the malformed task
+    assert result.rejected == {"invalid": 2, "unsigned": 1, "duplicate": 1}
+    assert MessageRejection.objects.get(reason="unsigned").count == 1
     assert sorted(Report.objects.values_list("node_name", "sequence")) == [("node-a", 1), ("node-a", 2)]
     assert sorted(ConfigAck.objects.values_list("node_name", "sequence")) == [("node-a", 3), ("node-b", 2)]
     assert NodeState.objects.get(node_name="node-b").acked_digest == "b" * 64
@@ -133,7 +137,8 @@ def test_a_real_worker_stores_a_backlog_in_batches(queued, workers):
         name = f"node-{node:02d}"
         publish([report(name, 1), ack(name, 2, version=1, digest="c" * 64)])
     publish([report("node-00", 1)])  # a duplicate delivery
-    publish([{"kind": "report", "node": "node-00"}])  # invalid: fields missing
+    publish([sent({"kind": "report", "node": "node-00"})])  # invalid: fields missing
+    publish([{"kind": "report", "node": "node-01"}])  # unsigned
     worker = workers.dashboard(app.conf.broker_url)
     worker.wait_ready()
     wait_for(lambda: Report.objects.count() == 30 and ConfigAck.objects.count() == 30, 60,
@@ -141,4 +146,7 @@ def test_a_real_worker_stores_a_backlog_in_batches(queued, workers):
     wait_for(lambda: not _waiting(client) and _unacked(client) == 0, 30, "the queue to be empty")
     assert NodeState.objects.filter(acked_version=1, acked_digest="c" * 64).count() == 30
     assert "queued tasks together" in worker.log()  # batches, not one task per agent message
-    assert "dropped invalid message from node 'node-00'" in worker.log()
+    assert "refused report message naming node 'node-00': invalid" in worker.log()
+    assert "refused report message naming node 'node-01': unsigned" in worker.log()
+    assert dict(MessageRejection.objects.values_list("reason", "count")) == {
+        "duplicate": 1, "invalid": 1, "unsigned": 1}

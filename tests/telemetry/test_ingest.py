@@ -8,9 +8,15 @@ import pytest
 
 from dashboard.ingest import ingest
 from dashboard.models import ConfigAck, NodeState, OccupancySample, Report
-from tests.telemetry.helpers import T0, ack, heartbeat, report
+from tests.telemetry.helpers import T0, ack, heartbeat, register, report, sent
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _nodes():
+    """The nodes these tests' messages name, registered with their signing secrets."""
+    register("node-a", "node-b", "fresh", *(f"node-{i:03d}" for i in range(60)))
 
 
 def test_reports_are_stored_once_per_node_and_sequence():
@@ -29,12 +35,13 @@ def test_same_sequence_of_another_node_is_a_different_report():
 
 
 def test_invalid_message_is_logged_and_the_rest_stored(caplog):
-    bad = report(sequence=9)
+    bad = report(sequence=9, secret=None)
     bad["namespaces"][0]["bytes"] = "lots"
+    nonsense = {"kind": "nonsense", "node": "node-a"}
     with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.ingest"):
-        result = ingest([bad, report(sequence=1), {"kind": "nonsense"}])
-    assert result.invalid == 2 and result.reports == 1
-    assert "namespaces.0.bytes" in caplog.text
+        result = ingest([sent(bad), report(sequence=1), sent(nonsense)])
+    assert result.invalid == 2 and result.reports == 1 and result.rejected == {"invalid": 2}
+    assert "namespaces.0.bytes" in caplog.text and "refused report message naming node 'node-a'" in caplog.text
 
 
 def test_samples_carry_the_namespace_key_and_values():

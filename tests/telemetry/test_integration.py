@@ -177,7 +177,9 @@ def test_quota_edits_reach_the_master_and_a_non_empty_tenant_delete_is_refused(
     try:
         assert client.stdout.readline().strip() == "put [0, 0]"
         api = APIClient()
-        user = django_user_model.objects.create_user("op", password="pw")
+        from tests.registry.factories import grant
+
+        user = grant(django_user_model.objects.create_user("op", password="pw"), "tenants.delete_tenant")
         api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
         response = api.delete(f"/api/v1/tenants/{tenant.pk}/")
         assert response.status_code == 409, response.content

@@ -8,10 +8,15 @@ import pytest
 from dashboard.ingest import ingest
 from dashboard.models import ConfigVersion, MasterQuotaSample, OccupancySample, Report
 from dashboard.rollup import rollup
-from tests.telemetry.helpers import T0, report
+from tests.telemetry.helpers import T0, register, report
 
 pytestmark = pytest.mark.django_db
 Level = OccupancySample.Level
+
+
+@pytest.fixture(autouse=True)
+def _nodes():
+    register("node-a")
 
 
 @pytest.fixture

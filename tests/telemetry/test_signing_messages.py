@@ -68,7 +68,7 @@ def test_duplicate_instance_ids_are_refused():
 
 @pytest.mark.parametrize("builder", [report, ack, heartbeat])
 def test_ingest_messages_round_trip(builder):
-    wire = builder()
+    wire = builder(secret=None)
     assert parse_ingest(wire).to_wire() == wire
 
 
@@ -83,3 +83,29 @@ def test_ingest_refuses_unknown_schema_kind_and_fields():
     bad["namespaces"][0]["bytes"] = -1
     with pytest.raises(MessageError, match=r"namespaces\.0\.bytes"):
         parse_ingest(bad)
+
+
+def test_sign_message_stamps_the_sending_time_and_re_signs_on_every_attempt():
+    from datetime import datetime, timedelta, timezone
+
+    first_at = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    unsigned = report(secret=None)
+    first = signing.sign_message(unsigned, "k", now=first_at)
+    assert first["signed_at"] == "2026-11-30T12:00:00.000000Z" and "signature" in first
+    signing.verify(first, "k")
+    again = signing.sign_message(first, "k", now=first_at + timedelta(minutes=5))
+    signing.verify(again, "k")
+    assert again["signed_at"] != first["signed_at"] and again["signature"] != first["signature"]
+    assert {k: v for k, v in again.items() if k not in ("signed_at", "signature")} == {
+        k: v for k, v in unsigned.items() if k not in ("signed_at", "signature")}
+    with pytest.raises(signing.SignatureError):
+        signing.verify({**first, "signed_at": again["signed_at"]}, "k")  # the time is signed too
+    with pytest.raises(ValueError, match="timezone-aware"):
+        signing.sign_message(unsigned, "k", now=datetime(2026, 1, 1))
+
+
+def test_signer_among_names_the_key_that_signed():
+    message = signing.sign_message(report(secret=None), "key-b")
+    assert signing.signer_among(message, [("node-a", "key-a"), ("node-b", "key-b")]) == "node-b"
+    assert signing.signer_among(message, [("node-a", "key-a")]) is None
+    assert signing.signer_among(report(secret=None), [("node-b", "key-b")]) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agent.master import free_ports
+from tests.registry.factories import grant_registry_writes
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +24,21 @@ def _isolated(settings):
 
 @pytest.fixture
 def operator(db, django_user_model):
-    return django_user_model.objects.create_user("operator", password="operator-pw")
+    """A user with add/change/delete on every registry model (neither staff nor superuser)."""
+    return grant_registry_writes(django_user_model.objects.create_user("operator", password="operator-pw"))
+
+
+@pytest.fixture
+def viewer(db, django_user_model):
+    """A user without any permission: may look at every page, change nothing."""
+    return django_user_model.objects.create_user("viewer", password="viewer-pw")
+
+
+@pytest.fixture
+def viewer_ui(client, viewer):
+    """Django test client logged in as ``viewer``."""
+    client.force_login(viewer)
+    return client
 
 
 @pytest.fixture

@@ -52,9 +52,11 @@ def test_create_every_kind_through_the_forms_and_audit_it(ui, operator):
     assert model.vllm_model_name == "Qwen3-8B"
     ui.post(reverse("ui:release-new"), {"model": model.pk, "namespace": "prod-1", "state": "warming",
                                         "kv_dtype": "auto", "hash_algo": "sha256", "hash_seed": "42",
-                                        "adapters": "sql-lora, chat-lora", **RELEASE})
+                                        "adapters": "sql-lora=/adapters/sql, chat-lora=org/chat-lora;rank=64", **RELEASE})
     release = Release.objects.get(namespace="prod-1")
-    assert release.adapters == ["sql-lora", "chat-lora"] and release.hash_seed == "42"
+    assert release.adapters == [{"name": "sql-lora", "path": "/adapters/sql"},
+                                {"name": "chat-lora", "path": "org/chat-lora", "rank": 64}]
+    assert release.hash_seed == "42"
     ui.post(reverse("ui:request-group-new"), {"tenant": tenant.pk, "name": "app-a", "cache_salt": "salt-a"})
     assert RequestGroup.objects.get(name="app-a").cache_salt == "salt-a"
     ui.post(reverse("ui:node-new"), {"name": "node-a", "hostname": "10.0.0.1"})
@@ -255,3 +257,53 @@ def test_every_form_page_renders(ui):
             response = ui.get(reverse(name, args=args))
             assert response.status_code == 200, name
             assert b"csrfmiddlewaretoken" in response.content
+
+
+# --- form glitches: title after a refusal, unchanged saves, duplicated messages -----------------------------
+
+
+@pytest.mark.parametrize("kind,changes", [
+    ("node", {"name": "node-b"}),          # refused: a node's name cannot change
+    ("tenant", {"tenant_id": "_bad"}),     # refused: reserved name
+])
+def test_refused_edit_keeps_the_stored_name_in_the_title(ui, kind, changes):
+    obj = make_node("node-a") if kind == "node" else make_tenant("acme")
+    stored = str(obj)
+    response = ui.post(reverse(f"ui:{kind}-edit", args=[obj.pk]), form_data(kind, obj, **changes))
+    assert response.status_code == 400
+    title = f"Edit {KINDS[kind].label} &#x27;{stored}&#x27;"
+    html = response.content.decode()
+    assert f"<h1>{title}</h1>" in html and f"<title>{title}" in html
+    rejected = next(iter(changes.values()))
+    assert f"&#x27;{rejected}&#x27;</h1>" not in html
+
+
+def test_edit_without_changes_saves_nothing(ui):
+    tenant = make_tenant("acme")
+    stamp = Tenant.objects.get().updated_at
+    response = ui.post(reverse("ui:tenant-edit", args=[tenant.pk]), form_data("tenant", tenant), follow=True)
+    assert "Nothing changed in tenant &#x27;acme&#x27;." in response.content.decode()
+    assert Tenant.objects.get().updated_at == stamp
+    assert not AuditEntry.objects.filter(action="update").exists()
+
+
+def test_field_error_list_is_the_one_the_input_points_at(ui):
+    response = ui.post(reverse("ui:tenant-new"), {"tenant_id": "_x", "quota_bytes": "8MB"})
+    html = response.content.decode()
+    assert 'aria-describedby="id_tenant_id_helptext id_tenant_id_error"' in html
+    assert '<ul class="errorlist" id="id_tenant_id_error">' in html
+
+
+def test_add_validation_error_shows_each_message_once():
+    from django.core.exceptions import ValidationError
+
+    from dashboard.forms import StartUpgradeForm, add_validation_error
+
+    form = StartUpgradeForm({"namespace": "ok", "port_offset": "1"})
+    assert form.is_valid()
+    error = ValidationError({"namespace": "taken", "hash_seed": "bad seed", "__all__": "conflict"})
+    add_validation_error(form, error)
+    add_validation_error(form, error)  # the same refusal reported twice (e.g. by two checks)
+    add_validation_error(form, ValidationError("taken"))  # already on the field: not repeated above the form
+    assert form.errors["namespace"] == ["taken"]
+    assert sorted(form.non_field_errors()) == ["conflict", "hash_seed: bad seed"]

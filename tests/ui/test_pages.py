@@ -182,3 +182,14 @@ def test_vendored_chart_js_is_served(client):
     head = open(path, encoding="utf-8").read(200)
     assert "Chart.js v4.6.1" in head and "MIT" in head
     assert finders.find("vendor/chartjs/LICENSE.md") is not None
+
+
+def test_release_page_lists_adapters_as_the_form_writes_them(ui):
+    release = make_release(make_model(make_tenant("acme")), "lora-2026-07",
+                           adapters=[{"name": "sql", "path": "/models/sql-lora", "rank": 16},
+                                     {"name": "chat", "path": "org/chat-lora"}])
+    html = ui.get(reverse("ui:release", args=[release.pk])).content.decode()
+    assert "sql=/models/sql-lora;rank=16, chat=org/chat-lora" in html
+    assert "{&#x27;name&#x27;" not in html and "{'name'" not in html
+    assert ">none<" in ui.get(reverse("ui:release", args=[make_release(
+        release.model, "plain-2026-07").pk])).content.decode()

@@ -276,3 +276,9 @@ def test_the_agents_ledger_forgets_the_purged_release():
     rows = {row["namespace"]: row for row in ledger.snapshot()}
     assert (rows["prod-a"]["blocks"], rows["prod-a"]["bytes"]) == (0, 0)
     assert (rows["prod-b"]["blocks"], rows["prod-b"]["bytes"]) == (3, 3072)
+
+
+def test_refused_purge_of_a_live_release_says_why_once(ui, retired, sent):
+    live = retired.model.releases.get(namespace="prod-b")
+    html = ui.post(reverse("ui:purge", args=[live.pk]), {"confirm": "prod-b"}).content.decode()
+    assert html.count("only a retired release") + html.count("Only a retired release") == 1

@@ -207,3 +207,31 @@ def test_page_projection_counts_both_releases_while_draining(ui, serving):
     projection = response.context["projection"]
     assert (projection.other_bytes, projection.old_bytes, projection.new_bytes) == (0, 3 * GB, 1 * GB)
     assert projection.peak_bytes == 6 * GB
+
+
+def test_over_quota_start_reports_the_new_releases_errors_too(serving):
+    sample(size=60 * GB)
+    master_sample("acme", effective=100 * GB)
+    with pytest.raises(ValidationError) as info:
+        flow.start_upgrade(serving, "production-2026-07")  # the namespace is taken
+    errors = info.value.message_dict
+    assert set(errors) == {"accept_over_quota", "namespace"}
+    assert "already has a release with namespace" in errors["namespace"][0]
+    assert Release.objects.count() == 1
+
+
+def test_page_shows_every_start_error_at_once(ui, serving):
+    sample(size=60 * GB)
+    master_sample("acme", effective=100 * GB)
+    url = reverse("ui:upgrade-start", args=[serving.model.pk])
+    valid_form = ui.post(url, {"namespace": "production-2026-07", "port_offset": "100"})
+    assert valid_form.status_code == 400
+    assert set(valid_form.context["form"].errors) == {"accept_over_quota", "namespace"}
+    invalid_form = ui.post(url, {"namespace": "production-2026-07", "port_offset": "100", "block_size": "many"})
+    assert invalid_form.status_code == 400
+    assert set(invalid_form.context["form"].errors) == {"accept_over_quota", "namespace", "block_size"}
+    accepted = ui.post(url, {"namespace": "Bad_Name", "port_offset": "x", "accept_over_quota": "on"})
+    assert set(accepted.context["form"].errors) == {"namespace", "port_offset"}
+    html = accepted.content.decode()
+    assert html.count("must not contain &#x27;_&#x27;") == 1
+    assert Release.objects.count() == 1

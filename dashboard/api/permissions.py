@@ -1,0 +1,29 @@
+"""Who may write the registry through the API: Django model permissions; reads stay open to every user.
+
+A write needs the model permission of its HTTP method — ``POST`` ``tenants.add_<model>``, ``PUT``/``PATCH``
+``tenants.change_<model>``, ``DELETE`` ``tenants.delete_<model>`` — granted per user or group in the Django
+admin; superusers have every permission. ``GET``/``HEAD``/``OPTIONS`` need only an authenticated user. The
+dashboard pages (``dashboard.views.base.permission_denied``) apply the same permissions to their forms.
+"""
+from __future__ import annotations
+
+from rest_framework.permissions import DjangoModelPermissions
+
+
+class RegistryModelPermissions(DjangoModelPermissions):
+    """DRF's ``DjangoModelPermissions`` whose 403 names the missing permissions.
+
+    Custom actions follow their method: ``POST releases/{id}/copy/`` needs ``tenants.add_release``.
+    """
+
+    def has_permission(self, request, view) -> bool:
+        if super().has_permission(request, view):
+            return True
+        user = request.user
+        if user and user.is_authenticated:
+            model = self._queryset(view).model
+            missing = [perm for perm in self.get_required_permissions(request.method, model)
+                       if not user.has_perm(perm)]
+            self.message = (f"{request.method} on {model._meta.verbose_name_plural} needs the permission "
+                            f"{', '.join(missing)}; ask an administrator to grant it (Django admin: users or groups).")
+        return False

@@ -1,0 +1,102 @@
+"""Write permissions of the REST API: reads for every authenticated user, writes with the Django model permission
+(add/change/delete_<model>), superusers have all; a refused write changes nothing and writes no audit entry."""
+from __future__ import annotations
+
+import pytest
+
+from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tests.registry.factories import (
+    grant, make_assignment, make_group, make_model, make_node, make_release, make_tenant,
+)
+from tests.registry.test_api import RELEASE_BODY
+
+pytestmark = pytest.mark.django_db
+V1 = "/api/v1"
+MODELS = {"tenants": Tenant, "models": ServedModel, "releases": Release, "request-groups": RequestGroup,
+          "nodes": Node, "assignments": InstanceAssignment}
+
+
+@pytest.fixture
+def registry():
+    """One object of every kind: ``{resource: object}``."""
+    tenant = make_tenant()
+    model = make_model(tenant)
+    release = make_release(model)
+    node = make_node()
+    return {"tenants": tenant, "models": model, "releases": release, "request-groups": make_group(tenant),
+            "nodes": node, "assignments": make_assignment(node, release)}
+
+
+def _create_body(resource: str, registry: dict) -> dict:
+    tenant, model, release = registry["tenants"], registry["models"], registry["releases"]
+    return {
+        "tenants": {"tenant_id": "beta", "quota_bytes": "1GB"},
+        "models": {"tenant": tenant.pk, "served_model_name": "other", "model_path": "x/Other"},
+        "releases": {"model": model.pk, "namespace": "prod-2", **RELEASE_BODY},
+        "request-groups": {"tenant": tenant.pk, "name": "app-b"},
+        "nodes": {"name": "node-b", "hostname": "10.0.0.2"},
+        "assignments": {"node": registry["nodes"].pk, "release": release.pk, "port": 8001},
+    }[resource]
+
+
+@pytest.mark.parametrize("resource", list(MODELS))
+def test_reads_need_no_permission(viewer_api, registry, resource):
+    assert viewer_api.get(f"{V1}/{resource}/").json()["count"] == 1
+    assert viewer_api.get(f"{V1}/{resource}/{registry[resource].pk}/").status_code == 200
+
+
+def test_read_only_sub_resources_need_no_permission(viewer_api, registry):
+    assert viewer_api.get(f"{V1}/releases/{registry['releases'].pk}/config/").status_code == 200
+    assert viewer_api.get(f"{V1}/tenants/master-config/").status_code == 200
+    assert viewer_api.get(f"{V1}/audit/").json()["count"] > 0
+    assert viewer_api.options(f"{V1}/tenants/").status_code == 200
+
+
+@pytest.mark.parametrize("resource", list(MODELS))
+def test_writes_without_permission_are_403_and_change_nothing(viewer_api, registry, resource):
+    model = MODELS[resource]
+    codename = model._meta.model_name
+    obj = registry[resource]
+    entries, count, stored = AuditEntry.objects.count(), model.objects.count(), model.objects.get(pk=obj.pk)
+    refused = viewer_api.post(f"{V1}/{resource}/", _create_body(resource, registry), format="json")
+    assert refused.status_code == 403
+    assert f"tenants.add_{codename}" in refused.json()["detail"]
+    patched = viewer_api.patch(f"{V1}/{resource}/{obj.pk}/", {"description": "x"}, format="json")
+    assert patched.status_code == 403 and f"tenants.change_{codename}" in patched.json()["detail"]
+    assert viewer_api.put(f"{V1}/{resource}/{obj.pk}/", {}, format="json").status_code == 403
+    deleted = viewer_api.delete(f"{V1}/{resource}/{obj.pk}/")
+    assert deleted.status_code == 403 and f"tenants.delete_{codename}" in deleted.json()["detail"]
+    assert model.objects.count() == count and AuditEntry.objects.count() == entries
+    assert model.objects.get(pk=obj.pk).updated_at == stored.updated_at
+
+
+@pytest.mark.parametrize("resource", list(MODELS))
+def test_each_model_permission_allows_exactly_its_write(viewer, viewer_api, registry, resource):
+    codename = MODELS[resource]._meta.model_name
+    obj = registry[resource]
+    grant(viewer, f"tenants.add_{codename}")
+    assert viewer_api.post(f"{V1}/{resource}/", _create_body(resource, registry), format="json").status_code == 201
+    assert viewer_api.patch(f"{V1}/{resource}/{obj.pk}/", {}, format="json").status_code == 403
+    grant(viewer, f"tenants.change_{codename}")
+    assert viewer_api.patch(f"{V1}/{resource}/{obj.pk}/", {}, format="json").status_code == 200
+    assert viewer_api.delete(f"{V1}/{resource}/{obj.pk}/").status_code == 403
+    grant(viewer, f"tenants.delete_{codename}")
+    assert viewer_api.delete(f"{V1}/{resource}/{obj.pk}/").status_code in (204, 409)
+
+
+def test_release_copy_needs_add_release(viewer, viewer_api, registry):
+    url = f"{V1}/releases/{registry['releases'].pk}/copy/"
+    assert viewer_api.post(url, {"namespace": "prod-2"}, format="json").status_code == 403
+    assert not Release.objects.filter(namespace="prod-2").exists()
+    grant(viewer, "tenants.add_release")
+    assert viewer_api.post(url, {"namespace": "prod-2"}, format="json").status_code == 201
+
+
+def test_superuser_has_every_permission(admin_api, registry):
+    created = admin_api.post(f"{V1}/tenants/", {"tenant_id": "beta", "quota_bytes": "1GB"}, format="json")
+    assert created.status_code == 201
+    assert admin_api.patch(f"{V1}/nodes/{registry['nodes'].pk}/", {"hostname": "h"}, format="json").status_code == 200
+
+
+def test_audit_log_stays_read_only_even_for_superusers(admin_api):
+    assert admin_api.post(f"{V1}/audit/", {}, format="json").status_code == 405
