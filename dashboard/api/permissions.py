@@ -7,7 +7,7 @@ dashboard pages (``dashboard.views.base.permission_denied``) apply the same perm
 """
 from __future__ import annotations
 
-from rest_framework.permissions import DjangoModelPermissions
+from rest_framework.permissions import SAFE_METHODS, BasePermission, DjangoModelPermissions
 
 
 class RegistryModelPermissions(DjangoModelPermissions):
@@ -26,4 +26,20 @@ class RegistryModelPermissions(DjangoModelPermissions):
                        if not user.has_perm(perm)]
             self.message = (f"{request.method} on {model._meta.verbose_name_plural} needs the permission "
                             f"{', '.join(missing)}; ask an administrator to grant it (Django admin: users or groups).")
+        return False
+
+
+class CanPushNodeConfig(BasePermission):
+    """``POST telemetry/nodes/<name>/push/`` sends configuration to a node's agent: it needs ``tenants.change_node``.
+
+    Reads (``GET``/``HEAD``/``OPTIONS``) pass; pair it with ``IsAuthenticated``.
+    """
+
+    permission = "tenants.change_node"
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in SAFE_METHODS or request.user.has_perm(self.permission):
+            return True
+        self.message = (f"pushing a node's configuration needs the permission {self.permission}; ask an "
+                        "administrator to grant it (Django admin: users or groups).")
         return False

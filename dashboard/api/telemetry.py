@@ -18,10 +18,12 @@ from drf_spectacular.utils import extend_schema
 from django.utils.dateparse import parse_datetime
 from rest_framework import generics, serializers
 from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dashboard.api.permissions import CanPushNodeConfig
 from dashboard.models import (
     ConfigAck,
     ConfigVersion,
@@ -170,7 +172,12 @@ class NodeStateDetail(APIView):
 
 
 class NodePush(APIView):
-    """POST: render the node's document from the registry and send it (``force`` re-sends an unchanged one)."""
+    """POST: render the node's document from the registry and send it (``force`` re-sends an unchanged one).
+
+    Needs ``tenants.change_node`` (403 naming it otherwise).
+    """
+
+    permission_classes = [IsAuthenticated, CanPushNodeConfig]
 
     @extend_schema(request=PushRequestSerializer, responses=PushResultSerializer)
     def post(self, request: Request, name: str) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -115,6 +116,11 @@ def test_push_endpoint_validates_and_sends(api, db):
 
     make_node("node-p")
     with mock.patch("dashboard.celery.app.send_task") as send_task:
+        refused = api.post("/api/v1/telemetry/nodes/node-p/push/", {}, format="json")
+        assert refused.status_code == 403 and "tenants.change_node" in refused.json()["detail"]
+        assert send_task.call_count == 0
+        user = User.objects.get(username="viewer")
+        user.user_permissions.add(Permission.objects.get(codename="change_node", content_type__app_label="tenants"))
         assert api.post("/api/v1/telemetry/nodes/node-p/push/", {"force": "maybe"}, format="json").status_code == 400
         body = api.post("/api/v1/telemetry/nodes/node-p/push/", {}, format="json").json()
         assert body == {"versions": 1, "sent": 1, "missing": 0, "failed": 0}
