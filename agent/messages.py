@@ -1,14 +1,15 @@
 """Schemas of every message that crosses the broker, shared by the dashboard and the agent.
 
-Dashboard → agent (queue ``agent.<node>``, task ``agent.apply_config``):
-  * ``ConfigDocument`` — what a node must serve, signed (see ``agent.signing``).
+Dashboard → agent (queue ``agent.<node>``):
+  * ``ConfigDocument`` — what a node must serve, signed (see ``agent.signing``), task ``agent.apply_config``;
+  * ``PurgeRequest`` — remove every key of one retired release namespace, signed, task ``agent.purge_namespace``.
 
 Agent → dashboard (queue ``dashboard.ingest``, task ``dashboard.ingest``, a JSON list of messages, each
 tagged by ``kind``), all ``AgentMessage``s:
   * ``Ack`` — the outcome of one received document (``applied`` or ``rejected`` with a reason code);
   * ``Report`` — occupancy per namespace (the ledger snapshot), idempotency key ``(node, sequence)``;
   * ``Heartbeat`` — liveness plus the applied version and digest (drift is visible even if an ack is lost).
-  (``agent.purge.PurgeResult``, task ``dashboard.purge_result``, is an ``AgentMessage`` too.)
+  * ``PurgeResult`` — objects a purge removed, task ``dashboard.purge_result`` on queue ``dashboard.control``.
 
 Every ``AgentMessage`` names its sender (``node``) and is signed by it when sent: ``signed_at`` (UTC, the
 sending time) and ``signature`` (HMAC-SHA256 with the node's signing secret over the canonical encoding,
@@ -348,6 +349,47 @@ def parse_document(raw: Any) -> ConfigDocument:
         return ConfigDocument.model_validate(raw)
     except ValidationError as exc:
         raise MessageError(_describe(exc)) from None
+
+
+#: Celery task the agent runs for a purge request (one positional argument: the signed request dict).
+PURGE_TASK = "agent.purge_namespace"
+#: Celery task the dashboard runs for the agent's answer (one positional argument: the result dict).
+PURGE_RESULT_TASK = "dashboard.purge_result"
+#: Queue of ``PURGE_RESULT_TASK``.
+PURGE_RESULT_QUEUE = "dashboard.control"
+
+class PurgeRequest(Message):
+    """Dashboard → agent: remove every key of one release namespace of one tenant.
+
+    ``engine`` decides the key grammar (``vllm``: ``model`` is the vLLM model name, the last path component;
+    ``sglang``: ``model`` is the served model name). ``served_model_name`` names the ledger tables to clear.
+    ``namespace`` is the release namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not
+    be empty: an empty one would select the model's unprefixed keys of every release. ``signature`` =
+    HMAC-SHA256 of the canonical encoding with the node's signing secret.
+    """
+
+    kind: Literal["purge"] = "purge"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    tenant_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"]
+    namespace: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    served_model_name: str = Field(min_length=1)
+    issued_at: str = Field(min_length=1)
+    signature: str = ""
+
+
+class PurgeResult(AgentMessage):
+    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed); signed with
+    the node's secret when sent (``agent.signing.sign_message``), like every ``AgentMessage``."""
+
+    kind: Literal["purge_result"] = "purge_result"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    removed: Annotated[int, Field(ge=0)] = 0
+    error: str = ""
+    sent_at: datetime
 
 
 class MessageError(ValueError):

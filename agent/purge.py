@@ -18,58 +18,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import Field
 
 from agent import keys, signing
-from agent.messages import AgentMessage, Message, MessageError, NodeName, utcnow
+from agent.messages import (  # the purge messages live with every other wire format; re-exported here
+    PURGE_RESULT_QUEUE,
+    PURGE_RESULT_TASK,
+    PURGE_TASK,
+    MessageError,
+    PurgeRequest,
+    PurgeResult,
+    utcnow,
+)
 
 log = logging.getLogger("kvpool.agent.purge")
 
-#: Celery task the agent runs for a purge request (one positional argument: the signed request dict).
-PURGE_TASK = "agent.purge_namespace"
-#: Celery task the dashboard runs for the agent's answer (one positional argument: the result dict).
-PURGE_RESULT_TASK = "dashboard.purge_result"
-#: Queue of ``PURGE_RESULT_TASK``.
-PURGE_RESULT_QUEUE = "dashboard.control"
+__all__ = ["PURGE_RESULT_QUEUE", "PURGE_RESULT_TASK", "PURGE_TASK", "PurgeRequest", "PurgeResult"]
+
 #: Bytes the purge client mounts into the pool while it runs (the smallest segment 0.3.13.post1 accepts).
 PURGE_SEGMENT_BYTES = 16 << 20
-
-
-class PurgeRequest(Message):
-    """Dashboard → agent: remove every key of one release namespace of one tenant.
-
-    ``engine`` decides the key grammar (``vllm``: ``model`` is the vLLM model name, the last path component;
-    ``sglang``: ``model`` is the served model name). ``served_model_name`` names the ledger tables to clear.
-    ``namespace`` is the release namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not
-    be empty: an empty one would select the model's unprefixed keys of every release. ``signature`` =
-    HMAC-SHA256 of the canonical encoding with the node's signing secret.
-    """
-
-    kind: Literal["purge"] = "purge"
-    purge_id: str = Field(min_length=1, max_length=64)
-    node: NodeName
-    tenant_id: str = Field(min_length=1)
-    engine: Literal["vllm", "sglang"]
-    namespace: str = Field(min_length=1)
-    model: str = Field(min_length=1)
-    served_model_name: str = Field(min_length=1)
-    issued_at: str = Field(min_length=1)
-    signature: str = ""
-
-
-class PurgeResult(AgentMessage):
-    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed); signed with
-    the node's secret when sent (``agent.signing.sign_message``), like every ``AgentMessage``."""
-
-    kind: Literal["purge_result"] = "purge_result"
-    purge_id: str = Field(min_length=1, max_length=64)
-    node: NodeName
-    removed: Annotated[int, Field(ge=0)] = 0
-    error: str = ""
-    sent_at: datetime
 
 
 class RegexStore(Protocol):
