@@ -114,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
     from agent.celery_app import make_app, make_publisher, register_tasks, run_worker
     from agent.daemon import Daemon
     from agent.ledger import Ledger
-
     from agent.purge import daemon_store_opener, register_purge_task
 
     if args.launch_overrides and not args.simulate_engines:

@@ -43,8 +43,8 @@ from typing import Any
 
 from agent import signing
 from agent.messages import (
-    Ack,
     SCHEMA_VERSION,
+    Ack,
     ConfigDocument,
     Heartbeat,
     InstanceSpec,

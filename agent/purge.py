@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-
 from agent import keys, signing
 from agent.messages import (  # the purge messages live with every other wire format; re-exported here
     PURGE_RESULT_QUEUE,

@@ -31,8 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from agent.eviction import BeladyPolicy, EvictionPolicy, HitDensityPolicy, LeafLRUPolicy, PlainLRUPolicy
-from agent.trace import FAST25_BLOCK_TOKENS, TraceError, TraceRequest, read_trace, sorted_by_time
+from agent.eviction import (
+    BeladyPolicy,
+    EvictionPolicy,
+    HitDensityPolicy,
+    LeafLRUPolicy,
+    PlainLRUPolicy,
+)
+from agent.trace import (
+    FAST25_BLOCK_TOKENS,
+    TraceError,
+    TraceRequest,
+    read_trace,
+    sorted_by_time,
+)
 from bench import eviction_traces
 
 #: The FAST'25 trace in the workspace's ``shared/traces`` folder, next to the repository (``../shared`` from its root).

@@ -217,7 +217,13 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
             from django.db.models import Count, Min
 
             from dashboard.models import ConfigAck, ConfigVersion, NodeState
-            from tenants.models import InstanceAssignment, Node, Release, ServedModel, Tenant
+            from tenants.models import (
+                InstanceAssignment,
+                Node,
+                Release,
+                ServedModel,
+                Tenant,
+            )
             from tenants.services import validated_save
 
             tenant = validated_save(Tenant(tenant_id="bench", quota_bytes=64 << 30))

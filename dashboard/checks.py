@@ -33,7 +33,14 @@ from django.utils import timezone
 
 from dashboard.models import ConfigVersion, NodeState, OccupancySample
 from tenants.choices import Engine, ReleaseState
-from tenants.models import AuditEntry, InstanceAssignment, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.quota import humanize_bytes
 
 #: Reported names are checked over this many seconds of raw samples.

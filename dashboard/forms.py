@@ -11,7 +11,14 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError
 
 from tenants.fields import ByteSizeFormField
-from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.services import validated_save
 
 #: The API's message for a write that lost a race on a database constraint (``dashboard.api.base``).

@@ -30,7 +30,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.messages import MessageError, node_queue
-from agent.purge import PURGE_TASK, PURGE_RESULT_TASK, PurgeRequest, PurgeResult, release_keys_regex, signed_request
+from agent.purge import (
+    PURGE_RESULT_TASK,
+    PURGE_TASK,
+    PurgeRequest,
+    PurgeResult,
+    release_keys_regex,
+    signed_request,
+)
 from dashboard.celery import app
 from tenants.audit import current_context
 from tenants.choices import AuditAction, Engine, ReleaseState

@@ -23,7 +23,13 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from dashboard.models import ConfigAck, ConfigVersion, MasterQuotaSample, OccupancySample, Report
+from dashboard.models import (
+    ConfigAck,
+    ConfigVersion,
+    MasterQuotaSample,
+    OccupancySample,
+    Report,
+)
 
 log = logging.getLogger("kvpool.dashboard.rollup")
 

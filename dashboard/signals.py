@@ -126,8 +126,7 @@ def tenant_deleting(sender, instance, **kwargs):
     """Remove the tenant from the master first; refuse the delete if the master says it still owns objects."""
     if not settings.KVPOOL_MASTER_SYNC:
         return
-    from dashboard.master_admin import TenantNotEmpty
-    from dashboard.master_admin import delete_tenant
+    from dashboard.master_admin import TenantNotEmpty, delete_tenant
 
     try:
         delete_tenant(instance.tenant_id)

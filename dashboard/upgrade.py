@@ -26,7 +26,13 @@ from datetime import datetime
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from dashboard.views.queries import NamespaceKey, NamespaceNow, OccupancyFilter, current_occupancy, latest_master_quotas
+from dashboard.views.queries import (
+    NamespaceKey,
+    NamespaceNow,
+    OccupancyFilter,
+    current_occupancy,
+    latest_master_quotas,
+)
 from tenants.choices import ReleaseState
 from tenants.models import AuditEntry, InstanceAssignment, Release, ServedModel, Tenant
 from tenants.quota import humanize_bytes

@@ -5,7 +5,14 @@ from django.contrib import admin
 
 from tenants import budgets
 from tenants.models import (
-    AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ReservedSalt, ServedModel, Tenant,
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ReservedSalt,
+    ServedModel,
+    Tenant,
 )  # fmt: skip
 from tenants.quota import format_quota
 

@@ -12,10 +12,16 @@ class TenantsConfig(AppConfig):
 
         from tenants import audit
         from tenants.models import (
-            InstanceAssignment, Node, Release, RequestGroup, ReservedSalt, ServedModel, Tenant,
+            InstanceAssignment,
+            Node,
+            Release,
+            RequestGroup,
+            ReservedSalt,
+            ServedModel,
+            Tenant,
         )  # fmt: skip
-        from tenants.models.reserved_salt import reserve_deleted_group_salt
         from tenants.models.release import refuse_served_release_delete
+        from tenants.models.reserved_salt import reserve_deleted_group_salt
 
         # The guard is connected first so a refused delete never reaches the audit receiver.
         pre_delete.connect(refuse_served_release_delete, sender=Release, dispatch_uid="kvpool-release-delete-guard")

@@ -12,7 +12,13 @@ from django.db import transaction
 
 from tenants.choices import ReleaseState
 from tenants.fingerprint import CACHE_SETTING_FIELDS
-from tenants.models import InstanceAssignment, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    InstanceAssignment,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.models.base import RegistryModel
 
 

@@ -12,7 +12,15 @@ from rest_framework import serializers
 from rest_framework.filters import OrderingFilter
 
 from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, ReleaseState
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 
 
 class StrictBooleanFilter(filters.TypedChoiceFilter):

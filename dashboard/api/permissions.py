@@ -7,7 +7,11 @@ dashboard pages (``dashboard.views.base.permission_denied``) apply the same perm
 """
 from __future__ import annotations
 
-from rest_framework.permissions import SAFE_METHODS, BasePermission, DjangoModelPermissions
+from rest_framework.permissions import (
+    SAFE_METHODS,
+    BasePermission,
+    DjangoModelPermissions,
+)
 
 
 class RegistryModelPermissions(DjangoModelPermissions):

@@ -8,7 +8,15 @@ from dashboard.api.base import ValidatedModelSerializer
 from dashboard.api.fields import ByteSizeSerializerField
 from tenants import budgets
 from tenants.choices import Engine, HashAlgo, KVCacheDtype, ReleaseState
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.quota import format_quota
 from tenants.validators import validate_adapters
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from django.db.models import OuterRef, Subquery
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
 from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated

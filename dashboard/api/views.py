@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.utils import OpenApiParameter, extend_schema
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -12,8 +12,21 @@ from dashboard.api import filtersets
 from dashboard.api import serializers as s
 from dashboard.api.base import RegistryViewSet, drf_detail
 from dashboard.api.filtersets import StrictOrderingFilter
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
-from tenants.rendering import StoreEndpoints, render_assignment, render_master, render_release
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
+from tenants.rendering import (
+    StoreEndpoints,
+    render_assignment,
+    render_master,
+    render_release,
+)
 from tenants.services import copy_release
 from tenants.validators import parse_object_id
 

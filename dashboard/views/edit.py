@@ -24,7 +24,14 @@ from dashboard import forms as ui_forms
 from dashboard.api.base import protected_message
 from dashboard.signals import TenantStillOwnsObjects
 from dashboard.views.base import model_permission, permission_denied
-from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,18 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-from dashboard.views.base import WindowError, json_login_required, occupancy_filter, window_param
-from dashboard.views.queries import DEFAULT_WINDOW, WINDOW_LABELS, OccupancyFilter, occupancy_series
+from dashboard.views.base import (
+    WindowError,
+    json_login_required,
+    occupancy_filter,
+    window_param,
+)
+from dashboard.views.queries import (
+    DEFAULT_WINDOW,
+    WINDOW_LABELS,
+    OccupancyFilter,
+    occupancy_series,
+)
 from tenants.models import Release, RequestGroup, ServedModel, Tenant
 
 

@@ -19,7 +19,11 @@ from dashboard.checks import run_checks
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.push import drift
 from dashboard.upgrade import tenant_quota
-from dashboard.views.queries import current_occupancy, latest_master_quotas, tenant_bytes
+from dashboard.views.queries import (
+    current_occupancy,
+    latest_master_quotas,
+    tenant_bytes,
+)
 from tenants import budgets
 from tenants.models import Node, Tenant
 

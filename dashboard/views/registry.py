@@ -17,7 +17,15 @@ from dashboard.push import drift
 from dashboard.upgrade import release_key, tenant_quota, upgrade_state
 from dashboard.views.queries import OccupancyFilter, current_occupancy
 from tenants import budgets
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.rendering import StoreEndpoints, render_assignment
 
 AUDIT_ROWS = 20

@@ -16,12 +16,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from agent.purge import release_keys_regex
 from dashboard import upgrade as flow
 from dashboard.forms import PurgeForm, StartUpgradeForm, add_validation_error
-from dashboard.purge import PurgeError, key_model, purge_nodes, purges_for_release, request_purge
+from dashboard.purge import (
+    PurgeError,
+    key_model,
+    purge_nodes,
+    purges_for_release,
+    request_purge,
+)
 from dashboard.views.base import model_permission, permission_denied
 from dashboard.views.queries import OccupancyFilter, current_occupancy
-from agent.purge import release_keys_regex
 from tenants.models import InstanceAssignment, Release, ServedModel
 from tenants.services import build_release_copy
 

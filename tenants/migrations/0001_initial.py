@@ -2,13 +2,14 @@
 
 import django.core.validators
 import django.db.models.deletion
+from django.conf import settings
+from django.db import migrations, models
+
 import tenants.fields
 import tenants.models.node
 import tenants.models.release
 import tenants.models.request_group
 import tenants.validators
-from django.conf import settings
-from django.db import migrations, models
 
 
 class Migration(migrations.Migration):

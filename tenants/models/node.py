@@ -12,7 +12,6 @@ from tenants.models.base import RegistryModel
 from tenants.models.release import Release
 from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname
 
-
 #: Largest parallel size (tensor/pipeline/context parallel ranks of one instance). Explicit because SQLite does
 #: not enforce the range of a small integer column, so PostgreSQL and SQLite must refuse the same values here.
 MAX_PARALLEL_SIZE = 4096

@@ -7,7 +7,11 @@ from django.db import models
 from tenants import collisions
 from tenants.models.base import RegistryModel
 from tenants.models.tenant import Tenant
-from tenants.validators import derive_vllm_model_name, validate_model_path, validate_served_model_name
+from tenants.validators import (
+    derive_vllm_model_name,
+    validate_model_path,
+    validate_served_model_name,
+)
 
 
 class ServedModel(RegistryModel):

@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from agent.connector import KVConnector
-from agent.errors import LayoutError, QuotaExceeded, RpcFailed, StoreError, TransferFailed
+from agent.errors import (
+    LayoutError,
+    QuotaExceeded,
+    RpcFailed,
+    StoreError,
+    TransferFailed,
+)
 from agent.kv_cache import KVCacheSpec, PagedKVCache
 from agent.ledger import Ledger
 from agent.namespace import Namespace

@@ -6,7 +6,6 @@ import json
 import os
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
-
 from pathlib import Path
 
 import pytest

@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 import xxhash
 
-from agent.hashing import LoraRef, VllmBlockHasher, _cbor_uint_blocks, _int64_tokens, vllm_extra_keys
+from agent.hashing import (
+    LoraRef,
+    VllmBlockHasher,
+    _cbor_uint_blocks,
+    _int64_tokens,
+    vllm_extra_keys,
+)
 
 pytestmark = pytest.mark.usefixtures("hash_impl")  # every test: compiled chain and pure Python
 

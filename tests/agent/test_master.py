@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agent.master import MasterError, MasterProcess, find_master_binary, free_ports, render_quota_policy
-
+from agent.master import (
+    MasterError,
+    MasterProcess,
+    find_master_binary,
+    free_ports,
+    render_quota_policy,
+)
 from tests.conftest import MASTER_TENANTS
 
 

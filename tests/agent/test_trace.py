@@ -3,7 +3,6 @@
 import io
 import json
 import os
-
 from pathlib import Path
 
 import pytest

@@ -9,7 +9,14 @@ from django.utils import timezone
 
 from dashboard.models import OccupancySample
 from tenants.models import AuditEntry, Release
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.ui.helpers import apply_config, master_sample
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -17,7 +17,13 @@ import pytest
 from agent.ledger import Ledger
 from agent.messages import ConfigDocument, MessageError
 from agent.trace import TraceRequest
-from agent.workload import EngineSimulator, WorkItem, WorkloadBatch, load_overrides, parse_batch
+from agent.workload import (
+    EngineSimulator,
+    WorkItem,
+    WorkloadBatch,
+    load_overrides,
+    parse_batch,
+)
 from demo import cli, scenario
 from demo.procs import DemoError, Service
 from demo.replay import Expected, Replayer

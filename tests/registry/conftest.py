@@ -6,7 +6,13 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tenants.rendering import StoreEndpoints
-from tests.registry.factories import grant_registry_writes, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    grant_registry_writes,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 
 @pytest.fixture(autouse=True)

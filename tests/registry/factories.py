@@ -6,7 +6,14 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tenants.quota import parse_quota
 from tenants.services import validated_save
 

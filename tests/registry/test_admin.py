@@ -7,7 +7,12 @@ from django.contrib import admin
 from django.urls import reverse
 
 from tenants.models import Release, Tenant
-from tests.registry.factories import make_assignment, make_group, make_node, make_release
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_node,
+    make_release,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,23 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 V1 = "/api/v1"

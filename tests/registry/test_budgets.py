@@ -6,7 +6,14 @@ import pytest
 from tenants import budgets
 from tenants.models import RequestGroup
 from tenants.services import validated_save
-from tests.registry.factories import make_group, make_model, make_release, make_tenant, refused, refused_save
+from tests.registry.factories import (
+    make_group,
+    make_model,
+    make_release,
+    make_tenant,
+    refused,
+    refused_save,
+)
 
 pytestmark = pytest.mark.django_db
 MB = 1 << 20

@@ -4,7 +4,14 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import Release
-from tests.registry.factories import RELEASE_DEFAULTS, make_model, make_release, make_tenant, refused, refused_save
+from tests.registry.factories import (
+    RELEASE_DEFAULTS,
+    make_model,
+    make_release,
+    make_tenant,
+    refused,
+    refused_save,
+)
 
 pytestmark = pytest.mark.django_db
 

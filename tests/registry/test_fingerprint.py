@@ -5,7 +5,11 @@ import hashlib
 
 import pytest
 
-from tenants.fingerprint import CACHE_SETTING_FIELDS, canonical_settings, compute_fingerprint
+from tenants.fingerprint import (
+    CACHE_SETTING_FIELDS,
+    canonical_settings,
+    compute_fingerprint,
+)
 
 SETTINGS = {
     "weights_revision": "main",

@@ -7,7 +7,14 @@ import pytest
 from dashboard.api import views
 from tenants.models import AuditEntry
 from tenants.services import validated_save
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.registry.test_permissions import MODELS
 
 pytestmark = pytest.mark.django_db

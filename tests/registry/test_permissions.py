@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tests.registry.factories import (
-    grant, make_assignment, make_group, make_model, make_node, make_release, make_tenant,
+    grant,
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
 )
 from tests.registry.test_api import RELEASE_BODY
 

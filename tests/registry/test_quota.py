@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from tenants.quota import MAX_QUOTA_BYTES, QuotaError, format_quota, humanize_bytes, parse_quota
+from tenants.quota import (
+    MAX_QUOTA_BYTES,
+    QuotaError,
+    format_quota,
+    humanize_bytes,
+    parse_quota,
+)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,13 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from tests.registry.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,13 @@ from tenants.rendering import (
     render_master,
     render_release,
 )
-from tests.registry.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,14 @@ import re
 
 import pytest
 
-from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
+from tenants.models import (
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
 from tests.registry.factories import (
     RELEASE_DEFAULTS,
     make_assignment,

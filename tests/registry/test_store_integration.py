@@ -13,7 +13,13 @@ import pytest
 
 from tenants.models import Tenant
 from tenants.rendering import StoreEndpoints, render_assignment, render_master
-from tests.registry.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 

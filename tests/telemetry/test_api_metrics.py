@@ -10,7 +10,12 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from dashboard.ingest import ingest
-from dashboard.models import ConfigVersion, MasterQuotaSample, MasterQuotaSync, NodeState
+from dashboard.models import (
+    ConfigVersion,
+    MasterQuotaSample,
+    MasterQuotaSync,
+    NodeState,
+)
 from tests.telemetry.helpers import ack, heartbeat, register, report
 
 pytestmark = pytest.mark.django_db

@@ -71,8 +71,8 @@ def test_agent_app_speaks_json_only_and_hands_documents_to_the_daemon(tmp_path):
 
 
 def test_dashboard_tasks_and_routes():
-    from dashboard.celery import app
     import dashboard.tasks  # noqa: F401  (registers the tasks)
+    from dashboard.celery import app
 
     names = set(app.tasks)
     assert {"dashboard.ingest", "dashboard.push_nodes", "dashboard.reconcile_configs",

@@ -13,9 +13,22 @@ from rest_framework.test import APIClient
 
 from agent import signing
 from agent.messages import APPLY_CONFIG_TASK, node_queue
-from dashboard.models import ConfigAck, ConfigVersion, MasterQuotaSample, NodeState, Report
+from dashboard.models import (
+    ConfigAck,
+    ConfigVersion,
+    MasterQuotaSample,
+    NodeState,
+    Report,
+)
 from tenants.models import Tenant
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.telemetry.conftest import PYTHON, ROOT, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -12,7 +12,14 @@ from agent import signing
 from agent.messages import APPLY_CONFIG_TASK, parse_document
 from dashboard.models import NodeState
 from dashboard.push import drift, ensure_version, push_nodes, render_content
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 

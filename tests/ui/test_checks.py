@@ -8,7 +8,14 @@ from django.utils import timezone
 from dashboard.checks import run_checks
 from dashboard.models import ConfigVersion
 from tenants.models import RequestGroup
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.ui.helpers import apply_config, master_sample, sample
 
 pytestmark = pytest.mark.django_db

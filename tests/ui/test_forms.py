@@ -6,8 +6,23 @@ import pytest
 from django.urls import reverse
 
 from dashboard.views.edit import KINDS
-from tenants.models import AuditEntry, InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Node,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 RELEASE = {"num_layers": 36, "num_kv_heads": 8, "head_dim": 128, "block_size": 16, "engine": "vllm",

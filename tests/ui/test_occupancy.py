@@ -8,7 +8,12 @@ import pytest
 from django.urls import reverse
 
 from dashboard.models import OccupancySample
-from dashboard.views.queries import WINDOWS, OccupancyFilter, current_occupancy, occupancy_series
+from dashboard.views.queries import (
+    WINDOWS,
+    OccupancyFilter,
+    current_occupancy,
+    occupancy_series,
+)
 from tests.ui.helpers import sample
 
 pytestmark = pytest.mark.django_db
@@ -151,7 +156,12 @@ def test_unknown_window_is_a_400_naming_the_field(ui):
 
 
 def test_filter_choices_come_from_the_registry(ui):
-    from tests.registry.factories import make_group, make_model, make_release, make_tenant
+    from tests.registry.factories import (
+        make_group,
+        make_model,
+        make_release,
+        make_tenant,
+    )
 
     tenant = make_tenant("acme")
     make_release(make_model(tenant), "prod-a")

@@ -11,7 +11,14 @@ from django.utils import timezone
 
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.views.overview import parse_store_metrics
-from tests.registry.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.ui.helpers import apply_config, master_sample, node_alive, sample
 
 pytestmark = pytest.mark.django_db

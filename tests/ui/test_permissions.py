@@ -9,7 +9,13 @@ from dashboard import upgrade as flow
 from dashboard.views.edit import KINDS
 from tenants.models import AuditEntry, Release, Tenant
 from tests.registry.factories import (
-    grant, make_assignment, make_group, make_model, make_node, make_release, make_tenant,
+    grant,
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
 )
 from tests.ui.test_forms import form_data
 

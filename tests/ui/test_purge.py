@@ -21,7 +21,13 @@ from agent.purge import (
 )
 from dashboard import purge
 from tenants.models import AuditEntry
-from tests.registry.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 
 H64 = "ab" * 32
 

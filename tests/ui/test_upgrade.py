@@ -11,7 +11,13 @@ from django.utils import timezone
 
 from dashboard import upgrade as flow
 from tenants.models import AuditEntry, InstanceAssignment, Release
-from tests.registry.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
 from tests.ui.helpers import master_sample, sample
 
 pytestmark = pytest.mark.django_db

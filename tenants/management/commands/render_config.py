@@ -8,7 +8,12 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Release, Tenant
-from tenants.rendering import RenderedConfig, StoreEndpoints, render_assignment, render_master
+from tenants.rendering import (
+    RenderedConfig,
+    StoreEndpoints,
+    render_assignment,
+    render_master,
+)
 from tenants.validators import parse_object_id
 
 
