@@ -188,6 +188,16 @@ def _tokens(token_ids: Iterable[int] | Any) -> Sequence[int]:
     return list(token_ids)
 
 
+#: Largest block/page size accepted (tokens). vLLM and SGLang use 1-1024; FAST'25 trace blocks are 512.
+MAX_BLOCK_SIZE = 1 << 20
+
+
+def _check_block_size(name: str, value: Any) -> None:
+    """Raises ValueError unless ``value`` is an int (not bool) in ``[1, MAX_BLOCK_SIZE]`` tokens."""
+    if type(value) is not int or not 1 <= value <= MAX_BLOCK_SIZE:
+        raise ValueError(f"{name} must be a whole number of tokens from 1 to {MAX_BLOCK_SIZE}, got {value!r}")
+
+
 def _check_parent(parent: bytes | None, size: int) -> None:
     if parent is not None and (not isinstance(parent, bytes) or len(parent) != size):
         raise ValueError(f"parent must be a {size}-byte block hash or None, got {parent!r:.80}")
@@ -373,8 +383,7 @@ class VllmBlockHasher:
     def __init__(self, algo: str = "sha256", *, block_size: int = 16, seed: str | None = None,
                  cache_salt: str | None = None, lora: LoraRef | None = None, native: bool | None = None) -> None:
         self._fn = vllm_hash_fn(algo)
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive number of tokens, got {block_size!r}")
+        _check_block_size("block_size", block_size)
         self.algo = algo
         self.block_size = block_size
         self.seed = resolve_seed(algo, seed)
@@ -516,7 +525,8 @@ class VllmBlockHasher:
     def trace_hashes(self, hash_ids: Sequence[int], parent: bytes | None = None) -> list[bytes]:
         """FAST'25 ``hash_ids`` chained as one-token blocks: ``hash_fn((parent, (hash_id,), extra_keys))``."""
         ids = _tokens(hash_ids)
-        if self._native_trace is not None:
+        # the Python path hashes int(id); block 0 of the compiled path is hashed as given, so only exact ints
+        if self._native_trace is not None and (not ids or type(ids[0]) is int):
             fast = self._native_hashes(self._native_trace, ids, parent)
             if fast is not None:
                 return fast
@@ -575,8 +585,7 @@ class SglangPageHasher:
 
     def __init__(self, page_size: int = 64, *, extra_key: str | None = None,
                  cache_salt: str | None = None, native: bool | None = None) -> None:
-        if not isinstance(page_size, int) or page_size <= 0:
-            raise ValueError(f"page_size must be a positive number of tokens, got {page_size!r}")
+        _check_block_size("page_size", page_size)
         if native and _chainhash is None:
             raise ValueError("native=True but agent._chainhash is not built (run scripts/build_native.py)")
         self.block_size = page_size

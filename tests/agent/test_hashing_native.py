@@ -180,3 +180,20 @@ def test_chain_runs_while_other_threads_hold_the_interpreter() -> None:
     for t in threads:
         t.join()
     assert results == [expected] * 4
+
+
+@pytest.mark.parametrize("ids", [[True, 2, 3], [np.int64(1), 2, 3], [1, np.int64(2), True], [2**40, 5]])
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_trace_ids_hash_as_int_on_both_paths(ids: list, algo: str) -> None:
+    """The trace path hashes ``int(id)``: bools and numpy scalars give the digests of the equal ints."""
+    expected = VllmBlockHasher(algo, block_size=16, native=False).trace_hashes([int(i) for i in ids])
+    assert VllmBlockHasher(algo, block_size=16).trace_hashes(ids) == expected
+    assert VllmBlockHasher(algo, block_size=16, native=False).trace_hashes(ids) == expected
+
+
+@pytest.mark.parametrize("size", [True, 0, -1, 1.0, "16", (1 << 20) + 1, 2**62])
+def test_block_size_must_be_a_sane_int(size: object) -> None:
+    for build in (lambda: VllmBlockHasher("sha256", block_size=size), lambda: SglangPageHasher(size)):
+        with pytest.raises(ValueError, match="whole number of tokens"):
+            build()
+    assert VllmBlockHasher("sha256", block_size=1 << 20, native=None).block_size == 1 << 20
