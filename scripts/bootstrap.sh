@@ -27,13 +27,18 @@ if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
   apt_install chromium
 fi
 
+pip_install() {  # pip install -q, without the warnings some machines' pip.conf gives for missing local indexes
+  "$VENV/bin/pip" install -q "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -r requirements.txt -r requirements-dev.txt
+  pip_install --upgrade pip
+  pip_install -r requirements.txt -r requirements-dev.txt
   touch "$stamp"
 fi
 
