@@ -21,8 +21,9 @@ Inside that horizon a replay is the ``duplicate`` of a stored ``(node, sequence)
 only a newer ``sent_at`` moves a node's state; purge results: one per node and purge).
 
 A refused message is logged (WARNING, with the reason and the node it named), stores nothing, and is counted
-per reason in ``dashboard.models.MessageRejection`` — in the transaction that refused it — which ``/metrics``
-exposes as ``kvpool_agent_messages_rejected_total{reason}``.
+per reason and registered node named in ``dashboard.models.MessageRejection`` — in the transaction that refused
+it — which ``/metrics`` exposes as ``kvpool_agent_messages_rejected_total{reason,node}`` (``node=""``: none or an
+unregistered one) and the overview lists as warnings for :data:`NODE_TROUBLE` reasons.
 """
 from __future__ import annotations
 
@@ -180,22 +181,30 @@ def describe(raw: Any) -> tuple[str, str]:
 
 @dataclass
 class Tally:
-    """Refusals of one batch, per reason, with the newest refusal's node and text; ``record`` stores them.
+    """Refusals of one batch per (reason, node named), with the newest refusal's text; ``record`` stores them.
 
     ``source`` prefixes the log lines (``ingest``, ``purge result``), written to ``logger``.
     """
 
     source: str = "agent message"
     logger: logging.Logger = log
-    counts: Counter[str] = field(default_factory=Counter)
-    last: dict[str, tuple[str, str]] = field(default_factory=dict)
+    named: Counter[tuple[str, str]] = field(default_factory=Counter)
+    last: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Refusals per reason."""
+        per_reason: Counter[str] = Counter()
+        for (reason, _), n in self.named.items():
+            per_reason[reason] += n
+        return per_reason
 
     def add(self, reason: str, node: str, detail: str, n: int = 1) -> None:
         """Count ``n`` refusals for ``reason`` (the node the message named, and why)."""
         if n <= 0:
             return
-        self.counts[reason] += n
-        self.last[reason] = (node, detail)
+        self.named[(reason, node)] += n
+        self.last[(reason, node)] = detail
 
     def refuse(self, raw: Any, exc: Refused) -> None:
         """Log (WARNING) and count one refused message."""
@@ -205,17 +214,29 @@ class Tally:
         self.add(exc.reason, node, str(exc))
 
     def record(self, now: datetime) -> None:
-        """Add the counts to ``MessageRejection`` (reasons in sorted order, so concurrent writers cannot
-        deadlock); call inside the transaction whose outcome they describe."""
-        if not self.counts:
+        """Add the counts to ``MessageRejection``, one row per (reason, registered node named, else ""), in
+        sorted order so concurrent writers cannot deadlock; call inside the transaction whose outcome they
+        describe."""
+        if not self.named:
             return
-        reasons = sorted(self.counts)
-        MessageRejection.objects.bulk_create([MessageRejection(reason=reason) for reason in reasons],
+        from tenants.models import Node
+
+        names = {node for _, node in self.named}
+        registered = set(Node.objects.filter(name__in=names).values_list("name", flat=True))
+        rows: Counter[tuple[str, str]] = Counter()
+        newest: dict[tuple[str, str], tuple[str, str]] = {}
+        for (reason, node), n in self.named.items():
+            label = node if node in registered else ""
+            rows[(reason, label)] += n
+            newest[(reason, label)] = (node, self.last[(reason, node)])
+        keys = sorted(rows)
+        MessageRejection.objects.bulk_create([MessageRejection(reason=r, node=n) for r, n in keys],
                                              ignore_conflicts=True)
-        for reason in reasons:
-            node, detail = self.last[reason]
-            MessageRejection.objects.filter(reason=reason).update(
-                count=F("count") + self.counts[reason], last_at=now, last_node=node[:128], last_error=detail[:2000])
+        for reason, label in keys:
+            node, detail = newest[(reason, label)]
+            MessageRejection.objects.filter(reason=reason, node=label).update(
+                count=F("count") + rows[(reason, label)], last_at=now, last_node=node[:128],
+                last_error=detail[:2000])
 
 
 def count_refused(reason: str, detail: str, *, n: int = 1, node: str = "?", now: datetime | None = None) -> None:
@@ -246,5 +267,30 @@ def rejection_counts() -> dict[str, int]:
     """Refused messages per reason since the database was created: every reason of ``REASONS`` (0 when none)
     plus any other stored one."""
     counts = dict.fromkeys(REASONS, 0)
-    counts.update(MessageRejection.objects.values_list("reason", "count"))
+    for reason, count in MessageRejection.objects.values_list("reason", "count"):
+        counts[reason] = counts.get(reason, 0) + count
     return counts
+
+
+def rejection_series() -> dict[tuple[str, str], int]:
+    """Refused messages per (reason, registered node named or ""): ``("<reason>", "")`` for every reason of
+    ``REASONS`` (0 when none), plus every stored row. The labels of ``kvpool_agent_messages_rejected_total``."""
+    series = {(reason, ""): 0 for reason in REASONS}
+    series.update({(r, n): c for r, n, c in MessageRejection.objects.values_list("reason", "node", "count")})
+    return series
+
+
+#: Reasons that point at one node's agent rather than at a forger: shown as warnings on the overview.
+NODE_TROUBLE = {
+    "bad_signature": "its agent may sign with an old secret (restart it after a rotation)",
+    "wrong_node": "its agent signs with another node's secret (check --node and the secret file)",
+    "clock_skew": "its agent's clock runs ahead (check NTP)",
+    "replayed": "its messages arrive older than KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS (a stalled ingest or outbox)",
+    "expired": "its backlog is older than the dashboard keeps receipts",
+}
+
+
+def recent_node_refusals(since: datetime) -> list[MessageRejection]:
+    """Rows of :data:`NODE_TROUBLE` reasons for registered nodes refused at or after ``since``, newest first."""
+    return list(MessageRejection.objects.filter(reason__in=NODE_TROUBLE, last_at__gte=since)
+                .exclude(node="").order_by("-last_at"))

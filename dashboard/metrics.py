@@ -15,7 +15,7 @@ Families (labels):
   ``..._over_quota`` (tenant_id) — newest read-back from the master
   ``kvpool_node_config_{desired,acked}_version``, ``kvpool_node_{behind,silent,digest_mismatch}``,
   ``kvpool_node_heartbeat_age_seconds``, ``kvpool_node_outbox_pending`` (node)
-  ``kvpool_agent_messages_rejected_total`` (reason) — agent messages refused by ingest and the purge-result
+  ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
       duplicate (``dashboard.agent_auth``; counted in the database, so every process answers the same)
 """
@@ -64,12 +64,13 @@ class KVPoolCollector:
         yield self._rejections()
 
     def _rejections(self) -> CounterMetricFamily:
-        from dashboard.agent_auth import rejection_counts
+        from dashboard.agent_auth import rejection_series
 
         family = CounterMetricFamily("kvpool_agent_messages_rejected",
-                                     "Agent messages refused (nothing stored), by reason", labels=["reason"])
-        for reason, count in sorted(rejection_counts().items()):
-            family.add_metric([reason], count)
+                                     "Agent messages refused (nothing stored), by reason and the registered node "
+                                     'they named ("" for none)', labels=["reason", "node"])
+        for (reason, node), count in sorted(rejection_series().items()):
+            family.add_metric([reason, node], count)
         return family
 
     def _occupancy(self):

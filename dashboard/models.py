@@ -210,21 +210,25 @@ class MasterQuotaSync(models.Model):
 
 
 class MessageRejection(models.Model):
-    """How many agent → dashboard messages were refused, per reason (``kvpool_agent_messages_rejected_total``).
+    """How many agent → dashboard messages were refused, per reason and node (``kvpool_agent_messages_rejected_total``).
 
-    One row per reason (``dashboard.agent_auth.REASONS``), incremented in the transaction that refused the
-    messages, so every dashboard process exposes the same counts. ``last_*`` describe the newest refusal;
-    ``last_node`` is the node the message *named*, not a verified identity.
+    One row per (reason, node) (reasons: ``dashboard.agent_auth.REASONS``), incremented in the transaction that
+    refused the messages, so every dashboard process exposes the same counts. ``node`` is the registered node
+    the message *named* (not a verified identity: a forger can name any node), or "" when it named none or an
+    unregistered one, so the rows stay bounded by the registry. ``last_*`` describe the newest refusal;
+    ``last_node`` is the name as received.
     """
 
-    reason = models.CharField(max_length=32, unique=True)
+    reason = models.CharField(max_length=32)
+    node = models.CharField(max_length=128, blank=True, default="")
     count = models.PositiveBigIntegerField(default=0)
     last_at = models.DateTimeField(null=True, blank=True)
     last_node = models.CharField(max_length=128, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
 
     class Meta:
-        ordering = ["reason"]
+        ordering = ["reason", "node"]
+        constraints = [models.UniqueConstraint(fields=["reason", "node"], name="message_rejection_reason_node")]
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.count}"

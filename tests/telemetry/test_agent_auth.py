@@ -129,10 +129,26 @@ def test_counts_accumulate_and_metrics_expose_every_reason(client):
     ingest([report(sequence=1, secret=None)])
     assert _counts() == {"unsigned": 3, "wrong_node": 1}
     text = client.get("/metrics").content.decode()
-    assert 'kvpool_agent_messages_rejected_total{reason="unsigned"} 3.0' in text
-    assert 'kvpool_agent_messages_rejected_total{reason="wrong_node"} 1.0' in text
-    assert 'kvpool_agent_messages_rejected_total{reason="replayed"} 0.0' in text
+    assert 'kvpool_agent_messages_rejected_total{node="node-a",reason="unsigned"} 3.0' in text
+    assert 'kvpool_agent_messages_rejected_total{node="node-a",reason="wrong_node"} 1.0' in text
+    assert 'kvpool_agent_messages_rejected_total{node="",reason="replayed"} 0.0' in text
     assert set(agent_auth.rejection_counts()) >= set(agent_auth.REASONS)
+
+
+def test_refusals_are_attributed_to_registered_nodes_only(client):
+    """A forger can name any node: unregistered names share the node="" series, so labels stay bounded."""
+    forged = [report(node=f"ghost-{i}", sequence=1, secret="forged-secret") for i in range(5)]
+    ingest(forged + [report(node="node-b", sequence=1, secret=secret_of("node-a")),
+                     report(node="node-a", sequence=2, secret=None)])
+    series = agent_auth.rejection_series()
+    assert series[("unknown_node", "")] == 5
+    assert series[("wrong_node", "node-b")] == 1 and series[("unsigned", "node-a")] == 1
+    assert not any(node.startswith("ghost") for _, node in series)
+    text = client.get("/metrics").content.decode()
+    assert 'kvpool_agent_messages_rejected_total{node="node-b",reason="wrong_node"} 1.0' in text
+    assert "ghost" not in text
+    recent = agent_auth.recent_node_refusals(timezone.now() - timedelta(minutes=5))
+    assert [(r.reason, r.node) for r in recent] == [("wrong_node", "node-b")]
 
 
 def test_the_ingest_task_counts_an_argument_that_is_not_a_list():
