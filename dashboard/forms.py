@@ -90,8 +90,15 @@ class ServedModelForm(RegistryModelForm):
 
 class AdaptersField(forms.CharField):
     """LoRA adapters as one comma-separated line of ``name=path`` items, each optionally ``;rank=N``; cleans to
-    ``[{"name", "path"[, "rank"]}]`` for the model rule ``validate_adapters``. An item without ``=`` is an adapter
-    without a path (only kept on adapters stored that way before paths were required)."""
+    ``[{"name", "path"[, "rank"]}]`` for the model rules (``validate_adapters``, ``Release.clean``). An item
+    without ``=`` is an adapter without a path (only kept on adapters stored that way before paths were required).
+
+    The line reads back what it shows: for every adapter list the rules accept for new adapters (names without
+    ``,`` ``=`` ``;``, paths without ``,`` ``;``), ``to_python(prepare_value(adapters))`` equals it (a
+    ``"rank": null`` reads back as no rank, the same adapter). An adapter stored before ``;`` was refused may show
+    ambiguously (path ``/a;rank=5`` shows as ``x=/a;rank=5``); ``keep_stored`` returns the stored adapter for an
+    item submitted as it was shown, so editing another field never changes a stored path or the fingerprint.
+    """
 
     _RANK = ";rank="
 
@@ -113,13 +120,46 @@ class AdaptersField(forms.CharField):
         return [self._item(part.strip()) for part in text.split(",")] if text.strip() else []
 
     def _item(self, text: str) -> dict:
-        text, has_rank, rank = text.partition(self._RANK)
+        # The last ";rank=" starts the rank: a stored path holding ";rank=" (allowed before ';' was refused) keeps
+        # its text when the item also shows a rank.
+        head, has_rank, rank = text.rpartition(self._RANK)
+        if has_rank:
+            text = head
         name, has_path, path = text.partition("=")
         item: dict = {"name": name.strip(), "path": path.strip() if has_path else None}
         if has_rank:
             rank = rank.strip()
             item["rank"] = int(rank) if rank.isascii() and rank.isdigit() else rank
         return item
+
+    def keep_stored(self, items: list, stored: object) -> list:
+        """``items`` (as cleaned) with each item that reads the same as a stored adapter replaced by that adapter.
+
+        ``stored`` is the release's stored ``adapters`` (anything else, e.g. ``None`` on a new release, keeps
+        ``items``). When the whole line reads as the stored list, the stored list is returned as it is.
+        """
+        if not isinstance(stored, list) or not stored:
+            return items
+        if self.to_python(self.prepare_value(stored)) == items:
+            return list(stored)
+        shown: dict[tuple, dict] = {}
+        for entry in stored:
+            if isinstance(entry, dict):
+                shown.setdefault(_adapter_key(self._item(self._item_text(entry))), entry)
+        return [shown.get(_adapter_key(item), item) if isinstance(item, dict) else item for item in items]
+
+    def has_changed(self, initial, data) -> bool:
+        if self.disabled:
+            return False
+        try:
+            current = self.keep_stored(self.to_python(data), initial)
+        except ValidationError:
+            return True
+        return current != (initial or [])
+
+
+def _adapter_key(item: dict) -> tuple:
+    return tuple(sorted(item.items()))
 
 
 class ReleaseForm(RegistryModelForm):
@@ -134,6 +174,11 @@ class ReleaseForm(RegistryModelForm):
         fields = ("model", "namespace", "state", "weights_revision", "num_layers", "num_kv_heads", "head_dim",
                   "block_size", "kv_dtype", "quantization", "adapters", "engine", "engine_version", "hash_algo",
                   "hash_seed", "budget_bytes", "description")
+
+    def clean_adapters(self) -> list:
+        """The adapters as submitted, with the stored adapters the line shows unchanged kept exactly as stored."""
+        stored = self.instance.adapters if self.instance.pk is not None else None
+        return self.fields["adapters"].keep_stored(self.cleaned_data["adapters"], stored)
 
 
 class RequestGroupForm(RegistryModelForm):

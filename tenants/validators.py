@@ -14,6 +14,9 @@ page forms all refuse the same input with the same message. Rules and the upstre
 * LoRA adapters — name + path (absolute directory or hub id ``owner/name``): vLLM 0.33.0 hashes
   ``("lora", name, path)`` into every block of an adapter request, SGLang 0.5.23 seeds the adapter's page
   chains with an id derived from both, so the path is part of the cache identity (see ``LoraAdapter``).
+  ``,`` is refused in names and paths, ``=`` in names, and ``;`` in the names and paths of adapters added or
+  changed from now on, so that the engines' lists and the dashboard's ``name=path;rank=N`` field read back
+  exactly what was stored.
 """
 from __future__ import annotations
 
@@ -331,12 +334,40 @@ def validate_adapter_path(path: object, name: str) -> None:
         )
 
 
+#: Separators of the dashboard's adapters field (``name=path;rank=N``, items joined with ``,``) that the engines'
+#: own lists do not use; ``validate_new_adapter`` refuses them in adapters added or changed from now on.
+ADAPTER_FORM_SEPARATOR = ";"
+
+
+def validate_new_adapter(adapter: LoraAdapter) -> None:
+    """Rules for an adapter being added or changed (its name or path differs from every stored adapter's).
+
+    Neither name nor path may contain ``;``: the page form writes an adapter as ``name=path;rank=N``, so a
+    ``;`` inside either would be read back as a rank (``/adapters/x;rank=5``) or as garbage, and saving the form
+    would change the stored path, and with it the release's fingerprint. Adapters stored before this rule keep
+    their value (``Release.clean`` applies it only to new name/path pairs), as adapters without a path do.
+
+    Raises:
+        ValidationError: naming the adapter and whether its name or its path holds the ``;``.
+    """
+    why = "it separates an adapter's path from its rank in the dashboard's adapters field, name=path;rank=N"
+    if ADAPTER_FORM_SEPARATOR in adapter.name:
+        raise ValidationError(f"adapter name '{adapter.name}' must not contain '{ADAPTER_FORM_SEPARATOR}' ({why}).",
+                              code="invalid_value")
+    if adapter.path is not None and ADAPTER_FORM_SEPARATOR in adapter.path:
+        raise ValidationError(
+            f"adapter '{adapter.name}' path '{adapter.path}' must not contain '{ADAPTER_FORM_SEPARATOR}' ({why}).",
+            code="invalid_value",
+        )
+
+
 def validate_adapters(value: object) -> None:
     """LoRA adapters: a list of objects ``{"name", "path"[, "rank"]}`` with distinct names.
 
     ``name`` follows ``validate_adapter_name``, ``path`` ``validate_adapter_path`` (``null`` is accepted here
     for adapters recorded before paths were required; ``Release.clean`` refuses it for any new adapter),
-    ``rank`` is an integer from 1 to 512 or absent/``null``. Unknown fields are refused.
+    ``rank`` is an integer from 1 to 512 or absent/``null``. Unknown fields are refused. This is the rule every
+    stored value keeps passing; ``validate_new_adapter`` adds the rules for adapters added or changed now.
     """
     if not isinstance(value, list):
         raise ValidationError(f"adapters must be a list of LoRA adapters, each {_ADAPTER_SHAPE}.",

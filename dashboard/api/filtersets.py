@@ -1,9 +1,11 @@
-"""One FilterSet per registry model for the API lists, and the ordering backend of those lists.
+"""One FilterSet per model listed by the API (registry and telemetry), and the ordering backend of those lists.
 
 An invalid filter value is an HTTP 400 naming the parameter (``DjangoFilterBackend`` raises the FilterSet's form
-errors): ``?has_served=maybe`` -> ``{"has_served": ["'maybe' is not a boolean: use true or false."]}``,
-``?engine=foo`` -> ``{"engine": ["Select a valid choice. ..."]}``. So is an unknown ``?ordering=`` field
-(``StrictOrderingFilter``). Unknown parameter names are ignored, as DRF does.
+errors as ``{parameter: [message]}``): ``?has_served=maybe`` -> ``{"has_served": ["'maybe' is not a boolean: use
+true or false."]}``, ``?engine=foo`` -> ``{"engine": ["Select a valid choice. ..."]}``, ``?tenant=1.5`` -> not an
+object id, ``?since=0001-01-01T00:00:00+05:00`` -> out of range (``dashboard.api.params``). So is an unknown
+``?ordering=`` field (``StrictOrderingFilter``). Unknown parameter names are ignored, as DRF does; a blank value
+means no filter.
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import django_filters as filters
 from rest_framework import serializers
 from rest_framework.filters import OrderingFilter
 
+from dashboard.api.params import StrictFilterSet, StrictIsoDateTimeFilter, StrictModelChoiceFilter
+from dashboard.models import MasterQuotaSample, NodeState, OccupancySample
 from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, ReleaseState
 from tenants.models import (
     AuditEntry,
@@ -56,7 +60,7 @@ class StrictOrderingFilter(OrderingFilter):
         return fields
 
 
-class TenantFilterSet(filters.FilterSet):
+class TenantFilterSet(StrictFilterSet):
     """``?tenant_id=`` exact, ``?tenant_id__icontains=`` substring."""
 
     class Meta:
@@ -64,7 +68,7 @@ class TenantFilterSet(filters.FilterSet):
         fields = {"tenant_id": ["exact", "icontains"]}
 
 
-class ServedModelFilterSet(filters.FilterSet):
+class ServedModelFilterSet(StrictFilterSet):
     """By tenant (``tenant`` = pk, ``tenant_id`` = Mooncake name), served / vLLM model name."""
 
     tenant_id = filters.CharFilter(field_name="tenant__tenant_id")
@@ -74,10 +78,10 @@ class ServedModelFilterSet(filters.FilterSet):
         fields = {"tenant": ["exact"], "served_model_name": ["exact", "icontains"], "vllm_model_name": ["exact"]}
 
 
-class ReleaseFilterSet(filters.FilterSet):
+class ReleaseFilterSet(StrictFilterSet):
     """By model, tenant, namespace, state (repeatable), engine, hash algorithm, fingerprint, served or not."""
 
-    tenant = filters.NumberFilter(field_name="model__tenant")
+    tenant = StrictModelChoiceFilter(field_name="model__tenant", queryset=Tenant.objects.all())
     tenant_id = filters.CharFilter(field_name="model__tenant__tenant_id")
     served_model_name = filters.CharFilter(field_name="model__served_model_name")
     state = filters.MultipleChoiceFilter(choices=ReleaseState.choices)
@@ -90,7 +94,7 @@ class ReleaseFilterSet(filters.FilterSet):
         fields = {"model": ["exact"], "namespace": ["exact", "icontains"], "fingerprint": ["exact"]}
 
 
-class RequestGroupFilterSet(filters.FilterSet):
+class RequestGroupFilterSet(StrictFilterSet):
     """By tenant and name."""
 
     tenant_id = filters.CharFilter(field_name="tenant__tenant_id")
@@ -100,7 +104,7 @@ class RequestGroupFilterSet(filters.FilterSet):
         fields = {"tenant": ["exact"], "name": ["exact", "icontains"], "cache_salt": ["exact"]}
 
 
-class NodeFilterSet(filters.FilterSet):
+class NodeFilterSet(StrictFilterSet):
     """By name and host name."""
 
     class Meta:
@@ -108,7 +112,7 @@ class NodeFilterSet(filters.FilterSet):
         fields = {"name": ["exact", "icontains"], "hostname": ["exact"]}
 
 
-class InstanceAssignmentFilterSet(filters.FilterSet):
+class InstanceAssignmentFilterSet(StrictFilterSet):
     """By node (pk or ``node_name``), release (pk or ``namespace``), tenant, engine and role."""
 
     node_name = filters.CharFilter(field_name="node__name")
@@ -122,13 +126,81 @@ class InstanceAssignmentFilterSet(filters.FilterSet):
         fields = {"node": ["exact"], "release": ["exact"]}
 
 
-class AuditEntryFilterSet(filters.FilterSet):
+class AuditEntryFilterSet(StrictFilterSet):
     """By action, object, actor, request id and time window (``since``/``until``, ISO 8601)."""
 
     action = filters.ChoiceFilter(choices=AuditAction.choices)
-    since = filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="gte")
-    until = filters.IsoDateTimeFilter(field_name="timestamp", lookup_expr="lte")
+    since = StrictIsoDateTimeFilter(field_name="timestamp", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="timestamp", lookup_expr="lte")
 
     class Meta:
         model = AuditEntry
         fields = {"object_type": ["exact"], "object_id": ["exact"], "actor_repr": ["exact"], "request_id": ["exact"]}
+
+
+# --- telemetry ------------------------------------------------------------------------------------------------
+
+#: ``?level=`` of occupancy samples -> ``OccupancySample.Level``.
+LEVELS = {"raw": OccupancySample.Level.RAW, "minute": OccupancySample.Level.MINUTE,
+          "hour": OccupancySample.Level.HOUR}
+#: ``?drift=`` of node states: a flag of ``dashboard.push.drift`` or ``out_of_sync`` (not ``in_sync``).
+DRIFT_FILTERS = ("behind", "silent", "digest_mismatch", "rejected", "out_of_sync")
+
+
+def _one_of(names) -> dict[str, str]:
+    return {"invalid_choice": f"'%(value)s' is not one of {', '.join(names)}."}
+
+
+class NodeStateFilterSet(StrictFilterSet):
+    """``?drift=behind|silent|digest_mismatch|rejected|out_of_sync``: nodes with that drift flag."""
+
+    drift = filters.ChoiceFilter(choices=[(name, name) for name in DRIFT_FILTERS], method="filter_drift",
+                                 error_messages=_one_of(DRIFT_FILTERS))
+
+    class Meta:
+        model = NodeState
+        fields: list[str] = []
+
+    def filter_drift(self, queryset, name: str, value: str):
+        from dashboard.push import drift
+
+        def wanted(state) -> bool:
+            flags = drift(state)
+            return not flags["in_sync"] if value == "out_of_sync" else flags[value]
+
+        return queryset.filter(node_name__in=[state.node_name for state in queryset if wanted(state)])
+
+
+class OccupancySampleFilterSet(StrictFilterSet):
+    """By tenant, model, namespace, salt group, node (``?node=`` = node name), ``?level=raw|minute|hour`` (raw
+    when absent or blank) and time (``since`` inclusive, ``until`` exclusive, ISO 8601)."""
+
+    node = filters.CharFilter(field_name="node_name")
+    level = filters.ChoiceFilter(choices=[(name, name) for name in LEVELS], method="filter_level",
+                                 error_messages=_one_of(LEVELS))
+    since = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="lt")
+
+    class Meta:
+        model = OccupancySample
+        fields = ["tenant_id", "served_model_name", "namespace", "salt_group"]
+
+    def __init__(self, data=None, *args, **kwargs):
+        if data is not None and not data.get("level"):
+            data = data.copy()
+            data["level"] = "raw"
+        super().__init__(data, *args, **kwargs)
+
+    def filter_level(self, queryset, name: str, value: str):
+        return queryset.filter(level=LEVELS[value])
+
+
+class MasterQuotaSampleFilterSet(StrictFilterSet):
+    """By tenant and time (``since`` inclusive, ``until`` exclusive, ISO 8601)."""
+
+    since = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="ts", lookup_expr="lt")
+
+    class Meta:
+        model = MasterQuotaSample
+        fields = ["tenant_id"]

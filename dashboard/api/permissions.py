@@ -47,3 +47,26 @@ class CanPushNodeConfig(BasePermission):
         self.message = (f"pushing a node's configuration needs the permission {self.permission}; ask an "
                         "administrator to grant it (Django admin: users or groups).")
         return False
+
+
+class CanHandleNodeSecret(BasePermission):
+    """``nodes/{id}/secret/``: reading a node's signing secret needs a staff user; rotating it (``POST``) needs a
+    staff user with ``tenants.change_node`` too, since a rotation cuts the node's agent off (the messages and
+    documents signed with one secret fail the other's check) until it restarts with the new secret.
+
+    Pair it with ``IsAuthenticated``; the 403 says which of the two is missing.
+    """
+
+    permission = "tenants.change_node"
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not user.is_staff:
+            self.message = "a node's signing secret is only for staff users."
+            return False
+        if request.method in SAFE_METHODS or user.has_perm(self.permission):
+            return True
+        self.message = (f"rotating a node's signing secret needs the permission {self.permission} (the agent is cut "
+                        "off until it restarts with the new secret); ask an administrator to grant it (Django admin: "
+                        "users or groups).")
+        return False

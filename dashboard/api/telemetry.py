@@ -5,24 +5,33 @@ Routes (``dashboard/api/telemetry_urls.py``, under ``/api/v1/telemetry/``):
                                 out_of_sync`` filters
   ``nodes/<name>/``             one node: state, drift, newest document (signature not included), last 20 acks
   ``nodes/<name>/push/``        POST: render and send the node's document now (``{"force": true}`` re-sends)
-  ``occupancy/``                samples; ``?tenant_id= &namespace= &node= &level=raw|minute|hour
-                                &since= &until=`` (ISO-8601), newest first
+  ``occupancy/``                samples; ``?tenant_id= &served_model_name= &namespace= &salt_group= &node=
+                                &level=raw|minute|hour &since= &until=`` (ISO-8601), newest first
   ``master/``                   per tenant: newest master read-back and the sync state (409 errors included)
   ``master/samples/``           master read-back series; ``?tenant_id= &since= &until=``
+
+Lists filter through the FilterSets of ``dashboard.api.filtersets`` and order with ``?ordering=`` (the view's
+``ordering_fields``), so a bad value is a 400 ``{parameter: [message]}`` as on the registry lists.
 """
 from __future__ import annotations
 
 from django.db.models import OuterRef, Subquery
 from django.shortcuts import get_object_or_404
-from django.utils.dateparse import parse_datetime
+from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
-from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dashboard.api.filtersets import (
+    LEVELS,
+    MasterQuotaSampleFilterSet,
+    NodeStateFilterSet,
+    OccupancySampleFilterSet,
+    StrictOrderingFilter,
+)
 from dashboard.api.permissions import CanPushNodeConfig
 from dashboard.models import (
     ConfigAck,
@@ -33,20 +42,6 @@ from dashboard.models import (
     OccupancySample,
     Report,
 )
-
-DRIFT_FILTERS = ("behind", "silent", "digest_mismatch", "rejected", "out_of_sync")
-LEVELS = {"raw": OccupancySample.Level.RAW, "minute": OccupancySample.Level.MINUTE,
-          "hour": OccupancySample.Level.HOUR}
-
-
-def _time_param(request: Request, name: str):
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return None
-    value = parse_datetime(raw)
-    if value is None:
-        raise ValidationError({name: f"'{raw}' is not an ISO-8601 date-time (e.g. 2026-11-30T12:00:00Z)."})
-    return value
 
 
 def node_states():
@@ -133,30 +128,23 @@ class MasterOverviewSerializer(serializers.Serializer):
     sync = MasterQuotaSyncSerializer(allow_null=True)
 
 
-class NodeStateList(generics.ListAPIView):
-    """Nodes with desired vs acked version, heartbeat age and drift flags."""
+class TelemetryListView(generics.ListAPIView):
+    """Base of the telemetry lists: a FilterSet and strict ``?ordering=`` (an unknown field is a 400 naming
+    ``ordering``), like the registry lists."""
+
+    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
+
+
+class NodeStateList(TelemetryListView):
+    """Nodes with desired vs acked version, heartbeat age and drift flags (``?drift=`` filters by a flag)."""
 
     serializer_class = NodeStateSerializer
+    filterset_class = NodeStateFilterSet
+    ordering_fields = ("node_name", "desired_version", "acked_version", "applied_version", "heartbeat_at",
+                       "last_report_at")
 
     def get_queryset(self):
         return node_states()
-
-    def list(self, request: Request, *args, **kwargs) -> Response:
-        wanted = request.query_params.get("drift")
-        if wanted and wanted not in DRIFT_FILTERS:
-            raise ValidationError({"drift": f"'{wanted}' is not one of {', '.join(DRIFT_FILTERS)}."})
-        if not wanted:
-            return super().list(request, *args, **kwargs)
-        from dashboard.push import drift
-
-        states = []
-        for state in self.get_queryset():
-            flags = drift(state)
-            if (not flags["in_sync"]) if wanted == "out_of_sync" else flags[wanted]:
-                states.append(state)
-        page = self.paginate_queryset(states)
-        data = self.get_serializer(page if page is not None else states, many=True).data
-        return self.get_paginated_response(data) if page is not None else Response(data)
 
 
 class NodeStateDetail(APIView):
@@ -190,27 +178,15 @@ class NodePush(APIView):
         return Response(PushResultSerializer(push_nodes([name], force=body.validated_data["force"])).data)
 
 
-class OccupancyList(generics.ListAPIView):
-    """Occupancy samples, newest first, filtered by tenant, namespace, node, level and time."""
+class OccupancyList(TelemetryListView):
+    """Occupancy samples, newest first, filtered by tenant, model, namespace, salt group, node, level and time."""
 
     serializer_class = OccupancySampleSerializer
-
-    def get_queryset(self):
-        params = self.request.query_params
-        level_name = params.get("level", "raw")
-        if level_name not in LEVELS:
-            raise ValidationError({"level": f"'{level_name}' is not one of raw, minute, hour."})
-        queryset = OccupancySample.objects.filter(level=LEVELS[level_name])
-        for param, field in (("tenant_id", "tenant_id"), ("namespace", "namespace"), ("node", "node_name"),
-                             ("served_model_name", "served_model_name"), ("salt_group", "salt_group")):
-            if params.get(param) not in (None, ""):
-                queryset = queryset.filter(**{field: params[param]})
-        since, until = _time_param(self.request, "since"), _time_param(self.request, "until")
-        if since:
-            queryset = queryset.filter(ts__gte=since)
-        if until:
-            queryset = queryset.filter(ts__lt=until)
-        return queryset.order_by("-ts", "node_name")
+    filterset_class = OccupancySampleFilterSet
+    ordering_fields = ("ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "bytes",
+                       "blocks")
+    ordering = ("-ts", "node_name")
+    queryset = OccupancySample.objects.all()
 
 
 class MasterQuotaOverview(APIView):
@@ -230,19 +206,11 @@ class MasterQuotaOverview(APIView):
         return Response(MasterOverviewSerializer(rows, many=True).data)
 
 
-class MasterQuotaSamples(generics.ListAPIView):
-    """Master read-back series, newest first."""
+class MasterQuotaSamples(TelemetryListView):
+    """Master read-back series, newest first, filtered by tenant and time."""
 
     serializer_class = MasterQuotaSampleSerializer
-
-    def get_queryset(self):
-        queryset = MasterQuotaSample.objects.all()
-        tenant_id = self.request.query_params.get("tenant_id")
-        if tenant_id:
-            queryset = queryset.filter(tenant_id=tenant_id)
-        since, until = _time_param(self.request, "since"), _time_param(self.request, "until")
-        if since:
-            queryset = queryset.filter(ts__gte=since)
-        if until:
-            queryset = queryset.filter(ts__lt=until)
-        return queryset.order_by("-ts", "tenant_id")
+    filterset_class = MasterQuotaSampleFilterSet
+    ordering_fields = ("ts", "tenant_id", "charged_bytes")
+    ordering = ("-ts", "tenant_id")
+    queryset = MasterQuotaSample.objects.all()

@@ -12,6 +12,7 @@ from dashboard.api import filtersets
 from dashboard.api import serializers as s
 from dashboard.api.base import RegistryViewSet, drf_detail
 from dashboard.api.filtersets import StrictOrderingFilter
+from dashboard.api.permissions import CanHandleNodeSecret
 from tenants.models import (
     AuditEntry,
     InstanceAssignment,
@@ -134,9 +135,11 @@ class NodeViewSet(RegistryViewSet):
     ordering_fields = ("name", "created_at")
 
     @extend_schema(request=None, responses=s.NodeSecretSerializer)
-    @action(detail=True, methods=["get", "post"], permission_classes=[permissions.IsAdminUser])
+    @action(detail=True, methods=["get", "post"],
+            permission_classes=[permissions.IsAuthenticated, CanHandleNodeSecret])
     def secret(self, request, pk=None):
-        """Admin only: ``GET`` returns the node's signing secret, ``POST`` rotates it and returns the new one."""
+        """Staff only: ``GET`` returns the node's signing secret; ``POST`` (staff with ``tenants.change_node``)
+        rotates it and returns the new one."""
         node = self.get_object()
         secret = node.rotate_secret() if request.method == "POST" else node.signing_secret
         response = Response({"node": node.name, "signing_secret": secret})

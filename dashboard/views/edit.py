@@ -47,6 +47,11 @@ class Kind:
     #: Query parameters that pre-fill a create form: parameter -> form field (values are primary keys).
     prefill: tuple[str, ...] = ()
 
+    @property
+    def indefinite(self) -> str:
+        """The label with its indefinite article: "a tenant", "an instance"."""
+        return f"{'an' if self.label[:1].lower() in 'aeiou' else 'a'} {self.label}"
+
 
 def _registry(_obj: Any) -> str:
     return reverse("ui:registry")
@@ -79,7 +84,7 @@ def _prefill(kind: Kind, request: HttpRequest) -> dict[str, str]:
 @login_required
 def create(request: HttpRequest, kind: str) -> HttpResponse:
     spec = KINDS[kind]
-    denied = permission_denied(request, [model_permission(spec.model, "add")], f"create a {spec.label}")
+    denied = permission_denied(request, [model_permission(spec.model, "add")], f"create {spec.indefinite}")
     if denied:
         return denied
     if request.method == "POST":

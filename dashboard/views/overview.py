@@ -5,7 +5,7 @@ import logging
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -15,6 +15,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from dashboard.agent_auth import NODE_TROUBLE, recent_node_refusals
 from dashboard.checks import run_checks
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.push import drift
@@ -81,6 +82,10 @@ def store_capacity() -> StoreCapacity:
     return capacity
 
 
+#: How long a node's refused agent messages stay on the overview after the last one.
+REFUSAL_WARNING_WINDOW = timedelta(hours=1)
+
+
 @dataclass(frozen=True)
 class Notice:
     """One line of the warnings list (``at`` None when the time is unknown)."""
@@ -91,7 +96,8 @@ class Notice:
 
 
 def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> list[Notice]:
-    """Newest first: node drift, master quota flags and sync errors, failing checks."""
+    """Newest first: node drift, agent messages refused for a node-side reason in the last hour, master quota
+    flags and sync errors, failing checks."""
     now = timezone.now()
     warnings: list[Notice] = []
     for row in node_rows:
@@ -121,6 +127,9 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> 
         if quota.admission_closed:
             warnings.append(Notice(quota.sampled_at, "tenant",
                                      f"tenant {quota.tenant_id}: the master closed admission (writes refused)"))
+    for row in recent_node_refusals(now - REFUSAL_WARNING_WINDOW):
+        warnings.append(Notice(row.last_at, "node", f"node {row.node}: {row.count} agent message(s) refused as "
+                                 f"{row.reason} — {NODE_TROUBLE[row.reason]}"))
     for sync in MasterQuotaSync.objects.exclude(last_error=""):
         warnings.append(Notice(sync.last_error_at, "master", f"quota sync of tenant {sync.tenant_id}: "
                                  f"{sync.last_error}"))

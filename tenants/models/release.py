@@ -20,6 +20,7 @@ from tenants.validators import (
     lora_adapters,
     validate_adapters,
     validate_hash_seed,
+    validate_new_adapter,
     validate_no_whitespace,
     validate_release_namespace,
     validate_token,
@@ -60,7 +61,9 @@ class Release(RegistryModel):
 
     Every new adapter needs a path. An adapter stored without one (name-only, from before migration 0005) stays
     valid while it is unchanged, is listed by ``adapters_without_path`` and is left out of the rendered launch
-    lines; to launch it, copy the release under a new namespace with the adapter's path.
+    lines; to launch it, copy the release under a new namespace with the adapter's path. Likewise an adapter
+    added or changed now may not have ``;`` in its name or path (``validate_new_adapter``), while a stored one
+    keeps its value as long as its name and path stay the same.
     ``budget_bytes`` (optional) is the release's share of its tenant's quota; retired releases free it.
     """
 
@@ -165,7 +168,7 @@ class Release(RegistryModel):
                         for name in changed
                     }
                 )
-        self._clean_adapter_paths(stored)
+        self._clean_new_adapters(stored)
         if self.engine == Engine.SGLANG and self.hash_algo != HashAlgo.SHA256:
             raise ValidationError(
                 {"hash_algo": "SGLang 0.5.23 hashes pages with SHA-256; hash_algo must be 'sha256' for SGLang."}
@@ -185,12 +188,23 @@ class Release(RegistryModel):
         except (TypeError, ValueError):
             pass  # invalid settings are reported by clean_fields; save() recomputes
 
-    def _clean_adapter_paths(self, stored: Release | None) -> None:
-        """A new adapter needs a path; one stored without a path may stay as it is (nothing stored is lost)."""
+    def _clean_new_adapters(self, stored: Release | None) -> None:
+        """Rules for adapters added or changed now; what is stored stays valid unchanged (nothing stored is lost).
+
+        A new adapter needs a path (one stored without a path may stay as it is), and an adapter whose
+        (name, path) pair is not stored follows ``validate_new_adapter`` (no ``;``).
+        """
         try:
             validate_adapters(self.adapters)
         except ValidationError:
             return  # reported by clean_fields
+        stored_pairs = set(_adapter_identity(stored.adapters) or []) if stored is not None else set()
+        for adapter in self.lora_adapters:
+            if (adapter.name, adapter.path) not in stored_pairs:
+                try:
+                    validate_new_adapter(adapter)
+                except ValidationError as error:
+                    raise ValidationError({"adapters": error.messages}) from None
         pathless = self.adapters_without_path
         if not pathless:
             return

@@ -114,3 +114,35 @@ def test_superuser_has_every_permission(admin_api, registry):
 
 def test_audit_log_stays_read_only_even_for_superusers(admin_api):
     assert admin_api.post(f"{V1}/audit/", {}, format="json").status_code == 405
+
+
+def _staff(django_user_model, *perms: str):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    user = grant(django_user_model.objects.create_user("staff", password="pw", is_staff=True), *perms)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+def test_secret_rotation_needs_staff_and_change_node(django_user_model, registry):
+    node = registry["nodes"]
+    secret = node.signing_secret
+    staff = _staff(django_user_model)
+    assert staff.get(f"{V1}/nodes/{node.pk}/secret/").json()["signing_secret"] == secret  # reading: staff is enough
+    refused = staff.post(f"{V1}/nodes/{node.pk}/secret/")
+    assert refused.status_code == 403 and "tenants.change_node" in refused.json()["detail"]
+    assert Node.objects.get(pk=node.pk).signing_secret == secret
+    grant(django_user_model.objects.get(username="staff"), "tenants.change_node")
+    rotated = staff.post(f"{V1}/nodes/{node.pk}/secret/")
+    assert rotated.status_code == 200
+    assert rotated.json()["signing_secret"] == Node.objects.get(pk=node.pk).signing_secret != secret
+
+
+def test_change_node_without_staff_gets_no_secret(viewer, viewer_api, registry):
+    node = registry["nodes"]
+    grant(viewer, "tenants.change_node")
+    for response in (viewer_api.get(f"{V1}/nodes/{node.pk}/secret/"), viewer_api.post(f"{V1}/nodes/{node.pk}/secret/")):
+        assert response.status_code == 403 and "staff" in response.json()["detail"]
+    assert Node.objects.get(pk=node.pk).signing_secret == node.signing_secret

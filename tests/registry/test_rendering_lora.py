@@ -24,7 +24,8 @@ from tests.registry.test_rendering import _flag, _run_in_shell
 
 pytestmark = pytest.mark.django_db
 
-AWKWARD_ADAPTER_PATH = "/srv/it's/$HOME/\"q\"/a=b;rm"
+# Shell-hostile but valid (no whitespace, ',' or ';'): quotes, $, =, &, | and backquotes.
+AWKWARD_ADAPTER_PATH = "/srv/it's/$HOME/\"q\"/a=b&&rm|`id`"
 ADAPTERS = [
     {"name": "sql-lora", "path": AWKWARD_ADAPTER_PATH, "rank": 20},
     {"name": "chat-lora", "path": "org/chat-lora"},

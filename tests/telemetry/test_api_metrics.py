@@ -132,3 +132,35 @@ def test_push_endpoint_validates_and_sends(api, db):
         assert api.post("/api/v1/telemetry/nodes/node-p/push/", {"force": True}, format="json").json()["sent"] == 1
     assert send_task.call_count == 2
     assert api.post("/api/v1/telemetry/nodes/ghost/push/", {}, format="json").status_code == 404
+
+
+@pytest.mark.parametrize(("query", "parameter", "message"), [
+    ("nodes/?drift=sideways", "drift",
+     "'sideways' is not one of behind, silent, digest_mismatch, rejected, out_of_sync."),
+    ("occupancy/?level=week", "level", "'week' is not one of raw, minute, hour."),
+    ("occupancy/?since=yesterday", "since", "Enter a valid date/time."),
+    ("occupancy/?until=yesterday", "until", "Enter a valid date/time."),
+    ("master/samples/?since=yesterday", "since", "Enter a valid date/time."),
+])
+def test_telemetry_errors_are_lists_naming_the_parameter(api, query, parameter, message):
+    response = api.get(f"/api/v1/telemetry/{query}")
+    assert response.status_code == 400 and response.json() == {parameter: [message]}
+
+
+@pytest.mark.parametrize("resource", ["nodes", "occupancy", "master/samples"])
+def test_telemetry_unknown_ordering_is_400(api, resource):
+    response = api.get(f"/api/v1/telemetry/{resource}/?ordering=bogus")
+    assert response.status_code == 400
+    assert response.json()["ordering"][0].startswith("Cannot order by 'bogus': use ")
+
+
+def test_telemetry_ordering_and_default_level(api, telemetry):
+    rows = api.get("/api/v1/telemetry/occupancy/?ordering=bytes").json()["results"]
+    assert [row["bytes"] for row in rows] == [500, 500, 1000, 1000]
+    rows = api.get("/api/v1/telemetry/occupancy/?ordering=-bytes&level=").json()["results"]
+    assert [row["bytes"] for row in rows] == [1000, 1000, 500, 500] and {row["level"] for row in rows} == {"raw"}
+    assert api.get("/api/v1/telemetry/occupancy/?level=hour").json()["count"] == 0
+    names = [row["node_name"] for row in api.get("/api/v1/telemetry/nodes/?ordering=-node_name").json()["results"]]
+    assert names == ["node-b", "node-a"]
+    out_of_sync = api.get("/api/v1/telemetry/nodes/?drift=out_of_sync&limit=1").json()
+    assert out_of_sync["count"] == 1 and out_of_sync["results"][0]["node_name"] == "node-b"

@@ -107,6 +107,23 @@ def test_edit_saves_and_audits_the_change(ui):
     assert entry.actor_repr == "operator" and {"description", "quota_bytes"} <= set(entry.changed_fields())
 
 
+def test_release_edit_page_keeps_an_adapter_path_stored_with_a_semicolon(ui):
+    """A release stored before ';' was refused in adapter paths: editing its description on the page must not
+    read '/adapters/x;rank=5' back as path '/adapters/x' with rank 5 (nor fail on 'rank=5;rank=7')."""
+    release = make_release(make_model(make_tenant()))
+    for adapters in ([{"name": "x", "path": "/adapters/x;rank=5", "rank": 7}],
+                     [{"name": "x", "path": "/adapters/x;rank=5"}]):
+        Release.objects.filter(pk=release.pk).update(adapters=adapters)
+        release.refresh_from_db()
+        release.save()  # its fingerprint, as computed when it was stored
+        fingerprint = release.fingerprint
+        response = ui.post(reverse("ui:release-edit", args=[release.pk]),
+                           form_data("release", release, description=f"edited {len(adapters[0])}"))
+        assert response.status_code == 302, form_errors(response)
+        release.refresh_from_db()
+        assert release.adapters == adapters and release.fingerprint == fingerprint
+
+
 def test_edit_form_shows_quota_in_units(ui):
     tenant = make_tenant(quota="8MB")
     assert b'value="8MB"' in ui.get(reverse("ui:tenant-edit", args=[tenant.pk])).content

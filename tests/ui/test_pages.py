@@ -200,3 +200,15 @@ def test_release_page_lists_adapters_as_the_form_writes_them(ui):
     assert "{&#x27;name&#x27;" not in html and "{'name'" not in html
     assert ">none<" in ui.get(reverse("ui:release", args=[make_release(
         release.model, "plain-2026-07").pk])).content.decode()
+
+
+def test_overview_warns_about_a_node_whose_messages_are_refused(ui, deployment):
+    from dashboard.agent_auth import count_refused
+
+    count_refused("bad_signature", "HMAC mismatch", node="node-a", n=3)
+    count_refused("bad_signature", "HMAC mismatch", node="forged-name")  # unregistered: no node warning
+    count_refused("duplicate", "already stored", node="node-a")  # not a node-side problem
+    html = ui.get(reverse("ui:overview")).content.decode()
+    assert "node node-a: 3 agent message(s) refused as bad_signature" in html
+    assert "restart it after a rotation" in html
+    assert "forged-name" not in html and "refused as duplicate" not in html

@@ -160,3 +160,11 @@ def test_purge_needs_delete_release(viewer, viewer_ui, serving, monkeypatch):
     grant(viewer, "tenants.delete_release")
     assert 'id="purge-button"' in viewer_ui.get(url).content.decode()
     assert viewer_ui.post(url, {"confirm": new.namespace}).status_code == 302 and sent
+
+
+@pytest.mark.parametrize(("kind", "phrase"), [("assignment", "You may not create an instance"),
+                                              ("tenant", "You may not create a tenant"),
+                                              ("request-group", "You may not create a request group")])
+def test_refused_create_names_the_object_with_the_right_article(viewer_ui, kind, phrase):
+    response = viewer_ui.get(reverse(f"ui:{kind}-new"))
+    assert response.status_code == 403 and phrase in response.content.decode()
