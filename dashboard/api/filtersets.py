@@ -13,7 +13,11 @@ import django_filters as filters
 from rest_framework import serializers
 from rest_framework.filters import OrderingFilter
 
-from dashboard.api.params import StrictFilterSet, StrictIsoDateTimeFilter, StrictModelChoiceFilter
+from dashboard.api.params import (
+    StrictFilterSet,
+    StrictIsoDateTimeFilter,
+    StrictModelChoiceFilter,
+)
 from dashboard.models import MasterQuotaSample, NodeState, OccupancySample
 from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, ReleaseState
 from tenants.models import (

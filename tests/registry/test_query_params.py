@@ -7,7 +7,13 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.registry.factories import make_assignment, make_group, make_model, make_release, make_tenant
+from tests.registry.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_release,
+    make_tenant,
+)
 
 pytestmark = pytest.mark.django_db
 
