@@ -118,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.launch_overrides and not args.simulate_engines:
         raise SystemExit("error: --launch-overrides needs --simulate-engines")
-    app = make_app(args.node, args.broker)
+    try:
+        app = make_app(args.node, args.broker)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     secret = _secret(args)
     state_dir = _state_dir(args)
     problem = check_state_dir(state_dir)

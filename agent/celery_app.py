@@ -8,6 +8,8 @@ documents strictly in queue order.
 from __future__ import annotations
 
 import logging
+import os
+from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -24,7 +26,21 @@ CONNECT_TIMEOUT_SECONDS = 3.0
 
 
 def make_app(node: str, broker_url: str) -> Celery:
-    """Return a Celery app for ``node`` (JSON only, no result backend, retries the broker forever)."""
+    """Return a Celery app for ``node`` (JSON only, no result backend, retries the broker forever).
+
+    ``broker_url`` wins over ``CELERY_BROKER_URL`` (and ``CELERY_BROKER_READ_URL``/``_WRITE_URL``) in the
+    environment, which Celery would otherwise prefer (e.g. one exported for a dashboard on the same host): the
+    agent could join another broker's queue. It is set as the read and write URL (Celery 5 reads those before
+    the variable); a differing variable is logged as ignored. Raises ValueError if ``CELERY_BROKER_READ_URL`` or
+    ``CELERY_BROKER_WRITE_URL`` is set, which nothing here can override.
+    """
+    for name in ("CELERY_BROKER_READ_URL", "CELERY_BROKER_WRITE_URL"):
+        if os.environ.get(name):
+            raise ValueError(f"{name} is set in the environment; unset it (the agent uses --broker only)")
+    env_url = os.environ.get("CELERY_BROKER_URL")
+    if env_url and env_url != broker_url:
+        log.warning("ignoring CELERY_BROKER_URL from the environment: the agent uses its --broker %s",
+                    _redacted(broker_url))
     app = Celery(f"kvpool-agent-{node}", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -42,6 +58,8 @@ def make_app(node: str, broker_url: str) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         broker_connection_timeout=CONNECT_TIMEOUT_SECONDS,
+        broker_read_url=broker_url,
+        broker_write_url=broker_url,
         # One Redis list per queue: no message priorities are used, and kombu's default four priority steps
         # would make every BRPOP name four keys per queue.
         # No ack emulation: the worker acknowledges a task when it starts it (acks_late is off) and runs one at a
@@ -53,6 +71,15 @@ def make_app(node: str, broker_url: str) -> Celery:
                                   "ack_emulation": False},
     )
     return app
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (for logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":**@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def make_publisher(app: Celery):

@@ -54,7 +54,7 @@ from agent.messages import (
     parse_document,
     utcnow,
 )
-from agent.outbox import DEFAULT_MAX_MESSAGES, Outbox
+from agent.outbox import DEFAULT_MAX_MESSAGES, Outbox, fresh_first_sequence
 
 log = logging.getLogger("kvpool.agent.daemon")
 
@@ -190,7 +190,8 @@ class Daemon:
         self._on_apply = on_apply
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
-        self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max)
+        self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max,
+                             first_sequence=fresh_first_sequence())
         self.started_at: datetime = utcnow()
         self._apply_lock = threading.Lock()
         self._deliver_lock = threading.Lock()

@@ -1,7 +1,8 @@
 """Bounded on-disk buffer of the agent's outgoing messages (reports and acks).
 
 Every report and ack is written here first, with the next value of a per-node **sequence** that survives
-restarts (the idempotency key on the dashboard is ``(node, sequence)``), and deleted only after the broker
+restarts and, because a new file starts at the current time in microseconds, a lost state directory too (the
+idempotency key on the dashboard is ``(node, sequence)``), and deleted only after the broker
 took it. While the broker is down messages accumulate; after a restart the agent finds them and delivers them
 in sequence order. A crash between publishing and deleting delivers a message twice — the dashboard stores it
 once. When the buffer holds ``max_messages`` the oldest are dropped (counted in ``dropped`` and logged), so a
@@ -25,6 +26,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,15 +36,27 @@ log = logging.getLogger("kvpool.agent.outbox")
 DEFAULT_MAX_MESSAGES = 20_000
 
 
-class Outbox:
-    """Persistent FIFO of JSON messages keyed by a monotonically increasing sequence (starting at 1).
+def fresh_first_sequence() -> int:
+    """The first sequence of a new outbox: the current Unix time in microseconds (above any earlier agent's
+    sequences on this node unless it sent more than a million messages a second, or the clock went back)."""
+    return time.time_ns() // 1000
 
-    ``path`` is the SQLite file; ``max_messages`` (≥ 1) bounds how many undelivered messages are kept.
+
+class Outbox:
+    """Persistent FIFO of JSON messages keyed by a monotonically increasing sequence.
+
+    ``path`` is the SQLite file; ``max_messages`` (≥ 1) bounds how many undelivered messages are kept;
+    ``first_sequence`` (≥ 1) is the sequence of the first message of a *new* file (an existing file continues
+    where it stopped). The daemon starts new files at the current Unix time in microseconds
+    (:func:`fresh_first_sequence`), so a node whose state directory was lost or reinstalled keeps numbering above
+    its previous agent's and the dashboard does not drop its messages as duplicates of the old ones.
     """
 
-    def __init__(self, path: str | Path, *, max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+    def __init__(self, path: str | Path, *, max_messages: int = DEFAULT_MAX_MESSAGES, first_sequence: int = 1) -> None:
         if max_messages < 1:
             raise ValueError(f"max_messages must be at least 1, got {max_messages}")
+        if first_sequence < 1:
+            raise ValueError(f"first_sequence must be at least 1, got {first_sequence}")
         self.path = Path(path)
         self.max_messages = max_messages
         self._lock = threading.Lock()
@@ -54,7 +68,8 @@ class Outbox:
             "CREATE TABLE IF NOT EXISTS outbox (sequence INTEGER PRIMARY KEY, body TEXT NOT NULL)"
         )
         self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('last_sequence', 0), ('dropped', 0)")
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('last_sequence', ?), ('first_sequence', ?), "
+                         "('dropped', 0)", (first_sequence - 1, first_sequence))
 
     def close(self) -> None:
         """Close the database file; the object is unusable afterwards."""

@@ -23,6 +23,7 @@ storing overlapping batches of many nodes at once (see ``dashboard.drain``) cann
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -59,6 +60,8 @@ class IngestResult:
     duplicate_acks: int = 0
     heartbeats: int = 0
     invalid: int = 0
+    #: duplicates (reports and acks) per node they named
+    duplicate_nodes: Counter[str] = field(default_factory=Counter)
     rejected: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -115,7 +118,8 @@ def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestRes
         if duplicates:
             log.info("ingest: %d report(s) and %d ack(s) already stored (re-delivered or replayed): ignored",
                      result.duplicate_reports, result.duplicate_acks)
-            tally.add("duplicate", "", "(node, sequence) already stored", duplicates)
+            for node, n in sorted((+result.duplicate_nodes).items()):
+                tally.add("duplicate", node, "(node, sequence) already stored", n)
         tally.record(now)
     result.rejected = dict(tally.counts)
     return result
@@ -177,6 +181,8 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     rows = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now) for r in unique.values()]
     new_keys = _insert_receipts(rows)
     result.duplicate_reports += len(reports) - len(new_keys)
+    result.duplicate_nodes.update(r.node for r in reports)
+    result.duplicate_nodes.subtract(node for node, _ in new_keys)
     raw = OccupancySample.Level.RAW
     samples = [
         (raw, report.sent_at, report.node, ns.tenant_id, ns.served_model_name, ns.namespace, ns.salt_group,
@@ -312,6 +318,8 @@ def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None
             cursor.executemany(update, params)
     result.acks += len(fresh)
     result.duplicate_acks += len(acks) - len(fresh)
+    result.duplicate_nodes.update(a.node for a in acks)
+    result.duplicate_nodes.subtract(a.node for a in fresh)
 
 
 def _observe_applied(state: NodeState, at: datetime, version: int, digest: str) -> None:

@@ -173,3 +173,12 @@ def test_purge_results_must_be_signed_by_the_node_they_name(caplog, monkeypatch)
     assert purge.purge_result.run(signed) is True and stored == [signed]
     assert _counts() == {"unsigned": 1, "wrong_node": 1, "bad_signature": 1}
     assert "purge result: refused purge_result message naming node 'node-a': unsigned" in caplog.text
+
+
+def test_duplicates_are_counted_under_the_node_they_named():
+    first = [report(node="node-a", sequence=7), ack(node="node-b", sequence=3)]
+    ingest(first)
+    assert ingest(first + [report(node="node-a", sequence=8)]).rejected == {"duplicate": 2}
+    series = agent_auth.rejection_series()
+    assert series[("duplicate", "node-a")] == 1 and series[("duplicate", "node-b")] == 1
+    assert series[("duplicate", "")] == 0

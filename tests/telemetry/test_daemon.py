@@ -181,7 +181,8 @@ def test_reports_buffer_while_broker_is_down_and_survive_restart(tmp_path, broke
         sequences.append(d.report_now())
         broker.down = False
         assert d.flush() == 4
-        assert [m["sequence"] for m in broker.messages("report")] == sequences == [1, 2, 3, 4]
+        first = sequences[0]
+        assert [m["sequence"] for m in broker.messages("report")] == sequences == [first + i for i in range(4)]
     finally:
         d.stop()
 
@@ -259,3 +260,18 @@ def test_everything_sent_is_signed_when_sent_and_the_outbox_keeps_it_unsigned(tm
         assert [m["sent_at"] for m in sent[:2]] == [m["sent_at"] for m in stored]  # content as queued
     finally:
         d.stop()
+
+
+def test_a_lost_state_directory_does_not_restart_sequences(tmp_path, broker):
+    """A reinstalled node (new state dir) numbers above its old agent, so the dashboard keeps its messages."""
+    old = Daemon("node-a", "s3cret", tmp_path / "old", publish=broker.publish)
+    try:
+        old_sequences = [old.report_now() for _ in range(3)]
+    finally:
+        old.stop()
+    assert old_sequences[0] > 10**15  # microseconds since the epoch, not 1
+    new = Daemon("node-a", "s3cret", tmp_path / "new", publish=broker.publish)
+    try:
+        assert new.report_now() > max(old_sequences)
+    finally:
+        new.stop()

@@ -83,3 +83,13 @@ def test_builder_error_stores_nothing_and_burns_no_sequence(tmp_path):
 def test_invalid_bound_is_refused(tmp_path):
     with pytest.raises(ValueError, match="max_messages"):
         Outbox(tmp_path / "o.sqlite3", max_messages=0)
+
+
+def test_a_new_file_starts_at_first_sequence_and_an_old_one_continues(tmp_path):
+    box = Outbox(tmp_path / "o.sqlite3", first_sequence=1_000_000)
+    assert [box.add(_msg) for _ in range(2)] == [1_000_000, 1_000_001]
+    box.close()
+    box = Outbox(tmp_path / "o.sqlite3", first_sequence=5)
+    assert box.add(_msg) == 1_000_002
+    with pytest.raises(ValueError, match="first_sequence"):
+        Outbox(tmp_path / "p.sqlite3", first_sequence=0)
