@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from urllib.parse import urlsplit, urlunsplit
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from celery import Celery
 

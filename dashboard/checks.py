@@ -12,7 +12,8 @@ Seed (KV Cache Sharing and Isolation, "Operational Checklist"), in order:
    document whose digest the agent reports running) equal what the release prescribes: tenant_id, served
    model name, vLLM model name, release namespace, fingerprint, engine, hash algorithm and seed.
 3. ``namespace_changed`` — *Change the release namespace before introducing a cache-incompatible
-   deployment.* No namespace went to agents with two different fingerprints (same history), and no two live
+   deployment.* No namespace went to agents with two different fingerprints while its release was serving (same
+   history; a warming release may still change its fingerprint, as the registry allows), and no two live
    releases whose keys would meet (same tenant, engine key model and namespace) differ in fingerprint.
 4. ``salts_stable`` — *Keep cache_salt stable within a group that should benefit from prefix reuse.* No
    request group went out with two different salts (same history), and the audit log shows no salt change.
@@ -219,11 +220,29 @@ def _key_identity(tenant_id: str, engine: str, served_model_name: str, vllm_mode
     return (tenant_id, engine, model, namespace)
 
 
+def _sent_while_serving(instance: dict[str, Any]) -> bool:
+    """Whether an instance spec of a stored config document was sent while its release was serving.
+
+    The registry lets a release's fingerprint change (adapters, KV layout, ...) only before it has served, so
+    the specs of a ``warming`` (or never-served ``retired``) release may carry earlier fingerprints without two
+    caches ever having served under the namespace. Specs without ``release_state`` (documents from before the
+    field) count, to stay on the safe side.
+    """
+    return instance.get("release_state", ReleaseState.SERVING) == ReleaseState.SERVING
+
+
 def check_namespace_changed(now: datetime) -> CheckResult:
+    """Fail when one namespace's keys served with two fingerprints, or two live releases share its keys.
+
+    Pushed history: only instance specs sent while their release was serving count (``_sent_while_serving``):
+    a fingerprint-relevant edit of a warming release, which the registry allows, is not a namespace reuse.
+    """
     problems: list[str] = []
     pushed: dict[tuple, dict[str, tuple[str, int]]] = defaultdict(dict)
     for node, version, document in _history(now):
         for instance in (document or {}).get("instances", []):
+            if not _sent_while_serving(instance):
+                continue
             identity = _key_identity(instance.get("tenant_id", ""), instance.get("engine", ""),
                                      instance.get("served_model_name", ""), instance.get("vllm_model_name", ""),
                                      instance.get("namespace", ""))
@@ -232,7 +251,7 @@ def check_namespace_changed(now: datetime) -> CheckResult:
     for identity, fingerprints in sorted(pushed.items()):
         if len(fingerprints) > 1:
             seen = ", ".join(f"{fp[:12]} (first on {node} v{version})" for fp, (node, version) in fingerprints.items())
-            problems.append(f"namespace '{identity[3]}' of {identity[0]}/{identity[2]} ({identity[1]}) went to agents "
+            problems.append(f"namespace '{identity[3]}' of {identity[0]}/{identity[2]} ({identity[1]}) served on agents "
                             f"with {len(fingerprints)} fingerprints: {seen}; a cache-incompatible change kept "
                             "the namespace")
     live: dict[tuple, list[Release]] = defaultdict(list)
@@ -246,7 +265,7 @@ def check_namespace_changed(now: datetime) -> CheckResult:
             problems.append(f"live releases share the keys of namespace '{identity[3]}' with different "
                             f"fingerprints: {names}")
     passed = not problems
-    summary = (f"{len(pushed)} pushed namespace(s), each with a single fingerprint" if passed
+    summary = (f"{len(pushed)} served namespace(s), each with a single fingerprint" if passed
                else f"{len(problems)} namespace(s) reused across incompatible settings")
     return CheckResult("namespace_changed", "Namespace changed on incompatible change",
                        "Change the release namespace before introducing a cache-incompatible deployment.",

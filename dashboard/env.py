@@ -1,14 +1,17 @@
 """Typed parsers for settings read from the environment.
 
-Each parser raises ``ImproperlyConfiguredValue`` (a ``ValueError``) naming the variable when its value is
-malformed, so a broken deployment fails at start-up with a message instead of misbehaving later.
+Each parser raises ``ImproperlyConfiguredValue`` (Django's ``ImproperlyConfigured`` and a ``ValueError``) naming
+the variable when its value is malformed, so a broken deployment fails at start-up with a message instead of
+misbehaving later; ``manage.py`` prints that message alone and exits 2.
 """
 from __future__ import annotations
 
 import os
 
+from django.core.exceptions import ImproperlyConfigured
 
-class ImproperlyConfiguredValue(ValueError):
+
+class ImproperlyConfiguredValue(ImproperlyConfigured, ValueError):
     """An environment variable holds a value its parser cannot accept."""
 
 

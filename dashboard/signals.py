@@ -184,3 +184,18 @@ def assignment_deleting(sender, instance, **kwargs):
 def node_saved(sender, instance, created, **kwargs):
     """A new node gets its first document (no instances yet); other node edits re-render (usually unchanged)."""
     schedule_push({instance.name})
+
+
+@receiver(post_delete, sender="tenants.Node", dispatch_uid="kvpool-node-deleted-state")
+def node_deleted(sender, instance, **kwargs):
+    """Forget the deleted node's telemetry ``NodeState`` (push/ack/heartbeat bookkeeping).
+
+    Without it ``/metrics`` would keep exporting ``kvpool_node_silent``/``behind`` for the node and the overview
+    would list it as "not registered — silent" for ever. History rows (acks, reports, occupancy samples, refused
+    messages, config versions) stay: they roll up and expire on their own schedule.
+    """
+    from dashboard.models import NodeState
+
+    deleted, _ = NodeState.objects.filter(node_name=instance.name).delete()
+    if deleted:
+        log.info("node %s deleted from the registry: its telemetry state is forgotten", instance.name)

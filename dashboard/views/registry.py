@@ -8,10 +8,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from dashboard.agent_auth import NODE_TROUBLE
 from dashboard.api.telemetry import node_states
 from dashboard.checks import applied_instances, prescribed_values
 from dashboard.forms import AdaptersField
-from dashboard.models import NodeState
+from dashboard.models import MessageRejection, NodeState
 from dashboard.purge import purges_for_release
 from dashboard.push import drift
 from dashboard.upgrade import release_key, tenant_quota, upgrade_state
@@ -154,8 +155,18 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
         entry = occupancy.get(release_key(assignment.release))
         rows.append({"assignment": assignment, "bytes": entry.by_node.get(node.name, 0) if entry else 0})
     context = {"node": node, "state": state, "drift": drift(state) if state else None, "assignments": rows,
-               "audit": _audit("tenants.node", node.pk)}
+               "refusals": node_refusals(node.name), "audit": _audit("tenants.node", node.pk)}
     return render(request, "ui/node_detail.html", context)
+
+
+def node_refusals(name: str) -> list[dict]:
+    """Agent messages refused in ``name``'s name, newest first: ``{"row": MessageRejection, "trouble": str}``.
+
+    ``trouble`` is the ``dashboard.agent_auth.NODE_TROUBLE`` explanation ("its agent may sign with an old secret
+    ...") for reasons that point at the node's own agent, "" for the others (a forger can name any node).
+    """
+    rows = MessageRejection.objects.filter(node=name).order_by("-last_at", "reason")
+    return [{"row": row, "trouble": NODE_TROUBLE.get(row.reason, "")} for row in rows]
 
 
 @login_required

@@ -62,6 +62,15 @@ def launch_script(config: RenderedConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rendered(render, *args) -> RenderedConfig:
+    """``render(*args)``, with the renderers' ``ValueError`` for unusable input (``KVPOOL_MASTER_ADDRESS=nohost``:
+    "master_address 'nohost' must be 'host:port'") turned into a one-line ``CommandError`` (exit status 1)."""
+    try:
+        return render(*args)
+    except ValueError as error:
+        raise CommandError(f"cannot render the configuration: {error}.") from None
+
+
 class Command(BaseCommand):
     help = (
         "Render the SGLang/vLLM command line and config files of a release's instance assignments "
@@ -84,7 +93,7 @@ class Command(BaseCommand):
         if options["master"]:
             if options["assignment"] is not None:
                 raise CommandError("--assignment applies to --release, not --master.")
-            configs = [(None, render_master(Tenant.objects.all(), endpoints))]
+            configs = [(None, _rendered(render_master, Tenant.objects.all(), endpoints))]
         else:
             release = find_release(options["release"])
             assignments = release.assignments.select_related("node", "release__model__tenant").order_by(
@@ -103,7 +112,7 @@ class Command(BaseCommand):
                         f"Instance assignment {options['assignment']} does not belong to release "
                         f"'{release.namespace}' (id {release.pk})."
                     )
-            configs = [(a, render_assignment(a, endpoints)) for a in assignments]
+            configs = [(a, _rendered(render_assignment, a, endpoints)) for a in assignments]
             if not configs:
                 raise CommandError(
                     f"Release '{release.namespace}' has no instance assignments yet; assign it to a node first."
