@@ -188,8 +188,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # kvpool.* records reach the console through the root logger only: a Celery worker replaces the root's
+    # handlers with its own, so a handler on "kvpool" as well would print every line twice there.
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "kvpool": {"handlers": ["console"], "level": env_str("KVPOOL_LOG_LEVEL", "INFO")},
+        "kvpool": {"level": env_str("KVPOOL_LOG_LEVEL", "INFO")},
     },
 }
 
