@@ -25,6 +25,8 @@ from pathlib import Path
 
 from agent.cli_args import broker_url, positive_float, positive_int
 
+log = logging.getLogger("kvpool.agent")
+
 NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: ``--loglevel`` values (those of :mod:`logging` and of Celery's ``--loglevel``).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -149,12 +151,14 @@ def run(args: argparse.Namespace) -> int:
             simulator.on_apply(daemon.current)
     daemon.start()
     try:
-        run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel)
+        status = run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel)
     finally:
         daemon.stop()
         if simulator is not None:
             simulator.close()
-    return 0
+    if status:
+        log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
+    return status
 
 
 def _simulator(args: argparse.Namespace, ledger):

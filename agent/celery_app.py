@@ -112,8 +112,9 @@ def register_tasks(app: Celery, daemon: Daemon) -> None:
         return daemon.handle_document(document)
 
 
-def run_worker(app: Celery, node: str, *, pool: str = "solo", loglevel: str = "INFO") -> None:
-    """Run the Celery worker on ``agent.<node>`` in this process until it is stopped (SIGTERM/SIGINT)."""
+def run_worker(app: Celery, node: str, *, pool: str = "solo", loglevel: str = "INFO") -> int:
+    """Run the Celery worker on ``agent.<node>`` in this process until it is stopped (SIGTERM/SIGINT); returns
+    the worker's exit status (non-zero after an unrecoverable error, e.g. a broker URL the transport refuses)."""
     if pool not in {"solo", "threads"}:
         raise ValueError(f"pool {pool!r} is not allowed: use solo or threads (one Store client per process)")
     argv = [
@@ -127,4 +128,5 @@ def run_worker(app: Celery, node: str, *, pool: str = "solo", loglevel: str = "I
         "--without-gossip",
         "--without-heartbeat",
     ]
-    app.worker_main(argv=argv)
+    # app.start, not app.worker_main: worker_main drops the worker's exit status
+    return app.start(argv=argv) or 0

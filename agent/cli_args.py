@@ -55,4 +55,8 @@ def broker_url(text: str, schemes: tuple[str, ...] = BROKER_SCHEMES) -> str:
                                          "e.g. redis://127.0.0.1:6379/0)")
     if parts.scheme.lower() != "memory" and not hostname:
         raise argparse.ArgumentTypeError(f"{text!r} names no host (e.g. redis://127.0.0.1:6379/0)")
+    db = parts.path.strip("/")
+    if parts.scheme.lower() in ("redis", "rediss") and db and not (db.isascii() and db.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: the Redis database {db!r} is not a number "
+                                         "(e.g. redis://127.0.0.1:6379/0)")
     return text

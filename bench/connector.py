@@ -234,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hash {name:18s} {h['ids_per_s']:9.0f} trace ids/s ({h['represented_mtokens_per_s']:.0f} M "
                   f"tokens/s represented)")
     goal = figures["cross_layer"]
+    # --quick moves 8 blocks in 2 pairs: too few to judge a 5 % ratio, so those goals are not evaluated (null)
+    judged = not args.quick
     figures["goals"] = {
-        "put_ratio_ge_0.95": goal["put_ratio"] >= 0.95, "get_ratio_ge_0.95": goal["get_ratio"] >= 0.95,
+        "put_ratio_ge_0.95": goal["put_ratio"] >= 0.95 if judged else None,
+        "get_ratio_ge_0.95": goal["get_ratio"] >= 0.95 if judged else None,
         "hash_default_ge_5M_tokens_per_s": hashing["sha256_bs16"]["mtokens_per_s"] >= 5,
         "keys_128k_lt_10ms_every_algo": all(h["keys_128k_ms"] < 10 for h in hashing.values() if "keys_128k_ms" in h),
     }

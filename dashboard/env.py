@@ -53,3 +53,34 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw.strip() == "":
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_database(name: str, default: str, **options) -> dict:
+    """Parse ``$name`` as a database URL (``dj_database_url.parse`` with ``options``) into a DATABASES entry.
+
+    Raises ImproperlyConfiguredValue for an unknown scheme or a malformed URL (e.g. a non-numeric port).
+    """
+    import dj_database_url
+
+    raw = env_str(name, default)
+    try:
+        return dj_database_url.parse(raw, **options)
+    except ValueError as exc:  # UnknownSchemeError, ParseError
+        raise ImproperlyConfiguredValue(f"{name} is not a database URL Django can use: {exc}") from None
+
+
+def env_broker(name: str, default: str) -> str:
+    """Parse ``$name`` as a Celery broker URL: ``redis://``/``rediss://`` with a host and a numeric database
+    (``agent.cli_args.broker_url``, the check the agent applies to ``--broker``).
+
+    Raises ImproperlyConfiguredValue otherwise.
+    """
+    import argparse
+
+    from agent.cli_args import broker_url
+
+    raw = env_str(name, default)
+    try:
+        return broker_url(raw, schemes=("redis", "rediss"))
+    except argparse.ArgumentTypeError as exc:
+        raise ImproperlyConfiguredValue(f"{name}: {exc}") from None

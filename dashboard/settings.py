@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import dj_database_url
-
-from dashboard.env import env_bool, env_int, env_list, env_str
+from dashboard.env import env_bool, env_broker, env_database, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("KVPOOL_VAR_DIR", str(BASE_DIR / "var")))
@@ -66,11 +64,7 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "dashboard.wsgi.application"
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"), conn_max_age=60
-    )
-}
+DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}", conn_max_age=60)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -121,7 +115,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery (broker: Redis) -------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = env_broker("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

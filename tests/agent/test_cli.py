@@ -42,6 +42,8 @@ def test_unknown_log_level_is_refused(tmp_path):
     ("amqp://guest@127.0.0.1//", "not a supported broker URL"),
     ("redis://", "names no host"),
     ("redis://127.0.0.1:99999/0", "not a valid URL"),
+    ("redis://127.0.0.1:6379/abc", "database 'abc' is not a number"),
+    ("redis://127.0.0.1:6379/-1", "database '-1' is not a number"),
 ])
 def test_broker_must_be_a_redis_url_with_a_host(tmp_path, url, fragment):
     result = _agent("--node", "n", "--broker", url, tmp_path=tmp_path)
@@ -80,5 +82,19 @@ def test_state_dir_under_proc_is_refused(tmp_path):
 def test_broker_url_check_accepts_redis_and_memory_urls():
     from agent.cli_args import broker_url
 
-    for url in ("redis://127.0.0.1:6379/0", "rediss://:pw@cache.example:6380/2", "REDIS://h", "memory://"):
+    for url in ("redis://127.0.0.1:6379/0", "rediss://:pw@cache.example:6380/2", "REDIS://h", "memory://",
+                "redis://h:6379/", "redis://h:6379/15"):
         assert broker_url(url) == url
+
+
+def test_the_worker_exit_status_reaches_the_caller(monkeypatch):
+    """Celery's worker_main drops the status of a worker that died (e.g. a transport error); run_worker keeps it."""
+    from agent.celery_app import make_app, run_worker
+
+    app = make_app("n", "memory://")
+    seen = []
+    monkeypatch.setattr(app, "start", lambda argv: seen.append(argv) or 1)
+    assert run_worker(app, "n") == 1
+    assert seen[0][0] == "worker" and "--queues=agent.n" in seen[0]
+    monkeypatch.setattr(app, "start", lambda argv: None)
+    assert run_worker(app, "n") == 0

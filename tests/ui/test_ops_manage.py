@@ -20,6 +20,10 @@ def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("variable, value, message", [
     ("DJANGO_DEBUG", "maybe", "DJANGO_DEBUG='maybe' is not a boolean"),
     ("KVPOOL_GLOBAL_SEGMENT_SIZE", "4GB", "KVPOOL_GLOBAL_SEGMENT_SIZE='4GB' is not an integer"),
+    ("DATABASE_URL", "garbage", "DATABASE_URL is not a database URL Django can use"),
+    ("DATABASE_URL", "postgres://root@127.0.0.1:notaport/root", "DATABASE_URL is not a database URL"),
+    ("CELERY_BROKER_URL", "http://x", "CELERY_BROKER_URL: 'http://x' is not a supported broker URL"),
+    ("CELERY_BROKER_URL", "redis://127.0.0.1:6379/abc", "the Redis database 'abc' is not a number"),
 ])
 def test_malformed_setting_exits_2_with_one_line(variable, value, message):
     result = _manage("render_config", "--master", **{variable: value})
