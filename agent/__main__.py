@@ -22,6 +22,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from agent.cli_args import broker_url, positive_float, positive_int
 
@@ -66,10 +67,10 @@ def _secret(args: argparse.Namespace) -> str:
         try:
             return load_secret(args.secret_file)
         except (OSError, ValueError) as exc:
-            raise SystemExit(f"error: cannot read --secret-file: {exc}") from None
+            _usage_error(f"cannot read --secret-file: {exc}")
     secret = os.environ.get("KVPOOL_NODE_SECRET", "").strip()
     if not secret:
-        raise SystemExit("error: no signing secret: pass --secret-file FILE or set KVPOOL_NODE_SECRET")
+        _usage_error("no signing secret: pass --secret-file FILE or set KVPOOL_NODE_SECRET")
     return secret
 
 
@@ -101,7 +102,7 @@ def check_state_dir(path: Path) -> str | None:
     return None
 
 
-def _usage_error(message: str) -> None:
+def _usage_error(message: str) -> NoReturn:
     """Exit with status 2 and ``message``, as argparse does for a bad argument."""
     print(f"python -m agent run: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -110,7 +111,7 @@ def _usage_error(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Start the daemon's telemetry thread and the Celery worker; returns the exit status."""
     if not NODE_PATTERN.match(args.node):
-        raise SystemExit(f"error: --node {args.node!r} is not a valid node name (letters, digits, . _ -)")
+        _usage_error(f"--node {args.node!r} is not a valid node name (letters, digits, . _ -)")
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from agent.celery_app import make_app, make_publisher, register_tasks, run_worker
@@ -119,11 +120,11 @@ def run(args: argparse.Namespace) -> int:
     from agent.purge import daemon_store_opener, register_purge_task
 
     if args.launch_overrides and not args.simulate_engines:
-        raise SystemExit("error: --launch-overrides needs --simulate-engines")
+        _usage_error("--launch-overrides needs --simulate-engines")
     try:
         app = make_app(args.node, args.broker)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        _usage_error(str(exc))
     secret = _secret(args)
     state_dir = _state_dir(args)
     problem = check_state_dir(state_dir)
@@ -172,7 +173,7 @@ def _simulator(args: argparse.Namespace, ledger):
         try:
             overrides = load_overrides(args.launch_overrides)
         except (OSError, ValueError) as exc:
-            raise SystemExit(f"error: --launch-overrides: {exc}") from None
+            _usage_error(f"--launch-overrides: {exc}")
     return EngineSimulator(args.node, ledger, overrides=overrides)
 
 

@@ -21,16 +21,16 @@ def _agent(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_run_without_a_secret_is_refused():
     result = _agent("run", "--node", "node-a", "--broker", "redis://127.0.0.1:1/0")
-    assert result.returncode != 0 and "no signing secret" in result.stderr
+    assert result.returncode == 2 and "no signing secret" in result.stderr
 
 
 def test_run_with_bad_arguments_names_them(tmp_path):
     empty = tmp_path / "secret"
     empty.write_text("\n")
     result = _agent("run", "--node", "node-a", "--broker", "redis://x", "--secret-file", str(empty))
-    assert result.returncode != 0 and "is empty" in result.stderr
+    assert result.returncode == 2 and "is empty" in result.stderr
     result = _agent("run", "--node", "bad/name", "--broker", "redis://x", env={"KVPOOL_NODE_SECRET": "s"})
-    assert result.returncode != 0 and "not a valid node name" in result.stderr
+    assert result.returncode == 2 and "not a valid node name" in result.stderr
     result = _agent("run", "--node", "n", "--broker", "redis://x", "--report-interval", "0")
     assert result.returncode == 2 and "--report-interval" in result.stderr
     result = _agent("run", "--node", "n", "--broker", "redis://x", "--pool", "prefork")
