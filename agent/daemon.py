@@ -437,11 +437,11 @@ class Daemon:
                 if now >= next_report:
                     self.report_now()
                     next_report = now + self.report_interval
-                if now >= next_heartbeat:
-                    self.heartbeat_now()
-                    next_heartbeat = now + self.heartbeat_interval
                 if len(self.outbox):
                     self.flush()
+                if now >= next_heartbeat:  # after the flush: its outbox_pending counts what could not be sent
+                    self.heartbeat_now()
+                    next_heartbeat = now + self.heartbeat_interval
             except Exception:  # never let the telemetry thread die; the next tick retries
                 log.exception("node %s: telemetry tick failed", self.node)
             wait = max(0.0, min(next_report, next_heartbeat) - time.monotonic())

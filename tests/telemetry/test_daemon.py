@@ -275,3 +275,19 @@ def test_a_lost_state_directory_does_not_restart_sequences(tmp_path, broker):
         assert new.report_now() > max(old_sequences)
     finally:
         new.stop()
+
+
+def test_heartbeat_of_a_healthy_agent_reports_an_empty_outbox(tmp_path, broker):
+    """The telemetry thread delivers the report it just queued before it counts the outbox for the heartbeat."""
+    import time
+
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, report_interval=60,
+               heartbeat_interval=60)
+    d.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not broker.messages("heartbeat") and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        d.stop()
+    assert broker.messages("report") and broker.messages("heartbeat")[0]["outbox_pending"] == 0
