@@ -88,40 +88,32 @@ class InstanceAssignmentAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at", "updated_at")
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Admin pages that show rows and never add, change or delete them (append-only records)."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ("timestamp", "actor_repr", "action", "object_type", "object_repr", "request_id")
     list_filter = ("action", "object_type")
     search_fields = ("object_repr", "object_id", "actor_repr", "request_id")
 
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(ReservedSalt)
-class ReservedSaltAdmin(admin.ModelAdmin):
+class ReservedSaltAdmin(ReadOnlyAdmin):
     """Salts of deleted request groups: read only, never deleted (deleting one would allow its reuse)."""
 
     list_display = ("cache_salt", "group_name", "tenant_id", "created_at")
     search_fields = ("cache_salt", "group_name", "tenant_id")
-
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
