@@ -5,7 +5,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 BENCHES := connector eviction push ingest
 
-.PHONY: install install-browser test demo bench services clean
+.PHONY: install install-browser lint typecheck test test-fast demo bench services clean
 
 install:
 	bash scripts/bootstrap.sh
@@ -16,8 +16,23 @@ install-browser:
 services:
 	bash scripts/services.sh
 
-test: install-browser services
+# Static checks (config in pyproject.toml): ruff over the tree, mypy over agent/, and the import contracts
+# (the agent imports no Django, the dashboard reaches the agent only through agent.contract, agent layers).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+# CI runs `make test`: the static checks first, then every test.
+test: install-browser lint services
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Unit tests only: no real services, no browser (markers in pytest.ini).
+test-fast: install
+	$(PY) -m pytest -m "not integration and not browser" $(PYTEST_ARGS)
 
 # The demo (docs/demo.md): `make demo` runs until Ctrl-C; `make demo ARGS=--once` replays a bounded part of the
 # trace, prints the summary and exits 0 only if every check passed. It needs a broker: the Redis answering on

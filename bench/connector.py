@@ -3,16 +3,16 @@
 ``python -m bench.connector [--blocks N] [--rounds R] [--quick]`` starts a real ``mooncake_master`` on free
 loopback ports and, in one run:
 
-1. moves the same KV blocks (Llama-3-8B-like: 32 layers x 8 KV heads x 128 head dim, 16-token blocks, bf16 =
-   2 MiB per block) with raw ``batch_put_from`` / ``batch_get_into`` and with :class:`agent.connector.KVConnector`
-   (``put`` = existence check + zero-copy put + ledger; ``get`` = zero-copy get + ledger), for the cross-layer
-   layout (one region per block: the same store call as raw) and the per-layer layout (one region per layer:
-   ``batch_*_multi_buffers`` for both), in back-to-back raw/connector pairs whose order alternates, and reports
-   median GB/s and the median of the per-pair ratios connector / raw (goal >= 0.95);
+1. moves the same KV blocks (Llama-3-8B-like: 32 layers x 8 KV heads x 128 head dim, 16-token blocks, bf16 = 2 MiB per
+   block) with raw ``batch_put_from`` / ``batch_get_into`` and with :class:`agent.datapath.connector.KVConnector`
+   (``put`` = existence check + zero-copy put + ledger; ``get`` = zero-copy get + ledger), for the cross-layer layout
+   (one region per block: the same store call as raw) and the per-layer layout (one region per layer:
+   ``batch_*_multi_buffers`` for both), in back-to-back raw/connector pairs whose order alternates, and reports median
+   GB/s and the median of the per-pair ratios connector / raw (goal >= 0.95);
 2. hashes a 131,072-token prompt with every algorithm (tokens/s on one core, from the thread's CPU time so
    that other load on a shared machine does not count; goal >= 5 M) and times "keys for a 128k-token prompt"
    (hashes + key strings; wall and CPU ms, goal < 10 ms wall), best of several runs, with the compiled chain
-   (``agent._chainhash``, when built) and with the pure-Python path as the baseline of the same run
+   (``agent.datapath._chainhash``, when built) and with the pure-Python path as the baseline of the same run
    (``speedup`` = Python ms / compiled ms).
 
 Block hashes are given to ``put``/``get`` precomputed, as an engine hands them over; hashing is measured apart.
@@ -32,13 +32,13 @@ from typing import Any
 
 import torch
 
-import agent.hashing
-import agent.namespace
-from agent.connector import KVConnector
-from agent.kv_cache import KVCacheSpec, PagedKVCache
-from agent.master import MasterProcess
-from agent.namespace import Namespace
-from agent.store import StoreClient, open_store
+import agent.datapath.hashing
+import agent.datapath.keyspace
+from agent.datapath.connector import KVConnector
+from agent.datapath.keyspace import KeySpace
+from agent.datapath.kv_cache import KVCacheSpec, PagedKVCache
+from agent.datapath.store import StoreClient, open_store
+from agent.sim.master import MasterProcess
 
 GIB = 1 << 30
 PROMPT_TOKENS = 131_072
@@ -78,8 +78,8 @@ def bench_data_path(store: StoreClient, layout: str, blocks: int, rounds: int) -
     for cache in (src, dst):
         for ptr, size in cache.memory_regions():
             store.register(ptr, size)
-    put_conn = KVConnector(store, src, _namespace("warm", store.tenant_id), max_batch_blocks=blocks)
-    get_conn = KVConnector(store, dst, _namespace("warm", store.tenant_id), max_batch_blocks=blocks)
+    put_conn = KVConnector(store, src, _keyspace("warm", store.tenant_id), max_batch_blocks=blocks)
+    get_conn = KVConnector(store, dst, _keyspace("warm", store.tenant_id), max_batch_blocks=blocks)
     results: dict[str, list[float]] = {"raw_put": [], "raw_get": [], "conn_put": [], "conn_get": []}
 
     def raw_round(r: int) -> None:
@@ -99,7 +99,7 @@ def bench_data_path(store: StoreClient, layout: str, blocks: int, rounds: int) -
         store.remove(keys)
 
     def conn_round(r: int) -> None:
-        ns = _namespace(f"bench{layout.replace('_', '')}{r}", store.tenant_id)
+        ns = _keyspace(f"bench{layout.replace('_', '')}{r}", store.tenant_id)
         hashes = ns.block_hashes(list(range(r * 10_000_000, r * 10_000_000 + blocks * spec.block_size)))
         put_conn.namespace = get_conn.namespace = ns
         results["conn_put"].append(_gbps(nbytes, _timed(lambda: put_conn.put(ids, hashes))))
@@ -130,11 +130,11 @@ def bench_data_path(store: StoreClient, layout: str, blocks: int, rounds: int) -
     }
 
 
-def _namespace(release: str, tenant: str, algo: str = "sha256", block_size: int = 16, **kw: Any) -> Namespace:
-    engine = "sglang" if algo == "sglang_sha256" else "vllm"
-    return Namespace(tenant_id=tenant, engine=engine, served_model_name="meta-llama/Llama-3.1-8B",
-                     release_namespace=release, hash_algo=algo, hash_seed="0" if algo.startswith("xx") else "",
-                     block_size=block_size, cache_salt=kw.pop("cache_salt", "bench-group"), **kw)
+def _keyspace(release: str, tenant: str, algo: str = "sha256", block_size: int = 16, *, engine: str = "vllm",
+              **kw: Any) -> KeySpace:
+    return KeySpace(tenant_id=tenant, engine=engine, served_model_name="meta-llama/Llama-3.1-8B",
+                    namespace=release, hash_algo=algo, hash_seed="0" if algo.startswith("xx") else "",
+                    block_size=block_size, cache_salt=kw.pop("cache_salt", "bench-group"), **kw)
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
@@ -148,23 +148,23 @@ def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, float]:
     return min(walls), min(cpus)
 
 
-def _pure_python_namespace(algo: str, bs: int) -> Namespace:
-    """The same namespace with agent._chainhash hidden: the pure-Python hashing and key paths."""
-    saved = agent.hashing._chainhash, agent.namespace._native_hex_keys
-    agent.hashing._chainhash = agent.namespace._native_hex_keys = None
+def _pure_python_keyspace(engine: str, algo: str, bs: int) -> KeySpace:
+    """The same key space with agent.datapath._chainhash hidden: the pure-Python hashing and key paths."""
+    saved = agent.datapath.hashing._chainhash, agent.datapath.keyspace._native_hex_keys
+    agent.datapath.hashing._chainhash = agent.datapath.keyspace._native_hex_keys = None
     try:
-        return _namespace("hash", "bench", algo, bs)
+        return _keyspace("hash", "bench", algo, bs, engine=engine)
     finally:
-        agent.hashing._chainhash, agent.namespace._native_hex_keys = saved
+        agent.datapath.hashing._chainhash, agent.datapath.keyspace._native_hex_keys = saved
 
 
-def _keys_with(ns: Namespace, hex_keys: Any, tokens: list[int]) -> list[str]:
-    saved = agent.namespace._native_hex_keys
-    agent.namespace._native_hex_keys = hex_keys
+def _keys_with(ks: KeySpace, hex_keys: Any, tokens: list[int]) -> list[str]:
+    saved = agent.datapath.keyspace._native_hex_keys
+    agent.datapath.keyspace._native_hex_keys = hex_keys
     try:
-        return ns.keys(ns.block_hashes(tokens))
+        return ks.keys(ks.block_hashes(tokens))
     finally:
-        agent.namespace._native_hex_keys = saved
+        agent.datapath.keyspace._native_hex_keys = saved
 
 
 def bench_hashing(repeat: int) -> dict[str, Any]:
@@ -174,21 +174,26 @@ def bench_hashing(repeat: int) -> dict[str, Any]:
     rng = random.Random(0)
     tokens = [rng.randrange(150_000) for _ in range(PROMPT_TOKENS)]
     out: dict[str, Any] = {}
-    cases = [("sha256", 16), ("sha256_cbor", 16), ("xxhash", 16), ("xxhash_cbor", 16), ("sha256", 64),
-             ("sha256_cbor", 64), ("sglang_sha256", 64), ("sglang_sha256", 16)]
-    native_keys = agent.namespace._native_hex_keys
-    for algo, bs in cases:
-        ns, pure = _namespace("hash", "bench", algo, bs), _pure_python_namespace(algo, bs)
+    # (engine, registry hash_algo, block size); figures are named "<algo>_bs<size>", "sglang-" first for SGLang
+    cases = [("vllm", "sha256", 16), ("vllm", "sha256_cbor", 16), ("vllm", "xxhash", 16),
+             ("vllm", "xxhash_cbor", 16), ("vllm", "sha256", 64), ("vllm", "sha256_cbor", 64),
+             ("sglang", "sha256", 64), ("sglang", "sha256", 16)]
+    native_keys = agent.datapath.keyspace._native_hex_keys
+    for engine, algo, bs in cases:
+        ns = _keyspace("hash", "bench", algo, bs, engine=engine)
+        pure = _pure_python_keyspace(engine, algo, bs)
+        name = algo if engine == "vllm" else f"{engine}-{algo}"
         if ns.keys(ns.block_hashes(tokens)) != _keys_with(pure, None, tokens):
-            raise RuntimeError(f"{algo}: compiled and Python keys differ")
-        _, hash_cpu = _best(lambda: ns.block_hashes(tokens), repeat)
-        keys_wall, keys_cpu = _best(lambda: _keys_with(ns, native_keys, tokens), repeat)
-        py_wall, _ = _best(lambda: _keys_with(pure, None, tokens), repeat)
-        out[f"{algo}_bs{bs}"] = {"mtokens_per_s": PROMPT_TOKENS / hash_cpu / 1e6, "keys_128k_ms": keys_wall * 1e3,
+            raise RuntimeError(f"{name}: compiled and Python keys differ")
+        # _best calls each lambda before the loop moves on, so binding the loop variables late is right here.
+        _, hash_cpu = _best(lambda: ns.block_hashes(tokens), repeat)  # noqa: B023
+        keys_wall, keys_cpu = _best(lambda: _keys_with(ns, native_keys, tokens), repeat)  # noqa: B023
+        py_wall, _ = _best(lambda: _keys_with(pure, None, tokens), repeat)  # noqa: B023
+        out[f"{name}_bs{bs}"] = {"mtokens_per_s": PROMPT_TOKENS / hash_cpu / 1e6, "keys_128k_ms": keys_wall * 1e3,
                                  "keys_128k_cpu_ms": keys_cpu * 1e3, "compiled": ns.hasher.native,
                                  "python_keys_128k_ms": py_wall * 1e3, "speedup": py_wall / keys_wall}
     trace_ids = list(range(1, 4097))  # a 2M-token FAST'25 request: 4096 ids of 512 tokens
-    ns = _namespace("trace", "bench", "sha256_cbor", 512)
+    ns = _keyspace("trace", "bench", "sha256_cbor", 512)
     _, ids_cpu = _best(lambda: ns.trace_hashes(trace_ids), repeat)
     out["trace_sha256_cbor"] = {"ids_per_s": len(trace_ids) / ids_cpu,
                                 "represented_mtokens_per_s": len(trace_ids) * 512 / ids_cpu / 1e6}

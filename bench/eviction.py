@@ -2,7 +2,7 @@
 
     python -m bench.eviction [--trace PATH] [--capacity-tokens N [N ...]] [--suite]
 
-Replays a FAST'25-format trace (see ``agent/trace.py``) in timestamp order against a cache of ``N`` tokens,
+Replays a FAST'25-format trace (see ``agent/sim/trace.py``) in timestamp order against a cache of ``N`` tokens,
 that is ``N // block_tokens`` blocks. For each request:
 
 1. prefix hit = the number of leading ``hash_ids`` present (a lookup stops at the first missing block);
@@ -27,18 +27,18 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
-from agent.eviction import (
+from agent.datapath.eviction import (
     BeladyPolicy,
     EvictionPolicy,
     HitDensityPolicy,
     LeafLRUPolicy,
     PlainLRUPolicy,
 )
-from agent.trace import (
+from agent.sim.trace import (
     FAST25_BLOCK_TOKENS,
     TraceError,
     TraceRequest,

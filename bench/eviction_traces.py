@@ -1,7 +1,7 @@
 """Other traces for the eviction simulator: transforms of a real trace and synthetic generators.
 
 They exist to check that an eviction policy is not fitted to one trace. Each function returns a list of
-:class:`agent.trace.TraceRequest` in timestamp order, with prefix ids (an id names its whole prefix).
+:class:`agent.sim.trace.TraceRequest` in timestamp order, with prefix ids (an id names its whole prefix).
 
 Transforms of a trace (``TRANSFORMS``):
 
@@ -32,9 +32,9 @@ import itertools
 import math
 import random
 from collections import Counter, defaultdict
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from agent.trace import FAST25_BLOCK_TOKENS, TraceRequest
+from agent.sim.trace import FAST25_BLOCK_TOKENS, TraceRequest
 
 
 def _rebuilt(reqs: Sequence[TraceRequest]) -> list[TraceRequest]:

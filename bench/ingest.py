@@ -1,13 +1,13 @@
 """Ingest rate of occupancy samples into PostgreSQL, against a raw COPY of the same rows.
 
-    python -m bench.ingest [--reports N] [--namespaces K] [--batch B] [--database-url URL]
+    python -m bench.ingest [--reports N] [--scopes K] [--batch B] [--database-url URL]
 
-Builds ``N`` reports of ``K`` namespaces each (``N*K`` samples), as the agents send them (JSON text of a
-batch of ``B`` reports, the task message body), and stores them with ``dashboard.ingest.ingest`` — JSON decode,
-validation, the idempotency receipts (``INSERT ... ON CONFLICT DO NOTHING RETURNING``) and the bulk insert of
-the samples (``COPY``), one transaction per batch, exactly what the ``dashboard.ingest`` task runs. Then re-delivers the first batch (must store
-nothing). Baseline, same run, same server: ``COPY`` of the same sample rows into the same table with psycopg,
-one transaction per batch. Ratio = ingest rate / COPY rate. Goal: ≥ 20,000 samples/s.
+Builds ``N`` reports of ``K`` cache scopes each (``N*K`` samples), as the agents send them (JSON text of a batch of
+``B`` reports, the task message body), and stores them with ``dashboard.telemetry.ingest.ingest`` — JSON decode,
+validation, the idempotency receipts (``INSERT ... ON CONFLICT DO NOTHING RETURNING``) and the bulk insert of the
+samples (``COPY``), one transaction per batch, exactly what the ``dashboard.ingest`` task runs. Then re-delivers the
+first batch (must store nothing). Baseline, same run, same server: ``COPY`` of the same sample rows into the same
+table with psycopg, one transaction per batch. Ratio = ingest rate / COPY rate. Goal: ≥ 20,000 samples/s.
 
 Runs in a private database ``kvpool_bench_<pid>`` created on the server of ``--database-url`` (default
 ``$DATABASE_URL`` if it is PostgreSQL, else ``postgres://root@127.0.0.1:5432/postgres``) and dropped at the end.
@@ -20,9 +20,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_SERVER = "postgres://root@127.0.0.1:5432/postgres"
@@ -74,28 +74,28 @@ def server_url(arg: str | None) -> str:
     return env if env.startswith("postgres") else DEFAULT_SERVER
 
 
-def make_reports(count: int, namespaces: int, nodes: int = 200) -> list[dict]:
-    """``count`` report wire dicts, round-robin over ``nodes`` nodes, ``namespaces`` namespaces each, signed as
+def make_reports(count: int, scopes: int, nodes: int = 200) -> list[dict]:
+    """``count`` report wire dicts, round-robin over ``nodes`` nodes, ``scopes`` cache scopes each, signed as
     their agents send them; the nodes are registered with their secrets (ingest verifies every report)."""
-    from agent.messages import NamespaceOccupancy, Report
-    from agent.signing import sign_message
+    from agent.contract.messages import Report, ScopeOccupancy
+    from agent.contract.signing import sign_message
     from tenants.models import Node
 
     Node.objects.bulk_create([Node(name=f"bench-{node:03d}", hostname="10.0.0.1",
                                    signing_secret=f"bench-secret-{node:03d}") for node in range(nodes)],
                              ignore_conflicts=True)
-    t0 = datetime.now(timezone.utc) - timedelta(hours=1)  # inside the dashboard's receipt horizon
+    t0 = datetime.now(UTC) - timedelta(hours=1)  # inside the dashboard's receipt horizon
     reports = []
     for i in range(count):
         node, sequence = i % nodes, i // nodes + 1
         reports.append(Report(
             node=f"bench-{node:03d}", sequence=sequence, sent_at=t0 + timedelta(seconds=10 * sequence),
             started_at=t0, applied_version=3,
-            namespaces=[NamespaceOccupancy(
+            scopes=[ScopeOccupancy(
                 tenant_id=f"tenant-{k % 5}", served_model_name="qwen3-8b", namespace=f"prod-{k // 5}",
-                salt_group=f"group-{k}", blocks=1000 + k, bytes=(1000 + k) << 20, puts=5000 + i, gets=9000 + i,
+                request_group=f"group-{k}", blocks=1000 + k, bytes=(1000 + k) << 20, puts=5000 + i, gets=9000 + i,
                 hit_blocks=7000 + i, miss_blocks=2000 + k, evicted_blocks=k, orphaned_bytes=0,
-                in_flight_requests=k % 7) for k in range(namespaces)],
+                in_flight_requests=k % 7) for k in range(scopes)],
         ).to_wire())
         reports[-1] = sign_message(reports[-1], f"bench-secret-{node:03d}")
     return reports
@@ -106,7 +106,7 @@ def run_ingest(reports: list[dict], batch: int) -> float:
 
     Each batch is timed from its JSON text (the task message body), as the worker decodes it.
     """
-    from dashboard.ingest import ingest
+    from dashboard.telemetry.ingest import ingest
 
     bodies = [json.dumps(reports[i:i + batch]) for i in range(0, len(reports), batch)]
     start = time.perf_counter()
@@ -121,7 +121,7 @@ def run_copy(reports: list[dict], batch: int) -> float:
 
     from dashboard.models import OccupancySample
 
-    columns = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "blocks",
+    columns = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "blocks",
                "bytes", "max_bytes", "orphaned_bytes", "in_flight_requests", "puts", "gets", "hit_blocks",
                "miss_blocks", "evicted_blocks", "samples")
     batches = []
@@ -129,44 +129,43 @@ def run_copy(reports: list[dict], batch: int) -> float:
         rows = []
         for r in reports[i:i + batch]:
             ts = datetime.fromisoformat(r["sent_at"].replace("Z", "+00:00"))
-            for ns in r["namespaces"]:
-                rows.append((0, ts, r["node"], ns["tenant_id"], ns["served_model_name"], ns["namespace"],
-                             ns["salt_group"], ns["blocks"], ns["bytes"], ns["bytes"], ns["orphaned_bytes"],
-                             ns["in_flight_requests"], ns["puts"], ns["gets"], ns["hit_blocks"], ns["miss_blocks"],
-                             ns["evicted_blocks"], 1))
+            for row in r["scopes"]:
+                rows.append((0, ts, r["node"], row["tenant_id"], row["served_model_name"], row["namespace"],
+                             row["request_group"], row["blocks"], row["bytes"], row["bytes"], row["orphaned_bytes"],
+                             row["in_flight_requests"], row["puts"], row["gets"], row["hit_blocks"],
+                             row["miss_blocks"], row["evicted_blocks"], 1))
         batches.append(rows)
     table = OccupancySample._meta.db_table
     connection.ensure_connection()
     raw = connection.connection
     start = time.perf_counter()
     for rows in batches:
-        with raw.transaction():
-            with raw.cursor() as cursor:
-                with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-                    for row in rows:
-                        copy.write_row(row)
+        with (raw.transaction(), raw.cursor() as cursor,
+              cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy):
+            for row in rows:
+                copy.write_row(row)
     return time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.splitlines()[0])
     parser.add_argument("--reports", type=int, default=4000, help="reports to ingest (default 4000)")
-    parser.add_argument("--namespaces", type=int, default=20, help="namespaces per report (default 20)")
+    parser.add_argument("--scopes", type=int, default=20, help="cache scopes per report (default 20)")
     parser.add_argument("--batch", type=int, default=200, help="reports per ingest task (default 200)")
     parser.add_argument("--database-url", help="PostgreSQL server URL (a private database is created on it)")
     args = parser.parse_args(argv)
-    if min(args.reports, args.namespaces, args.batch) < 1:
-        parser.error("--reports, --namespaces and --batch must be at least 1")
+    if min(args.reports, args.scopes, args.batch) < 1:
+        parser.error("--reports, --scopes and --batch must be at least 1")
 
     with private_database(server_url(args.database_url)) as url:
         setup_django(url)
         from django.db import connection
 
-        from dashboard.ingest import ingest
         from dashboard.models import OccupancySample, Report
+        from dashboard.telemetry.ingest import ingest
 
-        reports = make_reports(args.reports, args.namespaces)
-        samples = args.reports * args.namespaces
+        reports = make_reports(args.reports, args.scopes)
+        samples = args.reports * args.scopes
         run_ingest(reports[: args.batch], args.batch)  # warm-up (connection, statement caches)
         OccupancySample.objects.all().delete()
         Report.objects.all().delete()
@@ -181,13 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         ingest_rate, copy_rate = samples / ingest_s, samples / copy_s
         server = connection.pg_version
     ratio = ingest_rate / copy_rate
-    print(f"ingest: {samples} samples ({args.reports} reports x {args.namespaces} namespaces, {args.batch} "
+    print(f"ingest: {samples} samples ({args.reports} reports x {args.scopes} scopes, {args.batch} "
           f"reports per task) in {ingest_s:.2f} s = {ingest_rate:,.0f} samples/s (PostgreSQL {server})")
     print(f"baseline COPY of the same rows: {copy_s:.2f} s = {copy_rate:,.0f} samples/s")
     print(f"ratio ingest/COPY: {ratio:.2f}; goal >= {GOAL_SAMPLES_PER_S:,} samples/s: "
           f"{'met' if ingest_rate >= GOAL_SAMPLES_PER_S else 'NOT met'}; redelivered batch stored 0 samples")
     print(json.dumps({
-        "bench": "ingest", "samples": samples, "reports": args.reports, "namespaces": args.namespaces,
+        "bench": "ingest", "samples": samples, "reports": args.reports, "scopes": args.scopes,
         "batch_reports": args.batch, "ingest_s": round(ingest_s, 3), "ingest_samples_per_s": round(ingest_rate),
         "copy_s": round(copy_s, 3), "copy_samples_per_s": round(copy_rate), "ratio": round(ratio, 3),
         "goal_samples_per_s": GOAL_SAMPLES_PER_S, "meets_goal": ingest_rate >= GOAL_SAMPLES_PER_S,

@@ -6,8 +6,8 @@ Set-up: a private ``redis-server`` (free port), a private PostgreSQL database (a
 of one tenant, model and release with one instance on each of ``N`` nodes; a real dashboard Celery worker
 (``celery -A dashboard.celery worker``, threads pool, 2 threads, both dashboard queues) and one process (or
 ``--agent-processes`` processes, each with every k-th node) that simulates the ``N`` agents: a Celery worker
-(``agent.celery_app.make_app``) consuming the ``N`` queues ``agent.<node>`` (threads pool) that hands each
-document to that node's real ``agent.daemon.Daemon`` (signature check, validation, namespace binding,
+(``agent.node.celery_app.make_app``) consuming the ``N`` queues ``agent.<node>`` (threads pool) that hands each
+document to that node's real ``agent.node.daemon.Daemon`` (signature check, validation, key space binding,
 persisted state, ack through the on-disk outbox to ``dashboard.ingest``).
 
 A round: change the tenant's quota (every node's document changes) and commit; ``transaction.on_commit`` queues
@@ -143,9 +143,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def simulate_agents(broker: str, secrets_file: str, state_dir: str, threads: int) -> None:
     """Celery worker consuming every node's queue; each document goes to that node's ``Daemon``."""
-    from agent.celery_app import make_app, make_publisher
-    from agent.daemon import Daemon
-    from agent.messages import APPLY_CONFIG_TASK, node_queue
+    from agent.contract.messages import APPLY_CONFIG_TASK, node_queue
+    from agent.node.celery_app import make_app, make_publisher
+    from agent.node.daemon import Daemon
 
     secrets = json.loads(Path(secrets_file).read_text())
     app = make_app("bench-agents", broker)
@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"baseline raw Redis LPUSH/BRPOP fan-out: p50 {result['baseline_p50_s']:.4f} s, "
           f"p99 {result['baseline_p99_s']:.4f} s; ratio p99 {result['ratio_p99']}x")
     print(f"phases p99 (from commit): sent {result['phase_p99_s']['sent']:.3f} s, applied+acked by the agent "
-          f"{result['phase_p99_s']['acked']:.3f} s, recorded by the dashboard {result['phase_p99_s']['recorded']:.3f} s; "
+          f"{result['phase_p99_s']['acked']:.3f} s, "
+          f"recorded by the dashboard {result['phase_p99_s']['recorded']:.3f} s; "
           f"CPU seconds over all rounds incl. warm-up: {result['cpu_s']}")
     print(f"CPU seconds per measured round: {result['cpu_per_round_s']} (postgres_backends: the bench database's "
           "backends alive at the end)")

@@ -8,5 +8,6 @@ class DashboardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Connect the receivers that push configs on commit and sync quotas to the master."""
-        from dashboard import signals  # noqa: F401
+        """Connect the receivers that push configs on commit and sync quotas to the master, and register the
+        system checks of the settings (``dashboard.checks``, ids ``kvpool.E…``/``kvpool.W…``)."""
+        from dashboard import checks, signals  # noqa: F401  (importing registers them)

@@ -1,342 +1,345 @@
-"""The seed's operational checklist as live checks: one pass/fail result per item.
+"""Django system checks of the control plane's settings (``manage.py check``; also run before ``runserver``,
+``migrate`` and the other commands that check).
 
-Seed (KV Cache Sharing and Isolation, "Operational Checklist"), in order:
+``dashboard/env.py`` refuses malformed environment values when the settings load; these checks look at the
+*settings* as Django ended up with them (a settings module that sets values directly, a derived settings
+module such as ``demo.settings``, ``override_settings``) and at relations between settings that no single
+parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings (``kvpool.W…``) are printed.
 
-1. ``names_stable`` — *Use deterministic names that remain stable across restarts.* Every namespace the agents
-   report now (tenant, served model, release namespace, request group) is one the registry defines; no
-   engine instance got different names from one config version to the next (config versions of the last
-   ``CONFIG_HISTORY_DAYS``); every live release has a hash
-   seed (vLLM's ``PYTHONHASHSEED``: without one, xxhash block hashes change at every restart).
-2. ``pd_identical`` — *Keep model and release fields identical across compatible prefill, decode, and replica
-   instances.* For every instance of a live release, the values its agent applied (the instance in the config
-   document whose digest the agent reports running) equal what the release prescribes: tenant_id, served
-   model name, vLLM model name, release namespace, fingerprint, engine, hash algorithm and seed.
-3. ``namespace_changed`` — *Change the release namespace before introducing a cache-incompatible
-   deployment.* No namespace went to agents with two different fingerprints while its release was serving (same
-   history; a warming release may still change its fingerprint, as the registry allows), and no two live
-   releases whose keys would meet (same tenant, engine key model and namespace) differ in fingerprint.
-4. ``salts_stable`` — *Keep cache_salt stable within a group that should benefit from prefix reuse.* No
-   request group went out with two different salts (same history), and the audit log shows no salt change.
-5. ``overlap_capacity`` — *Account for duplicate cache occupancy while old and new releases overlap.* For
-   every tenant with an upgrade under way, current occupancy + what the warming releases still need to reach
-   their old release's size fits the tenant's effective quota, and the master does not report it over quota.
+=============  ===========================================================================================
+``E001``       a ``KVPOOL_*`` duration or size is missing or not an integer
+``E002``       a ``KVPOOL_*`` duration or size is below its minimum (seconds positive, sizes non-negative)
+``E003``       rollup ages not increasing: raw-after < minute-after < retention
+``E004``       ``CELERY_BROKER_URL`` is not a ``redis://``/``rediss://`` URL with a host and a numeric database
+``E005``       ``KVPOOL_MASTER_ADMIN_URL`` is not ``http(s)://host:port`` (no path, query or fragment)
+``E006``       ``KVPOOL_MASTER_ADDRESS`` is not ``host:port``
+``E007``       ``KVPOOL_METADATA_SERVER`` is empty, or an ``http(s)://`` URL without host and port
+``E008``       ``KVPOOL_STORE_PROTOCOL`` is not a non-empty string, or ``KVPOOL_STORE_DEVICE`` not a string
+``E009``       ``KVPOOL_ENGINE_CONFIG_DIR`` is not an absolute path
+``E010``       ``KVPOOL_TENANT_QUOTAS_PATH`` is not a non-empty path
+``E011``       ``KVPOOL_MASTER_SYNC`` is not a boolean
+``E012``       ``KVPOOL_METRICS_TOKEN`` is not a string, or holds whitespace (unusable in a Bearer header)
+``E013``       a Celery beat period or the broker's ``visibility_timeout`` is not a positive number
+``W001``       ``KVPOOL_STORE_PROTOCOL`` is neither ``tcp`` nor ``rdma``
+``W002``       ``KVPOOL_PUSH_EXPIRES_SECONDS`` < ``KVPOOL_REPUSH_AFTER_SECONDS``
+``W003``       ``KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS`` > ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``
+``W004``       ``KVPOOL_HEARTBEAT_SILENCE_SECONDS`` shorter than two agent heartbeats
+``W005``       ``KVPOOL_METRICS_WINDOW_SECONDS`` shorter than two agent reports
+``W006``       ``KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS`` not shorter than the master sampling period
+``W007``       ``KVPOOL_METADATA_SERVER`` is none of the forms Mooncake documents
+=============  ===========================================================================================
 
-Each check reads the database only (registry, config versions, node states, telemetry, audit log).
+The settings module holds no ratio settings today; a new one belongs in ``_RATIOS`` (checked to lie in (0, 1]).
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Callable
+import argparse
+import math
+import posixpath
+from collections.abc import Callable
+from typing import Any, TypeGuard
+from urllib.parse import urlsplit
 
-from django.utils import timezone
+from django.conf import settings
+from django.core import checks
 
-from dashboard.models import ConfigVersion, NodeState, OccupancySample
-from tenants.choices import Engine, ReleaseState
-from tenants.models import (
-    AuditEntry,
-    InstanceAssignment,
-    Release,
-    RequestGroup,
-    ServedModel,
-    Tenant,
-)
-from tenants.quota import humanize_bytes
+TAG = "kvpool"
 
-#: Reported names are checked over this many seconds of raw samples.
-REPORTED_NAMES_WINDOW_SECONDS = 3600
-#: Config versions younger than this many days are searched for renamed instances, reused namespaces and
-#: changed salts (older ones are mostly gone anyway: the rollup keeps each node's newest version only).
-CONFIG_HISTORY_DAYS = 30
-#: At most this many detail lines per check (the rest is counted).
-MAX_DETAILS = 50
+#: Integer settings and their least allowed value (the same minimums ``dashboard/settings.py`` passes to
+#: ``env_int``, except the Store sizes: 0 is what Mooncake takes for "mount nothing", and the demo's small
+#: segments are set below the environment parser's floor on purpose).
+_INTEGERS: dict[str, int] = {
+    "KVPOOL_REPUSH_AFTER_SECONDS": 1,
+    "KVPOOL_PUSH_EXPIRES_SECONDS": 1,
+    "KVPOOL_ROLLUP_RAW_AFTER_SECONDS": 60,
+    "KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS": 3600,
+    "KVPOOL_RETENTION_SECONDS": 3600,
+    "KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS": 60,
+    "KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS": 1,
+    "KVPOOL_METRICS_WINDOW_SECONDS": 1,
+    "KVPOOL_HEARTBEAT_SILENCE_SECONDS": 1,
+    "KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS": 60,
+    "KVPOOL_AGENT_CLOCK_SKEW_SECONDS": 0,
+    "KVPOOL_GLOBAL_SEGMENT_SIZE": 0,
+    "KVPOOL_LOCAL_BUFFER_SIZE": 0,
+}
 
+#: Ratio settings (checked to lie in (0, 1]); none today.
+_RATIOS: tuple[str, ...] = ()
 
-@dataclass
-class CheckResult:
-    """One checklist item: ``passed``, a one-line ``summary`` and the ``details`` behind it."""
+#: Defaults of ``kvpool-agent run --heartbeat-interval`` / ``--report-interval`` (seconds).
+AGENT_HEARTBEAT_INTERVAL = 5
+AGENT_REPORT_INTERVAL = 10
 
-    key: str
-    title: str
-    seed: str
-    passed: bool
-    summary: str
-    details: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "title": self.title, "seed": self.seed, "passed": self.passed,
-                "status": "pass" if self.passed else "fail", "summary": self.summary, "details": self.details}
+#: Store protocols the rendered Mooncake client configs are meant for.
+KNOWN_PROTOCOLS = ("tcp", "rdma")
 
 
-def _capped(lines: list[str]) -> list[str]:
-    if len(lines) <= MAX_DETAILS:
-        return lines
-    return [*lines[:MAX_DETAILS], f"... and {len(lines) - MAX_DETAILS} more"]
+def _hint_env(name: str, example: Any) -> str:
+    return f"Set the environment variable {name} (e.g. {name}={example}) or the setting in your settings module."
 
 
-def _live_releases():
-    return Release.objects.exclude(state=ReleaseState.RETIRED).select_related("model__tenant")
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    """An ``int`` or ``float`` (``bool`` is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# --- 1 --------------------------------------------------------------------------------------------------
+def _integer(name: str) -> int | None:
+    """The setting's value when it is an integer (``bool`` is not), else ``None``."""
+    value = getattr(settings, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _history(now: datetime):
-    """``(node_name, version, document)`` of the config versions of the last ``CONFIG_HISTORY_DAYS``, by version."""
-    return (ConfigVersion.objects.filter(created_at__gte=now - timedelta(days=CONFIG_HISTORY_DAYS))
-            .order_by("node_name", "version").values_list("node_name", "version", "document").iterator(chunk_size=200))
+@checks.register(TAG)
+def check_integer_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E001/E002: every duration (seconds) and Store size (bytes) is an integer at or above its minimum;
+    ratios (none today) lie in (0, 1]."""
+    errors: list[checks.CheckMessage] = []
+    for name, minimum in _INTEGERS.items():
+        value = _integer(name)
+        if value is None:
+            errors.append(checks.Error(
+                f"{name} must be an integer, not {getattr(settings, name, None)!r}.",
+                hint=_hint_env(name, max(minimum, 1) * 60), obj=name, id="kvpool.E001"))
+        elif value < minimum:
+            unit = "bytes" if name.endswith("_SIZE") else "seconds"
+            errors.append(checks.Error(
+                f"{name}={value} is below its minimum of {minimum} {unit}.",
+                hint=f"Use at least {minimum} {unit}.", obj=name, id="kvpool.E002"))
+    for name in _RATIOS:
+        ratio = getattr(settings, name, None)
+        if not _is_number(ratio) or not 0 < ratio <= 1:
+            errors.append(checks.Error(f"{name} must be a ratio in (0, 1], not {ratio!r}.",
+                                       hint="Use a fraction such as 0.9.", obj=name, id="kvpool.E002"))
+    return errors
 
 
-def check_names_stable(now: datetime) -> CheckResult:
-    problems: list[str] = []
-    tenants = set(Tenant.objects.values_list("tenant_id", flat=True))
-    models = set(ServedModel.objects.values_list("tenant__tenant_id", "served_model_name"))
-    releases = set(Release.objects.values_list("model__tenant__tenant_id", "model__served_model_name", "namespace"))
-    groups = set(RequestGroup.objects.values_list("tenant__tenant_id", "name"))
-    reported = (OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
-                                               ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
-                .values_list("node_name", "tenant_id", "served_model_name", "namespace", "salt_group").distinct())
-    seen = 0
-    for node, tenant_id, model, namespace, salt in reported:
-        seen += 1
-        where = f"node {node} reports {tenant_id}/{model or '-'}/{namespace or '-'}"
-        if tenant_id not in tenants:
-            problems.append(f"{where}: tenant '{tenant_id}' is not in the registry")
-        elif model and (tenant_id, model) not in models:
-            problems.append(f"{where}: served model '{model}' is not registered in tenant '{tenant_id}'")
-        elif namespace and (tenant_id, model, namespace) not in releases:
-            problems.append(f"{where}: release namespace '{namespace}' is not registered for model '{model}'")
-        elif salt and (tenant_id, salt) not in groups:
-            problems.append(f"{where}: request group '{salt}' is not registered in tenant '{tenant_id}'")
-    renamed = _renamed_instances(now)
-    problems.extend(renamed)
-    for release in _live_releases():
-        if not release.hash_seed:
-            problems.append(f"release '{release.namespace}' of '{release.model}' has no hash seed: block hashes "
-                            "(PYTHONHASHSEED) would differ after a restart")
-    passed = not problems
-    summary = (f"{seen} reported name(s) all match the registry; instance names unchanged across config versions"
-               if passed else f"{len(problems)} name problem(s)")
-    return CheckResult("names_stable", "Names stable across restarts",
-                       "Use deterministic names that remain stable across restarts.", passed, summary,
-                       _capped(problems))
+@checks.register(TAG)
+def check_rollup_ages(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E003: raw samples roll up into minutes, minutes into hours, hours are deleted: the ages must grow."""
+    names = ("KVPOOL_ROLLUP_RAW_AFTER_SECONDS", "KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS", "KVPOOL_RETENTION_SECONDS")
+    raw, minute, retention = (_integer(name) for name in names)
+    if raw is None or minute is None or retention is None:
+        return []  # E001 says so
+    if raw < minute < retention:
+        return []
+    return [checks.Error(
+        f"Rollup ages must increase: KVPOOL_ROLLUP_RAW_AFTER_SECONDS ({raw}) < "
+        f"KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS ({minute}) < KVPOOL_RETENTION_SECONDS ({retention}).",
+        hint="Raw samples become 1-minute rows after the first age, 1-minute rows become 1-hour rows after the "
+             "second, 1-hour rows are deleted after the retention; a later stage must not start before an "
+             "earlier one (defaults: 3600 < 172800 < 7776000).",
+        obj="KVPOOL_RETENTION_SECONDS", id="kvpool.E003")]
 
 
-def _renamed_instances(now: datetime) -> list[str]:
-    """Instances whose (tenant, served model, namespace) changed between two stored config versions of a node."""
-    problems = []
-    history: dict[tuple[str, str], tuple[int, tuple[str, str, str]]] = {}
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
-            names = (instance.get("tenant_id", ""), instance.get("served_model_name", ""),
-                     instance.get("namespace", ""))
-            key = (node, str(instance.get("instance_id")))
-            previous = history.get(key)
-            if previous is not None and previous[1] != names:
-                problems.append(f"instance {key[1]} on node {node} changed names from {'/'.join(previous[1])} "
-                                f"(v{previous[0]}) to {'/'.join(names)} (v{version})")
-            history[key] = (version, names)
-    return problems
+@checks.register(TAG)
+def check_broker(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E004: the broker URL is one the dashboard and the agents can both use (``agent.contract.broker``);
+    E013: beat periods and the broker's visibility timeout are positive numbers."""
+    from agent.contract.broker import broker_url
+
+    errors: list[checks.CheckMessage] = []
+    url = getattr(settings, "CELERY_BROKER_URL", None)
+    try:
+        if not isinstance(url, str):
+            raise argparse.ArgumentTypeError(f"{url!r} is not a string")
+        broker_url(url, schemes=("redis", "rediss"))
+    except argparse.ArgumentTypeError as exc:
+        errors.append(checks.Error(f"CELERY_BROKER_URL: {exc}.", hint=_hint_env("CELERY_BROKER_URL",
+                                                                                "redis://127.0.0.1:6379/0"),
+                                   obj="CELERY_BROKER_URL", id="kvpool.E004"))
+
+    def positive(value: Any) -> bool:
+        return _is_number(value) and math.isfinite(value) and value > 0
+
+    for entry, spec in (getattr(settings, "CELERY_BEAT_SCHEDULE", None) or {}).items():
+        period = spec.get("schedule") if isinstance(spec, dict) else None
+        if _is_number(period) and not positive(period):  # schedule objects (crontab) are Celery's business
+            errors.append(checks.Error(
+                f"CELERY_BEAT_SCHEDULE[{entry!r}] runs every {period!r} seconds.",
+                hint="Periods are positive seconds (KVPOOL_RECONCILE_SECONDS, KVPOOL_ROLLUP_SECONDS, "
+                     "KVPOOL_MASTER_SYNC_SECONDS, KVPOOL_MASTER_SAMPLE_SECONDS).",
+                obj="CELERY_BEAT_SCHEDULE", id="kvpool.E013"))
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+    if "visibility_timeout" in options and not positive(options["visibility_timeout"]):
+        errors.append(checks.Error(
+            f"CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout'] is {options['visibility_timeout']!r}.",
+            hint=_hint_env("KVPOOL_BROKER_VISIBILITY_TIMEOUT", 3600), obj="CELERY_BROKER_TRANSPORT_OPTIONS",
+            id="kvpool.E013"))
+    return errors
 
 
-# --- 2 --------------------------------------------------------------------------------------------------
-
-_PRESCRIBED = ("tenant_id", "served_model_name", "vllm_model_name", "namespace", "release_fingerprint", "engine",
-               "hash_algo", "hash_seed")
-
-
-def prescribed_values(release: Release) -> dict[str, str]:
-    """What every instance of ``release`` must run with (the config document's instance fields)."""
-    model = release.model
-    return {"tenant_id": model.tenant.tenant_id, "served_model_name": model.served_model_name,
-            "vllm_model_name": model.vllm_model_name, "namespace": release.namespace,
-            "release_fingerprint": release.fingerprint, "engine": release.engine, "hash_algo": release.hash_algo,
-            "hash_seed": release.hash_seed}
-
-
-def applied_instances() -> dict[tuple[str, str], dict[str, Any]]:
-    """(node name, instance_id) -> the instance spec in the document each agent reports running.
-
-    The document is the stored ``ConfigVersion`` whose digest equals the node's applied digest (from its
-    newest ack or heartbeat); nodes whose digest matches no stored version contribute nothing.
-    """
-    states = {s.node_name: s.applied_digest for s in NodeState.objects.exclude(applied_digest="")}
-    if not states:
-        return {}
-    result: dict[tuple[str, str], dict[str, Any]] = {}
-    versions = ConfigVersion.objects.filter(node_name__in=list(states), digest__in=set(states.values()))
-    for version in versions:
-        if states.get(version.node_name) != version.digest:
-            continue
-        for instance in (version.document or {}).get("instances", []):
-            result[(version.node_name, str(instance.get("instance_id")))] = instance
-    return result
+def _url_problem(value: Any, schemes: tuple[str, ...]) -> str | None:
+    """Why ``value`` is not ``scheme://host:port`` with one of ``schemes`` and nothing after the port."""
+    if not isinstance(value, str) or not value:
+        return f"{value!r} is not a URL"
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        return f"{value!r} is not a valid URL ({exc})"
+    if parts.scheme.lower() not in schemes:
+        return f"{value!r} does not start with {' or '.join(s + '://' for s in schemes)}"
+    if not parts.hostname:
+        return f"{value!r} names no host"
+    if port is None:
+        return f"{value!r} names no port"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return f"{value!r} has a path, query or fragment after the port"
+    return None
 
 
-def check_pd_identical(now: datetime) -> CheckResult:
-    applied = applied_instances()
-    applied_nodes = {node for node, _ in applied}
-    node_states = set(NodeState.objects.exclude(applied_digest="").values_list("node_name", flat=True))
-    problems: list[str] = []
-    checked = 0
-    assignments = (InstanceAssignment.objects.exclude(release__state=ReleaseState.RETIRED)
-                   .select_related("node", "release__model__tenant")
-                   .order_by("release__namespace", "node__name", "port"))
-    for assignment in assignments:
-        release = assignment.release
-        where = f"{release.namespace} {assignment.role} on {assignment.node.name}:{assignment.port}"
-        spec = applied.get((assignment.node.name, str(assignment.pk)))
-        if spec is None:
-            if assignment.node.name not in node_states:
-                problems.append(f"{where}: the agent of node {assignment.node.name} has not reported running any "
-                                "config yet")
-            elif assignment.node.name not in applied_nodes:
-                problems.append(f"{where}: node {assignment.node.name} runs a config version the dashboard no "
-                                "longer holds")
-            else:
-                problems.append(f"{where}: not in the config the agent runs (not applied yet)")
-            continue
-        checked += 1
-        expected = prescribed_values(release)
-        wrong = [f"{name} '{spec.get(name, '')}' (release prescribes '{value}')"
-                 for name, value in expected.items() if str(spec.get(name, "")) != str(value)]
-        if wrong:
-            problems.append(f"{where}: the agent applied " + ", ".join(wrong))
-    passed = not problems
-    summary = (f"{checked} instance(s) apply exactly what their release prescribes" if passed
-               else f"{len(problems)} instance(s) differ from their release or are unconfirmed")
-    return CheckResult("pd_identical", "Prefill/decode values identical",
-                       "Keep model and release fields identical across compatible prefill, decode, and replica "
-                       "instances.", passed, summary, _capped(problems))
+@checks.register(TAG)
+def check_master_endpoints(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E005–E008, W001, W007: the Mooncake master's admin URL, RPC address, metadata server and protocol."""
+    errors: list[checks.CheckMessage] = []
+    admin = getattr(settings, "KVPOOL_MASTER_ADMIN_URL", None)
+    problem = _url_problem(admin, ("http", "https"))
+    if problem:
+        errors.append(checks.Error(
+            f"KVPOOL_MASTER_ADMIN_URL: {problem}.",
+            hint="The base of the master's metrics/admin HTTP server (mooncake_master --metrics_port), "
+                 "e.g. http://127.0.0.1:9003; the dashboard appends /api/v1/tenant_quotas and /metrics.",
+            obj="KVPOOL_MASTER_ADMIN_URL", id="kvpool.E005"))
 
-
-# --- 3 --------------------------------------------------------------------------------------------------
-
-
-def _key_identity(tenant_id: str, engine: str, served_model_name: str, vllm_model_name: str, namespace: str):
-    """Releases with equal identity write the same keys (vLLM: model name = vllm_model_name)."""
-    model = vllm_model_name if engine == Engine.VLLM else served_model_name.replace("/", "-")
-    return (tenant_id, engine, model, namespace)
-
-
-def _sent_while_serving(instance: dict[str, Any]) -> bool:
-    """Whether an instance spec of a stored config document was sent while its release was serving.
-
-    The registry lets a release's fingerprint change (adapters, KV layout, ...) only before it has served, so
-    the specs of a ``warming`` (or never-served ``retired``) release may carry earlier fingerprints without two
-    caches ever having served under the namespace. Specs without ``release_state`` (documents from before the
-    field) count, to stay on the safe side.
-    """
-    return instance.get("release_state", ReleaseState.SERVING) == ReleaseState.SERVING
-
-
-def check_namespace_changed(now: datetime) -> CheckResult:
-    """Fail when one namespace's keys served with two fingerprints, or two live releases share its keys.
-
-    Pushed history: only instance specs sent while their release was serving count (``_sent_while_serving``):
-    a fingerprint-relevant edit of a warming release, which the registry allows, is not a namespace reuse.
-    """
-    problems: list[str] = []
-    pushed: dict[tuple, dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
-            if not _sent_while_serving(instance):
-                continue
-            identity = _key_identity(instance.get("tenant_id", ""), instance.get("engine", ""),
-                                     instance.get("served_model_name", ""), instance.get("vllm_model_name", ""),
-                                     instance.get("namespace", ""))
-            fingerprint = instance.get("release_fingerprint", "")
-            pushed[identity].setdefault(fingerprint, (node, version))
-    for identity, fingerprints in sorted(pushed.items()):
-        if len(fingerprints) > 1:
-            seen = ", ".join(f"{fp[:12]} (first on {node} v{version})" for fp, (node, version) in fingerprints.items())
-            problems.append(f"namespace '{identity[3]}' of {identity[0]}/{identity[2]} ({identity[1]}) served on agents "
-                            f"with {len(fingerprints)} fingerprints: {seen}; a cache-incompatible change kept "
-                            "the namespace")
-    live: dict[tuple, list[Release]] = defaultdict(list)
-    for release in _live_releases():
-        model = release.model
-        live[_key_identity(model.tenant.tenant_id, release.engine, model.served_model_name, model.vllm_model_name,
-                           release.namespace)].append(release)
-    for identity, releases in sorted(live.items()):
-        if len({r.fingerprint for r in releases}) > 1:
-            names = ", ".join(f"{r.model}/{r.namespace} ({r.fingerprint[:12]})" for r in releases)
-            problems.append(f"live releases share the keys of namespace '{identity[3]}' with different "
-                            f"fingerprints: {names}")
-    passed = not problems
-    summary = (f"{len(pushed)} served namespace(s), each with a single fingerprint" if passed
-               else f"{len(problems)} namespace(s) reused across incompatible settings")
-    return CheckResult("namespace_changed", "Namespace changed on incompatible change",
-                       "Change the release namespace before introducing a cache-incompatible deployment.",
-                       passed, summary, _capped(problems))
-
-
-# --- 4 --------------------------------------------------------------------------------------------------
-
-
-def check_salts_stable(now: datetime) -> CheckResult:
-    problems: list[str] = []
-    salts: dict[tuple[str, str], dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
-            for group in instance.get("request_groups", []):
-                key = (instance.get("tenant_id", ""), group.get("name", ""))
-                salts[key].setdefault(group.get("cache_salt", ""), (node, version))
-    for (tenant_id, name), values in sorted(salts.items()):
-        if len(values) > 1:
-            problems.append(f"request group {tenant_id}/{name} went to agents with {len(values)} different "
-                            "cache_salt values: its requests stopped reusing each other's prefixes")
-    changes = AuditEntry.objects.filter(object_type="tenants.requestgroup", action="update").order_by("timestamp")
-    for entry in changes:
-        before, after = entry.before or {}, entry.after or {}
-        if "cache_salt" in before and before.get("cache_salt") != after.get("cache_salt"):
-            problems.append(f"request group {entry.object_repr}: cache_salt changed at "
-                            f"{entry.timestamp:%Y-%m-%d %H:%M:%S} by {entry.actor_repr}")
-    groups = RequestGroup.objects.count()
-    passed = not problems
-    summary = (f"{groups} request group(s); every salt unchanged since it was first sent" if passed
-               else f"{len(problems)} salt change(s)")
-    return CheckResult("salts_stable", "Salts stable",
-                       "Keep cache_salt stable within a group that should benefit from prefix reuse.",
-                       passed, summary, _capped(problems))
-
-
-# --- 5 --------------------------------------------------------------------------------------------------
-
-
-def check_overlap_capacity(now: datetime) -> CheckResult:
-    from dashboard.upgrade import tenant_overlaps
-
-    overlaps = tenant_overlaps()
-    problems, fine = [], []
-    for overlap in overlaps:
-        pairs = ", ".join(f"{model}: {old} → {new}" for model, old, new in overlap.overlaps)
-        line = (f"tenant {overlap.quota.tenant_id} ({pairs}): occupancy {humanize_bytes(overlap.current_bytes)} + "
-                f"warm-up still to come {humanize_bytes(overlap.pending_bytes)} = "
-                f"{humanize_bytes(overlap.peak_bytes)} vs {overlap.quota.source} "
-                f"{humanize_bytes(overlap.quota.limit_bytes)}")
-        if overlap.quota.over_quota:
-            line += "; the master reports the tenant over quota"
-        (fine if overlap.fits else problems).append(line)
-    passed = not problems
-    if not overlaps:
-        summary = "no release overlap in progress"
-    elif passed:
-        summary = f"{len(overlaps)} tenant(s) with overlapping releases, all within quota"
+    address = getattr(settings, "KVPOOL_MASTER_ADDRESS", None)
+    problem = None
+    if not isinstance(address, str) or not address:
+        problem = f"{address!r} is not an address"
+    elif "://" in address or "/" in address:
+        problem = f"{address!r} is not a bare host:port"
     else:
-        summary = f"{len(problems)} tenant(s) would exceed their quota while releases overlap"
-    return CheckResult("overlap_capacity", "Overlap capacity",
-                       "Account for duplicate cache occupancy while old and new releases overlap.",
-                       passed, summary, _capped(problems + fine))
+        problem = _url_problem(f"tcp://{address}", ("tcp",))
+        problem = problem and f"{address!r} is not host:port"
+    if problem:
+        errors.append(checks.Error(
+            f"KVPOOL_MASTER_ADDRESS: {problem}.",
+            hint="The master's RPC address as engines' Mooncake clients take it (master_server_address), "
+                 "e.g. 127.0.0.1:50051 or [::1]:50051.",
+            obj="KVPOOL_MASTER_ADDRESS", id="kvpool.E006"))
+
+    metadata = getattr(settings, "KVPOOL_METADATA_SERVER", None)
+    metadata_hint = ("http://host:port/metadata (the master's embedded HTTP metadata server), P2PHANDSHAKE, or "
+                     "an etcd://host:port / redis://host:port metadata service.")
+    if not isinstance(metadata, str) or not metadata.strip():
+        errors.append(checks.Error(f"KVPOOL_METADATA_SERVER must be a non-empty string, not {metadata!r}.",
+                                   hint=metadata_hint, obj="KVPOOL_METADATA_SERVER", id="kvpool.E007"))
+    elif metadata.lower().startswith(("http://", "https://")):
+        try:
+            parts = urlsplit(metadata)
+            ok = bool(parts.hostname) and parts.port is not None
+        except ValueError:
+            ok = False
+        if not ok:
+            errors.append(checks.Error(
+                f"KVPOOL_METADATA_SERVER: {metadata!r} names no host and port.", hint=metadata_hint,
+                obj="KVPOOL_METADATA_SERVER", id="kvpool.E007"))
+    elif metadata != "P2PHANDSHAKE" and not metadata.lower().startswith(("etcd://", "redis://")):
+        errors.append(checks.Warning(
+            f"KVPOOL_METADATA_SERVER: {metadata!r} is none of the forms Mooncake documents.",
+            hint=metadata_hint, obj="KVPOOL_METADATA_SERVER", id="kvpool.W007"))
+
+    protocol = getattr(settings, "KVPOOL_STORE_PROTOCOL", None)
+    device = getattr(settings, "KVPOOL_STORE_DEVICE", "")
+    if not isinstance(protocol, str) or not protocol.strip():
+        errors.append(checks.Error(f"KVPOOL_STORE_PROTOCOL must be a non-empty string, not {protocol!r}.",
+                                   hint=_hint_env("KVPOOL_STORE_PROTOCOL", "tcp"), obj="KVPOOL_STORE_PROTOCOL",
+                                   id="kvpool.E008"))
+    elif protocol not in KNOWN_PROTOCOLS:
+        errors.append(checks.Warning(
+            f"KVPOOL_STORE_PROTOCOL={protocol!r} is neither 'tcp' nor 'rdma'.",
+            hint="Engines get it as the Mooncake client's protocol; check that their transfer engine supports it.",
+            obj="KVPOOL_STORE_PROTOCOL", id="kvpool.W001"))
+    if not isinstance(device, str):
+        errors.append(checks.Error(f"KVPOOL_STORE_DEVICE must be a string, not {device!r}.",
+                                   hint="RDMA device names separated by commas, or '' for TCP / auto-detection.",
+                                   obj="KVPOOL_STORE_DEVICE", id="kvpool.E008"))
+    return errors
 
 
-CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
-    check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
-)
+@checks.register(TAG)
+def check_paths_and_flags(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E009–E012: engine config directory, quota policy path, master sync flag, metrics token."""
+    errors: list[checks.CheckMessage] = []
+    config_dir = getattr(settings, "KVPOOL_ENGINE_CONFIG_DIR", None)
+    if not isinstance(config_dir, str) or not posixpath.isabs(config_dir):
+        errors.append(checks.Error(
+            f"KVPOOL_ENGINE_CONFIG_DIR must be an absolute path on the nodes, not {config_dir!r}.",
+            hint=_hint_env("KVPOOL_ENGINE_CONFIG_DIR", "/etc/kvpool"), obj="KVPOOL_ENGINE_CONFIG_DIR",
+            id="kvpool.E009"))
+    quotas_path = getattr(settings, "KVPOOL_TENANT_QUOTAS_PATH", None)
+    if not isinstance(quotas_path, str) or not quotas_path.strip():
+        errors.append(checks.Error(
+            f"KVPOOL_TENANT_QUOTAS_PATH must be a file path, not {quotas_path!r}.",
+            hint=_hint_env("KVPOOL_TENANT_QUOTAS_PATH", "/var/lib/kvpool/tenant_quotas.yaml"),
+            obj="KVPOOL_TENANT_QUOTAS_PATH", id="kvpool.E010"))
+    sync = getattr(settings, "KVPOOL_MASTER_SYNC", None)
+    if not isinstance(sync, bool):
+        errors.append(checks.Error(f"KVPOOL_MASTER_SYNC must be True or False, not {sync!r}.",
+                                   hint=_hint_env("KVPOOL_MASTER_SYNC", "true"), obj="KVPOOL_MASTER_SYNC",
+                                   id="kvpool.E011"))
+    token = getattr(settings, "KVPOOL_METRICS_TOKEN", "")
+    if not isinstance(token, str) or any(char.isspace() for char in token):
+        errors.append(checks.Error(
+            "KVPOOL_METRICS_TOKEN must be a string without whitespace (scrapers send it as "
+            "'Authorization: Bearer <token>').",
+            hint="Leave it empty for an open /metrics, or use a token such as the output of "
+                 "'python -c \"import secrets; print(secrets.token_urlsafe())\"'.",
+            obj="KVPOOL_METRICS_TOKEN", id="kvpool.E012"))
+    return errors
 
 
-def run_checks(now: datetime | None = None) -> list[CheckResult]:
-    """Run every check in the seed's order."""
-    now = now or timezone.now()
-    return [check(now) for check in CHECKS]
+def _relation(first: str, second: str, holds: Callable[[int, int], bool]) -> tuple[int, int] | None:
+    """The two integer settings' values when both are valid and ``holds`` is false, else ``None``."""
+    a, b = _integer(first), _integer(second)
+    if a is None or b is None or a < _INTEGERS[first] or b < _INTEGERS[second] or holds(a, b):
+        return None
+    return a, b
+
+
+@checks.register(TAG)
+def check_timing_relations(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """W002–W006: durations that only make sense relative to one another or to the agents' periods."""
+    warnings: list[checks.CheckMessage] = []
+    pair = _relation("KVPOOL_PUSH_EXPIRES_SECONDS", "KVPOOL_REPUSH_AFTER_SECONDS", lambda e, r: e >= r)
+    if pair:
+        warnings.append(checks.Warning(
+            f"KVPOOL_PUSH_EXPIRES_SECONDS ({pair[0]}) is shorter than KVPOOL_REPUSH_AFTER_SECONDS ({pair[1]}).",
+            hint="A document can expire in a busy or offline node's queue well before the dashboard sends it "
+                 "again; keep the expiry at least as long as the re-push period.",
+            obj="KVPOOL_PUSH_EXPIRES_SECONDS", id="kvpool.W002"))
+    pair = _relation("KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS", "KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS",
+                     lambda age, horizon: age <= horizon)
+    if pair:
+        warnings.append(checks.Warning(
+            f"KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS ({pair[0]}) exceeds the receipt horizon "
+            f"KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS ({pair[1]}).",
+            hint="Acks and reports older than the receipts kept are refused as 'expired' anyway; only heartbeats "
+                 "and purge results get the longer window. Lower the maximum age or keep receipts longer.",
+            obj="KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS", id="kvpool.W003"))
+    silence = _integer("KVPOOL_HEARTBEAT_SILENCE_SECONDS")
+    if silence is not None and 1 <= silence < 2 * AGENT_HEARTBEAT_INTERVAL:
+        warnings.append(checks.Warning(
+            f"KVPOOL_HEARTBEAT_SILENCE_SECONDS ({silence}) is shorter than two agent heartbeats "
+            f"({AGENT_HEARTBEAT_INTERVAL} s apart by default).",
+            hint="Healthy nodes would be flagged silent between heartbeats; use at least "
+                 f"{2 * AGENT_HEARTBEAT_INTERVAL} s (default 30).",
+            obj="KVPOOL_HEARTBEAT_SILENCE_SECONDS", id="kvpool.W004"))
+    window = _integer("KVPOOL_METRICS_WINDOW_SECONDS")
+    if window is not None and 1 <= window < 2 * AGENT_REPORT_INTERVAL:
+        warnings.append(checks.Warning(
+            f"KVPOOL_METRICS_WINDOW_SECONDS ({window}) is shorter than two agent reports "
+            f"({AGENT_REPORT_INTERVAL} s apart by default).",
+            hint="Nodes would drop out of the /metrics sums between their reports; use at least "
+                 f"{2 * AGENT_REPORT_INTERVAL} s (default 120).",
+            obj="KVPOOL_METRICS_WINDOW_SECONDS", id="kvpool.W005"))
+    timeout = _integer("KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS")
+    sample = (getattr(settings, "CELERY_BEAT_SCHEDULE", None) or {}).get("sample-master-quotas", {})
+    period = sample.get("schedule") if isinstance(sample, dict) else None
+    if timeout is not None and timeout >= 1 and _is_number(period) and 0 < period <= timeout:
+        warnings.append(checks.Warning(
+            f"KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS ({timeout}) is not shorter than the master sampling period "
+            f"KVPOOL_MASTER_SAMPLE_SECONDS ({period}).",
+            hint="While the master does not answer, sampling tasks would queue up faster than they time out.",
+            obj="KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", id="kvpool.W006"))
+    return warnings

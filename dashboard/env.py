@@ -71,13 +71,13 @@ def env_database(name: str, default: str, **options) -> dict:
 
 def env_broker(name: str, default: str) -> str:
     """Parse ``$name`` as a Celery broker URL: ``redis://``/``rediss://`` with a host and a numeric database
-    (``agent.cli_args.broker_url``, the check the agent applies to ``--broker``).
+    (``agent.contract.broker.broker_url``, the check the agent applies to ``--broker``).
 
     Raises ImproperlyConfiguredValue otherwise.
     """
     import argparse
 
-    from agent.cli_args import broker_url
+    from agent.contract.broker import broker_url
 
     raw = env_str(name, default)
     try:

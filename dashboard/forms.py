@@ -194,9 +194,19 @@ class RequestGroupForm(RegistryModelForm):
 
 
 class NodeForm(RegistryModelForm):
+    #: Settings with a model default that a post may leave out (as the API may): the node keeps its value, a
+    #: new node gets the default.
+    OPTIONAL_WITH_DEFAULT = ("device", "kv_events_port", "store_mode", "store_client_port")
+
     class Meta:
         model = Node
-        fields = ("name", "hostname", "description")
+        fields = ("name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
+                  "store_client_port", "description")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in self.OPTIONAL_WITH_DEFAULT:
+            self.fields[name].required = False
 
 
 class InstanceAssignmentForm(RegistryModelForm):

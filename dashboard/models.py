@@ -6,11 +6,58 @@ deleted and registered again under the same name keeps counting versions upwards
 version it applied and refuses older ones).
 
 Levels of ``OccupancySample``: ``RAW`` (one row per namespace per report, about every 10 s), ``MINUTE`` and
-``HOUR`` (rollups; gauges averaged, counters the last value in the bucket). See ``dashboard.rollup``.
+``HOUR`` (rollups; gauges averaged, counters the last value in the bucket). See ``dashboard.telemetry.rollup``.
 """
 from __future__ import annotations
 
-from django.db import models
+from collections.abc import Iterable, Sequence
+
+from django.db import connection, models
+
+
+class NodeStateQuerySet(models.QuerySet):
+    """The two ways writers touch many ``NodeState`` rows at once (push versioning, ingest of acks/heartbeats)."""
+
+    def lock_in_name_order(self, names: Iterable[str], *,
+                           only: Sequence[str] | None = None) -> dict[str, NodeState]:
+        """Lock the rows of ``names`` for the current transaction, **in name order**, creating missing ones;
+        returns them by name. Must run inside ``transaction.atomic()``.
+
+        Every writer that updates several node states in one transaction locks all the rows it will touch up
+        front through this one method, so two of them (push workers, ingest workers storing overlapping batches
+        of many nodes) always lock in the same order and cannot deadlock. Rows of nodes never seen before are
+        inserted (``ignore_conflicts``: a concurrent creator wins harmlessly) and then locked too. ``only``
+        limits the columns loaded (e.g. ``["node_name"]`` when the caller needs the lock, not the values).
+        """
+        names = sorted(set(names))
+        if not names:
+            return {}
+        locked = self.select_for_update().order_by("node_name")
+        if only is not None:
+            locked = locked.only(*only)
+        states = {state.node_name: state for state in locked.filter(node_name__in=names)}
+        missing = [name for name in names if name not in states]
+        if missing:  # first message/push of these nodes: create their rows, then lock them too
+            self.bulk_create([self.model(node_name=name) for name in missing], ignore_conflicts=True)
+            states.update((state.node_name, state) for state in locked.filter(node_name__in=missing))
+        return states
+
+    def save_fields(self, states: Iterable[NodeState], fields: Sequence[str]) -> None:
+        """Write ``fields`` of the given (loaded, usually locked) states: one ``UPDATE ... WHERE <pk> = %s`` per
+        row, sent as one ``executemany`` — pipelined into a single round trip by psycopg 3 on PostgreSQL
+        (Django's ``bulk_update`` builds a ``CASE`` per field and row instead, which costs far more CPU)."""
+        states = list(states)
+        if not states:
+            return
+        quote = connection.ops.quote_name
+        meta = self.model._meta
+        model_fields = [meta.get_field(name) for name in fields]
+        assignments = ", ".join(f"{quote(field.column)} = %s" for field in model_fields)
+        rows = [[field.get_db_prep_save(getattr(state, field.attname), connection) for field in model_fields]
+                + [state.pk] for state in states]
+        with connection.cursor() as cursor:
+            cursor.executemany(f"UPDATE {quote(meta.db_table)} SET {assignments} "
+                               f"WHERE {quote(meta.pk.column)} = %s", rows)
 
 
 class NodeState(models.Model):
@@ -47,6 +94,8 @@ class NodeState(models.Model):
     agent_pid = models.PositiveIntegerField(default=0)
     outbox_pending = models.PositiveIntegerField(default=0)
     outbox_dropped = models.PositiveBigIntegerField(default=0)
+
+    objects = NodeStateQuerySet.as_manager()
 
     class Meta:
         ordering = ["node_name"]
@@ -104,6 +153,9 @@ class ConfigAck(models.Model):
         ]
         indexes = [models.Index(fields=["node_name", "-sent_at"], name="dashboard_ack_node_sent")]
 
+    def __str__(self) -> str:
+        return f"{self.node_name} #{self.sequence} {self.status} v{self.version}"
+
 
 class Report(models.Model):
     """Receipt of one occupancy report: makes ``(node, sequence)`` the idempotency key of ingest."""
@@ -121,9 +173,13 @@ class Report(models.Model):
         ]
         indexes = [models.Index(fields=["sent_at"], name="dashboard_report_sent")]
 
+    def __str__(self) -> str:
+        return f"{self.node_name} report #{self.sequence}"
+
 
 class OccupancySample(models.Model):
-    """Occupancy of one namespace on one node at one time (raw) or over one bucket (rolled up).
+    """Occupancy of one cache scope (``agent.contract.scope.CacheScope``: tenant, model, release namespace, request
+    group) on one node at one time (raw) or over one bucket (rolled up).
 
     Gauges (``blocks``, ``bytes``, ``orphaned_bytes``, ``in_flight_requests``) in raw rows are the reported
     values, in rollups the average over ``samples`` raw rows (``max_bytes`` keeps the peak). Counters (``puts``,
@@ -143,7 +199,7 @@ class OccupancySample(models.Model):
     tenant_id = models.CharField(max_length=128)
     served_model_name = models.CharField(max_length=255, blank=True, default="")
     namespace = models.CharField(max_length=255, blank=True, default="")
-    salt_group = models.CharField(max_length=255, blank=True, default="")
+    request_group = models.CharField(max_length=255, blank=True, default="")
     blocks = models.BigIntegerField(default=0)
     bytes = models.BigIntegerField(default=0)
     max_bytes = models.BigIntegerField(default=0)
@@ -164,7 +220,10 @@ class OccupancySample(models.Model):
 
     GAUGES = ("blocks", "bytes", "orphaned_bytes", "in_flight_requests")
     COUNTERS = ("puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks")
-    KEY = ("node_name", "tenant_id", "served_model_name", "namespace", "salt_group")
+
+    def __str__(self) -> str:
+        return f"{self.node_name} {self.tenant_id} {self.get_level_display()} at {self.ts}"
+    KEY = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group")
 
 
 class MasterQuotaSample(models.Model):
@@ -183,6 +242,9 @@ class MasterQuotaSample(models.Model):
         ordering = ["tenant_id", "-ts"]
         indexes = [models.Index(fields=["tenant_id", "ts"], name="dashboard_mq_tenant_ts"),
                    models.Index(fields=["ts"], name="dashboard_mq_ts")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} quota at {self.ts:%Y-%m-%d %H:%M:%S}" if self.ts else f"{self.tenant_id} quota"
 
 
 class MasterQuotaSync(models.Model):
@@ -212,11 +274,11 @@ class MasterQuotaSync(models.Model):
 class MessageRejection(models.Model):
     """How many agent → dashboard messages were refused, per reason and node (``kvpool_agent_messages_rejected_total``).
 
-    One row per (reason, node) (reasons: ``dashboard.agent_auth.REASONS``), incremented in the transaction that
-    refused the messages, so every dashboard process exposes the same counts. ``node`` is the registered node
-    the message *named* (not a verified identity: a forger can name any node), or "" when it named none or an
-    unregistered one, so the rows stay bounded by the registry. ``last_*`` describe the newest refusal;
-    ``last_node`` is the name as received.
+    One row per (reason, node) (reasons: ``dashboard.telemetry.agent_auth.REASONS``), incremented in the transaction
+    that refused the messages, so every dashboard process exposes the same counts. ``node`` is the registered node the
+    message *named* (not a verified identity: a forger can name any node), or "" when it named none or an unregistered
+    one, so the rows stay bounded by the registry. ``last_*`` describe the newest refusal; ``last_node`` is the name as
+    received.
     """
 
     reason = models.CharField(max_length=32)

@@ -1,11 +1,11 @@
 """Registry changes → config push and master quota sync, after the transaction commits.
 
-Receivers work out which nodes a change affects (assignments reach a node through release → served model →
-tenant) and register them with ``transaction.on_commit``: nothing is sent for a rolled-back change, and the
-agents never see a state the database did not commit. Names collected during one transaction are sent as
-``dashboard.push_nodes`` tasks of up to ``PUSH_CHUNK`` nodes each (every receiver schedules the same flush;
-the first flush after the commit takes all names, later ones find nothing). Publishing failures are logged, never raised into the request: the
-periodic ``dashboard.reconcile_configs`` sends whatever was missed.
+Receivers work out which nodes a change affects (assignments reach a node through release → served model → tenant) and
+register them with ``transaction.on_commit``: nothing is sent for a rolled-back change, and the agents never see a state
+the database did not commit. Names collected during one transaction are sent as ``dashboard.push_nodes`` tasks of up to
+``PUSH_CHUNK`` nodes each (every receiver schedules the same flush; the first flush after the commit takes all names,
+later ones find nothing). Publishing failures are logged, never raised into the request: the periodic
+``dashboard.reconcile_configs`` sends whatever was missed.
 
 Tenants: a saved tenant schedules ``dashboard.sync_master_quotas`` for its ``tenant_id`` (and the old one when
 it was renamed). A deleted tenant is removed from the master **before** the row goes, synchronously, so that a
@@ -126,7 +126,7 @@ def tenant_deleting(sender, instance, **kwargs):
     """Remove the tenant from the master first; refuse the delete if the master says it still owns objects."""
     if not settings.KVPOOL_MASTER_SYNC:
         return
-    from dashboard.master_admin import TenantNotEmpty, delete_tenant
+    from dashboard.master.quota_sync import TenantNotEmpty, delete_tenant
 
     try:
         delete_tenant(instance.tenant_id)

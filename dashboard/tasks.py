@@ -1,7 +1,7 @@
 """Celery tasks of the dashboard: thin wrappers around plain functions (JSON arguments and results).
 
 Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
-``dashboard.drain``). Queue ``dashboard.control``: everything else.
+``dashboard.telemetry.drain``). Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,
 sample_master_quotas.
 """
@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agent.messages import INGEST_QUEUE
+from agent.contract.messages import INGEST_QUEUE
 from dashboard.celery import app
-from dashboard.master_admin import MasterUnavailable
-from dashboard.purge import purge_result  # noqa: F401  (registers the task dashboard.purge_result)
+from dashboard.master.quota_sync import MasterUnavailable
+from dashboard.rollout.purge import purge_result  # noqa: F401  (registers the task dashboard.purge_result)
 
 log = logging.getLogger("kvpool.dashboard.tasks")
 
@@ -22,17 +22,17 @@ log = logging.getLogger("kvpool.dashboard.tasks")
 def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
     """Verify and store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
 
-    Each message must be signed by the node it names and fresh (``dashboard.agent_auth``); a refused one is
+    Each message must be signed by the node it names and fresh (``dashboard.telemetry.agent_auth``); a refused one is
     logged, counted per reason (``kvpool_agent_messages_rejected_total``) and not stored.
 
     Run by a worker from the ``dashboard.ingest`` queue, it also takes the ingest tasks waiting behind it and
-    stores everything in one transaction (``dashboard.drain``); the result then counts all of them and
+    stores everything in one transaction (``dashboard.telemetry.drain``); the result then counts all of them and
     ``tasks`` says how many tasks were stored. Called directly or eagerly it stores only ``messages``.
     Arguments that are not a list are logged and dropped (counted as ``invalid``).
     """
-    from dashboard.agent_auth import count_refused
-    from dashboard.ingest import IngestResult
-    from dashboard.ingest import ingest as run
+    from dashboard.telemetry.agent_auth import count_refused
+    from dashboard.telemetry.ingest import IngestResult
+    from dashboard.telemetry.ingest import ingest as run
 
     if not isinstance(messages, list):
         log.warning("ingest: dropped task %s: its argument is %s, not a list of agent messages",
@@ -42,7 +42,7 @@ def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
     queue = (self.request.delivery_info or {}).get("routing_key")
     if self.request.called_directly or self.request.is_eager or queue != INGEST_QUEUE:
         return {**run(messages).as_dict(), "tasks": 1}
-    from dashboard.drain import ingest_queued
+    from dashboard.telemetry.drain import ingest_queued
 
     result, taken = ingest_queued(app, messages, own_id=self.request.id or "")
     return {**result.as_dict(), "tasks": 1 + taken}
@@ -52,7 +52,7 @@ def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
           retry_jitter=True, max_retries=5)
 def push_nodes(node_names: list[str]) -> dict[str, int]:
     """Render, version and send the config documents of the named nodes."""
-    from dashboard.push import push_nodes as run
+    from dashboard.rollout.push import push_nodes as run
 
     return run(node_names)
 
@@ -60,7 +60,7 @@ def push_nodes(node_names: list[str]) -> dict[str, int]:
 @app.task(name="dashboard.reconcile_configs", ignore_result=True)
 def reconcile_configs() -> dict[str, int]:
     """Periodic: re-render every node, send new versions, re-send to nodes whose ack lags."""
-    from dashboard.push import reconcile
+    from dashboard.rollout.push import reconcile
 
     return reconcile()
 
@@ -68,7 +68,7 @@ def reconcile_configs() -> dict[str, int]:
 @app.task(name="dashboard.rollup_occupancy", ignore_result=True)
 def rollup_occupancy() -> dict[str, int]:
     """Periodic: raw → 1 min → 1 h rollups and retention."""
-    from dashboard.rollup import rollup
+    from dashboard.telemetry.rollup import rollup
 
     return rollup()
 
@@ -77,7 +77,7 @@ def rollup_occupancy() -> dict[str, int]:
           retry_backoff=True, retry_jitter=True, max_retries=5)
 def sync_master_quotas(tenant_ids: list[str] | None = None) -> dict[str, int]:
     """Push registry quotas to the master admin API and rewrite ``tenant_quotas.yaml``."""
-    from dashboard.master_admin import sync_quotas
+    from dashboard.master.quota_sync import sync_quotas
 
     return sync_quotas(tenant_ids)
 
@@ -85,7 +85,7 @@ def sync_master_quotas(tenant_ids: list[str] | None = None) -> dict[str, int]:
 @app.task(name="dashboard.sample_master_quotas", ignore_result=True)
 def sample_master_quotas() -> int:
     """Periodic: store each tenant's requested/effective/charged bytes and admission flags from the master."""
-    from dashboard.master_admin import sample_quotas
+    from dashboard.master.quota_sync import sample_quotas
 
     try:
         return sample_quotas()

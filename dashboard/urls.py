@@ -3,7 +3,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from dashboard.metrics import metrics_view
+from dashboard.telemetry.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

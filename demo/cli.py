@@ -17,7 +17,8 @@ per-namespace summary from the REST API, runs the checks below and exits 0 only 
 * every service stayed up and both agents acked the pushed config;
 * the replay completed (the dashboard counts every lookup the agents were sent);
 * at least four namespaces hold bytes with a non-zero hit ratio;
-* the decode node found and loaded what the prefill node stored, byte for byte (agents' batch logs);
+* the decode node found and loaded what the prefill node stored, byte for byte (the agents' per-batch result
+  files, ``<state dir>/workload-results.jsonl``, see ``agent.sim.workload.ResultFile``);
 * the misconfigured instance got zero hits and the dashboard's checks flag its namespace;
 * the Store filled to the point of eviction;
 * namespaces never shared blocks across releases, request groups or tenants (``demo.probe``).
@@ -30,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.cli_args import broker_url, positive_float, positive_int
+from agent.node.cli_args import broker_url, positive_float, positive_int
 from demo.procs import ROOT, DemoError, Service, Supervisor
 
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -60,7 +60,6 @@ DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.cont
 #: (``_kombu.binding.*``, ``_kombu.binding_permanent.*``, ``_kombu.binding_deadlines``).
 DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
 AGENT_COMMAND = [sys.executable, "-m", "agent", "run"]
-_BATCH_LINE = re.compile(r"node (\S+) batch \d+: (\d+) requests .* (\d+) failed, (\d+) corrupted")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -188,7 +187,7 @@ class Demo:
         """Use the Redis on 127.0.0.1:6379 when it answers (clearing this demo's queues), else start one."""
         import redis
 
-        from agent.master import free_ports
+        from agent.sim.master import free_ports
 
         url = self.args.redis_url
         if url is None and not self.args.private_redis:
@@ -248,7 +247,7 @@ class Demo:
     def start_master(self) -> None:
         """A multi-tenant ``mooncake_master`` with eviction on free loopback ports (tenants come from the
         dashboard's quota sync)."""
-        from agent.master import MasterError, MasterProcess
+        from agent.sim.master import MasterError, MasterProcess
 
         # reads lease objects for 1 s (default 10 s): long enough for a transfer, short enough that the agents'
         # budget keeper can soon remove a block a decode read
@@ -348,7 +347,7 @@ class Demo:
             secret_file.write_text(secret)
             secret_file.chmod(0o600)
             argv = [*AGENT_COMMAND, "--node", node, "--broker", self.broker_url, "--secret-file", str(secret_file),
-                    "--state-dir", str(self.var / "agents" / node), "--report-interval", "1",
+                    "--state-dir", str(self.agent_state_dir(node)), "--report-interval", "1",
                     "--heartbeat-interval", "2", "--pool", "solo", "--simulate-engines"]
             if node == DECODE_NODE:
                 overrides = self.var / f"{node}-launch.json"
@@ -399,8 +398,8 @@ class Demo:
         """Replay the trace; returns the :class:`demo.replay.Replayer` (its ``expected`` lookups)."""
         from celery import Celery
 
-        from agent.messages import node_queue
-        from agent.workload import WORKLOAD_TASK
+        from agent.contract.messages import node_queue
+        from agent.sim.workload import WORKLOAD_TASK
         from demo.replay import Replayer, load_requests
 
         trace = Path(self.args.trace)
@@ -423,7 +422,7 @@ class Demo:
         return replayer
 
     def rows(self) -> dict:
-        """Current per-namespace rows from the dashboard's REST API."""
+        """Current per-scope rows (``demo.summary.ScopeRow`` by ``CacheScope``) from the dashboard's REST API."""
         from demo.summary import latest_samples, summarize
 
         return summarize(latest_samples(self.api))
@@ -493,22 +492,19 @@ class Demo:
                    f"{elapsed:.1f}s ({self.replayer.state.sent / elapsed:.0f} requests/s end to end)")
         return rows
 
+    def agent_state_dir(self, node: str) -> Path:
+        """The ``--state-dir`` of ``node``'s agent."""
+        return self.var / "agents" / node
+
     def agent_errors(self) -> tuple[dict[str, int], str]:
-        """Totals from the agents' batch log lines: requests, failed requests, corrupted blocks."""
-        totals = {"requests": 0, "failed": 0, "corrupted": 0}
-        first = ""
-        for service in self.agents.values():
-            for line in service.log_text().splitlines():
-                m = _BATCH_LINE.search(line)
-                if m:
-                    totals["requests"] += int(m.group(2))
-                    totals["failed"] += int(m.group(3))
-                    totals["corrupted"] += int(m.group(4))
-                elif not first and " WARNING kvpool.agent.workload: " in line and " batch " in line:
-                    first = line.split(": ", 1)[-1][:300]
-        text = (f"agents ran {totals['requests']} request(s): {totals['failed']} failed, "
-                f"{totals['corrupted']} corrupted block(s)")
-        return totals, text + (f"; first error: {first}" if first else "")
+        """Totals of the agents' workload result files (``agent.sim.workload.RESULTS_FILE`` in each agent's
+        state directory, one JSON line per batch): requests, failed requests, corrupted blocks."""
+        from agent.sim.workload import RESULTS_FILE, ResultTotals, read_results
+
+        totals = ResultTotals()
+        for node in self.agents:
+            totals.add(read_results(self.agent_state_dir(node) / RESULTS_FILE))
+        return agent_totals_text(totals)
 
     # --- verdict --------------------------------------------------------------------------------------------
 
@@ -520,7 +516,7 @@ class Demo:
 
         registered = {(r["tenant_id"], r["served_model_name"], r["namespace"]) for r in self.api.iterate("releases/")}
         print()
-        print("Namespaces (from GET /api/v1/telemetry/occupancy/, summed over node-a and node-b; "
+        print("Cache scopes (from GET /api/v1/telemetry/occupancy/, summed over node-a and node-b; "
               "'hits P/D' = hit blocks on prefill/decode; '!' = release namespace not in the registry):")
         print(format_table(rows, registered))
         print()
@@ -646,8 +642,20 @@ class Demo:
                 self._redis.close()
 
 
+def agent_totals_text(totals: Any) -> tuple[dict[str, int], str]:
+    """``({"requests", "failed", "corrupted"}, one-line text)`` of an ``agent.sim.workload.ResultTotals``
+    (batches refused before they ran are named in the text; their requests never ran, so the replay check
+    misses their lookups)."""
+    counts = {"requests": totals.requests, "failed": totals.failed, "corrupted": totals.corrupted}
+    text = (f"agents ran {counts['requests']} request(s): {counts['failed']} failed, "
+            f"{counts['corrupted']} corrupted block(s)")
+    if totals.refused:
+        text += f", {totals.refused} batch(es) refused"
+    return counts, text + (f"; first error: {totals.first_error[:300]}" if totals.first_error else "")
+
+
 def _free_port() -> int:
-    from agent.master import free_ports
+    from agent.sim.master import free_ports
 
     return free_ports(1)[0]
 

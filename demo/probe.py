@@ -1,17 +1,17 @@
-"""``python -m demo.probe INPUT.json``: check on the real Store that namespaces never share blocks.
+"""``python -m demo.probe INPUT.json``: check on the real Store that cache scopes never share blocks.
 
 Input (written by the demo): ``store`` (the config document's store endpoints), ``instances`` (the config
-document's instance specs, whose namespaces the probe rebuilds exactly as the agents do, with
-``agent.namespace.namespaces_for_instance``), ``requests`` (per namespace, the trace requests routed to it) and
-``sample`` (requests per namespace to probe on the Store).
+document's instance specs, whose key spaces the probe rebuilds exactly as the agents do, with
+``agent.datapath.keyspace.keyspaces_for_instance``), ``requests`` (per cache scope, the trace requests routed to
+it) and ``sample`` (requests per scope to probe on the Store).
 
-Checks, for every pair of namespaces of one tenant (different release or request group):
+Checks, for every pair of scopes of one tenant (different release namespace or request group):
 
-1. **key sets disjoint** — the object keys of every block of every request of one namespace and those of the
+1. **key sets disjoint** — the object keys of every block of every request of one scope and those of the
    other never meet (computed; no Store call);
-2. **zero cross hits** — for a sample of a namespace's requests, the blocks only it requested (prefix ids the
-   other namespace never saw) are looked up under the *other* namespace's keys on the Store: 0 found, while
-   under the namespace's own keys some are found (its blocks are really there);
+2. **zero cross hits** — for a sample of a scope's requests, the blocks only it requested (prefix ids the
+   other scope never saw) are looked up under the *other* scope's keys on the Store: 0 found, while
+   under the scope's own keys some are found (its blocks are really there);
 
 and across tenants: the keys one tenant holds are invisible through the other tenant's client (Mooncake
 multi-tenant isolation). Store clients mount no segment (``global_segment_size`` 0). Prints one JSON object as
@@ -35,22 +35,22 @@ def _exists(client: Any, keys: list[str]) -> list[int]:
 
 def run(data: dict[str, Any]) -> dict[str, Any]:
     """Run the checks on ``data`` (see the module docstring); returns the findings."""
-    from agent.messages import InstanceSpec
-    from agent.namespace import namespaces_for_instance
-    from agent.store import StoreEndpoints, open_store
+    from agent.contract.messages import InstanceSpec, StoreEndpoints
+    from agent.datapath.keyspace import keyspaces_for_instance
+    from agent.datapath.store import open_store
 
-    namespaces = {}
+    keyspaces = {}
     for raw in data["instances"]:
-        for ns in namespaces_for_instance(InstanceSpec.model_validate(raw)).values():
-            namespaces[ns.id] = ns
+        for ks in keyspaces_for_instance(InstanceSpec.model_validate(raw)).values():
+            keyspaces[ks.scope] = ks
     requests = {tuple(json.loads(key)): reqs for key, reqs in data["requests"].items()}
-    unknown = [key for key in requests if key not in namespaces]
+    unknown = [key for key in requests if key not in keyspaces]
     if unknown:
-        raise ValueError(f"requests for namespaces no instance serves: {unknown}")
+        raise ValueError(f"requests for cache scopes no instance serves: {unknown}")
     ids = {key: {block for req in reqs for block in req} for key, reqs in requests.items()}
-    keysets = {key: {k for req in reqs for k in namespaces[key].keys(namespaces[key].trace_hashes(req))}
+    keysets = {key: {k for req in reqs for k in keyspaces[key].keys(keyspaces[key].trace_hashes(req))}
                for key, reqs in requests.items()}
-    findings: dict[str, Any] = {"namespaces": len(requests), "pairs": 0, "keys_compared": 0, "shared_keys": 0,
+    findings: dict[str, Any] = {"scopes": len(requests), "pairs": 0, "keys_compared": 0, "shared_keys": 0,
                                 "probed_blocks": 0, "own_found": 0, "cross_found": 0, "cross_tenant_found": 0,
                                 "problems": []}
     for a, b in combinations(sorted(requests), 2):
@@ -64,27 +64,24 @@ def run(data: dict[str, Any]) -> dict[str, Any]:
             findings["problems"].append(f"{'/'.join(a)} and {'/'.join(b)} share {len(shared)} key(s), e.g. "
                                         f"{next(iter(shared))}")
     store = data["store"]
-    endpoints = StoreEndpoints(master_server_address=store["master_server_address"],
-                               metadata_server=store["metadata_server"], protocol=store.get("protocol", "tcp"),
-                               device_name=store.get("device_name", ""), global_segment_size=0,
-                               local_buffer_size=store.get("local_buffer_size", 16 << 20))
+    endpoints = StoreEndpoints.model_validate({**store, "global_segment_size": 0})
     tenants = sorted({key[0] for key in requests})
     clients = {tenant: open_store(endpoints, tenant) for tenant in tenants}
     try:
         sample = int(data.get("sample", 40))
         for key in sorted(requests):
-            ns = namespaces[key]
+            ks = keyspaces[key]
             client = clients[key[0]]
             own_keys: list[str] = []
             for req in requests[key][-sample:]:
-                own_keys.extend(ns.keys(ns.trace_hashes(req)))
+                own_keys.extend(ks.keys(ks.trace_hashes(req)))
             own = _exists(client, own_keys)
             findings["own_found"] += sum(1 for c in own if c == 1)
             present = [k for k, c in zip(own_keys, own) if c == 1]
             for other_key in sorted(requests):
                 if other_key == key or other_key[0] != key[0]:
                     continue
-                other = namespaces[other_key]
+                other = keyspaces[other_key]
                 probe: list[str] = []
                 for req in requests[key][-sample:]:
                     hashes = other.trace_hashes(req)
@@ -107,7 +104,7 @@ def run(data: dict[str, Any]) -> dict[str, Any]:
         for client in clients.values():
             client.close()
     if not findings["own_found"]:
-        findings["problems"].append("no probed block was found under its own namespace: nothing to compare")
+        findings["problems"].append("no probed block was found under its own scope's keys: nothing to compare")
     findings["ok"] = not findings["problems"]
     return findings
 

@@ -1,6 +1,6 @@
 """Time-compressed replay of a FAST'25 trace into the agents' queues.
 
-Each request is routed (:func:`demo.scenario.route`) and becomes a prefill :class:`agent.workload.WorkItem` for
+Each request is routed (:func:`demo.scenario.route`) and becomes a prefill :class:`agent.sim.workload.WorkItem` for
 the prefill node, naming the decode instance the prefill node hands it to. Arrival times are the trace's
 ``timestamp`` divided by ``speed``; requests due together go out as batches of at most ``batch_max`` items.
 
@@ -17,19 +17,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.trace import TraceRequest, read_trace
-from agent.workload import WorkItem, WorkloadBatch
+from agent.contract.scope import CacheScope
+from agent.sim.trace import TraceRequest, read_trace
+from agent.sim.workload import WorkItem, WorkloadBatch
 from demo.scenario import DECODE_NODE, PREFILL_NODE, Deployment, Route, route
-
-#: (tenant_id, served_model_name, release namespace, request group): a namespace as the ledger reports it.
-NamespaceKey = tuple[str, str, str, str]
 
 
 def load_requests(path: str | Path, limit: int | None) -> list[TraceRequest]:
     """The first ``limit`` requests of a trace (all when None), in timestamp order.
 
     Raises:
-        agent.trace.TraceError: a malformed line (file and line named); OSError when unreadable.
+        agent.sim.trace.TraceError: a malformed line (file and line named); OSError when unreadable.
     """
     requests = read_trace(path)
     requests.sort(key=lambda r: r.timestamp_ms)
@@ -38,17 +36,17 @@ def load_requests(path: str | Path, limit: int | None) -> list[TraceRequest]:
 
 @dataclass
 class Expected:
-    """Lookup blocks the agents will count, per namespace and per node; the requests of each namespace."""
+    """Lookup blocks the agents will count, per cache scope and per node; the requests of each scope."""
 
-    lookups: dict[NamespaceKey, int] = field(default_factory=lambda: defaultdict(int))
-    by_node: dict[tuple[str, NamespaceKey], int] = field(default_factory=lambda: defaultdict(int))
-    requests: dict[NamespaceKey, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
+    lookups: dict[CacheScope, int] = field(default_factory=lambda: defaultdict(int))
+    by_node: dict[tuple[str, CacheScope], int] = field(default_factory=lambda: defaultdict(int))
+    requests: dict[CacheScope, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
 
     def add(self, r: Route, hash_ids: Sequence[int]) -> None:
         """Count one routed request: its prefill lookup and its decode lookup."""
         n = len(hash_ids)
-        prefill = (r.tenant_id, r.served_model_name, r.namespace, r.request_group)
-        decode = (r.tenant_id, r.served_model_name, r.decode_namespace, r.request_group)
+        prefill = CacheScope(r.tenant_id, r.served_model_name, r.namespace, r.request_group)
+        decode = CacheScope(r.tenant_id, r.served_model_name, r.decode_namespace, r.request_group)
         self.lookups[prefill] += n
         self.lookups[decode] += n
         self.by_node[(PREFILL_NODE, prefill)] += n

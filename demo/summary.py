@@ -1,28 +1,28 @@
-"""Per-namespace numbers from the dashboard's REST API (``/api/v1/telemetry/occupancy/``), and the table.
+"""Per-scope numbers from the dashboard's REST API (``/api/v1/telemetry/occupancy/``), and the table.
 
-A *namespace* here is what the agents' ledgers report: (tenant, served model, release namespace, request group).
-Each node's newest raw sample of a namespace is its current state; the namespace's numbers are the sums over
-nodes: blocks and bytes (only the node that stored them counts them), lookups (hit and miss blocks of the
-prefill and the decode instance), gets, evicted blocks and orphaned bytes.
+A scope is what the agents' ledgers report, an ``agent.contract.scope.CacheScope``: (tenant, served model,
+release namespace, request group). Each node's newest raw sample of a scope is its current state; the scope's
+numbers are the sums over nodes: blocks and bytes (only the node that stored them counts them), lookups (hit and
+miss blocks of the prefill and the decode instance), gets, evicted blocks and orphaned bytes.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from demo.replay import NamespaceKey
+from agent.contract.scope import CacheScope
 
 _COUNTERS = ("blocks", "bytes", "puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks", "orphaned_bytes",
              "in_flight_requests")
 
 
 @dataclass
-class NamespaceRow:
-    """One namespace summed over nodes; ``per_node`` keeps each node's (hit_blocks, miss_blocks)."""
+class ScopeRow:
+    """One cache scope summed over nodes; ``per_node`` keeps each node's (hit_blocks, miss_blocks)."""
 
-    key: NamespaceKey
+    key: CacheScope
     blocks: int = 0
     bytes: int = 0
     puts: int = 0
@@ -46,23 +46,23 @@ class NamespaceRow:
 
 
 def latest_samples(api: Any, *, window_s: float = 30.0) -> list[dict[str, Any]]:
-    """Each node's newest raw sample per namespace among those of the last ``window_s`` seconds."""
-    since = (datetime.now(timezone.utc) - timedelta(seconds=window_s)).isoformat().replace("+00:00", "Z")
+    """Each node's newest raw sample per scope among those of the last ``window_s`` seconds."""
+    since = (datetime.now(UTC) - timedelta(seconds=window_s)).isoformat().replace("+00:00", "Z")
     newest: dict[tuple[str, ...], dict[str, Any]] = {}
     for sample in api.iterate("telemetry/occupancy/", level="raw", since=since, page=1000):
         key = (sample["node_name"], sample["tenant_id"], sample["served_model_name"], sample["namespace"],
-               sample["salt_group"])
+               sample["request_group"])
         if key not in newest or sample["ts"] > newest[key]["ts"]:
             newest[key] = sample
     return list(newest.values())
 
 
-def summarize(samples: Iterable[Mapping[str, Any]]) -> dict[NamespaceKey, NamespaceRow]:
-    """Sum each node's newest sample per namespace (see the module docstring)."""
-    rows: dict[NamespaceKey, NamespaceRow] = {}
+def summarize(samples: Iterable[Mapping[str, Any]]) -> dict[CacheScope, ScopeRow]:
+    """Sum each node's newest sample per scope (see the module docstring)."""
+    rows: dict[CacheScope, ScopeRow] = {}
     for s in samples:
-        key = (s["tenant_id"], s["served_model_name"], s["namespace"], s["salt_group"])
-        row = rows.setdefault(key, NamespaceRow(key))
+        key = CacheScope(s["tenant_id"], s["served_model_name"], s["namespace"], s["request_group"])
+        row = rows.setdefault(key, ScopeRow(key))
         for name in _COUNTERS:
             setattr(row, name, getattr(row, name) + int(s.get(name) or 0))
         row.per_node[s["node_name"]] = (int(s.get("hit_blocks") or 0), int(s.get("miss_blocks") or 0))
@@ -78,9 +78,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def format_table(rows: Mapping[NamespaceKey, NamespaceRow], registered: set[tuple[str, str, str]]) -> str:
-    """The summary table: one line per namespace, unregistered release namespaces marked with ``!``."""
-    header = ("tenant", "model", "release", "salt group", "blocks", "bytes", "hit ratio", "hits P/D",
+def format_table(rows: Mapping[CacheScope, ScopeRow], registered: set[tuple[str, str, str]]) -> str:
+    """The summary table: one line per scope, unregistered release namespaces marked with ``!``."""
+    header = ("tenant", "model", "release", "request group", "blocks", "bytes", "hit ratio", "hits P/D",
               "evictions seen", "orphaned")
     lines = [header]
     for key in sorted(rows):

@@ -42,8 +42,8 @@ if [ ! -f "$stamp" ] || [ requirements.txt -nt "$stamp" ] || [ requirements-dev.
   touch "$stamp"
 fi
 
-# The compiled block-hash chain (agent/_chainhash.c, optional: keys of a long prompt about 3x faster). It needs a C
-# compiler and the OpenSSL and xxhash headers; without them agent/hashing.py uses its pure-Python path.
+# The compiled block-hash chain (agent/datapath/_chainhash.c, optional: keys of a long prompt about 3x faster). It needs a C
+# compiler and the OpenSSL and xxhash headers; without them agent/datapath/hashing.py uses its pure-Python path.
 missing=()
 command -v cc >/dev/null || missing+=(gcc)
 [ -f /usr/include/openssl/evp.h ] || missing+=(libssl-dev)
@@ -53,4 +53,4 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt_install "${missing[@]}" || echo "warning: could not install ${missing[*]}" >&2
 fi
 "$VENV/bin/python" scripts/build_native.py \
-  || echo "warning: agent._chainhash not built; block hashing runs in pure Python (slower, same digests)" >&2
+  || echo "warning: agent.datapath._chainhash not built; block hashing runs in pure Python (slower, same digests)" >&2

@@ -71,7 +71,8 @@ class RequestGroupAdmin(admin.ModelAdmin):
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "hostname", "queue_name", "created_at")
+    list_display = ("name", "hostname", "device", "store_mode", "kv_events_port", "queue_name", "created_at")
+    list_filter = ("device", "store_mode")
     search_fields = ("name", "hostname")
     readonly_fields = ("queue_name", "created_at", "updated_at")
 

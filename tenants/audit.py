@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextvars
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from django.db.models.signals import post_save, pre_delete, pre_save
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tenants.models import Release, RequestGroup, Tenant
 
 
-def budgeted_bytes(tenant: "Tenant", *, exclude: object | None = None) -> int:
+def budgeted_bytes(tenant: Tenant, *, exclude: object | None = None) -> int:
     """Sum of ``budget_bytes`` over the tenant's non-retired releases and its request groups, in bytes.
 
     ``exclude`` (a saved ``Release`` or ``RequestGroup``) is left out, so an object being edited is counted
@@ -38,7 +38,7 @@ def budgeted_bytes(tenant: "Tenant", *, exclude: object | None = None) -> int:
     return total + (groups.aggregate(total=Sum("budget_bytes"))["total"] or 0)
 
 
-def check_budget(obj: "Release | RequestGroup", tenant: "Tenant") -> None:
+def check_budget(obj: Release | RequestGroup, tenant: Tenant) -> None:
     """Raise ``ValidationError({"budget_bytes": ...})`` when ``obj``'s budget would push the tenant over quota."""
     budget = obj.budget_bytes
     if not isinstance(budget, int) or not isinstance(tenant.quota_bytes, int):
@@ -56,7 +56,7 @@ def check_budget(obj: "Release | RequestGroup", tenant: "Tenant") -> None:
         )
 
 
-def check_quota(tenant: "Tenant") -> None:
+def check_quota(tenant: Tenant) -> None:
     """Raise ``ValidationError({"quota_bytes": ...})`` when the quota is below the budgets already given out."""
     total = budgeted_bytes(tenant)
     excess = total - tenant.quota_bytes

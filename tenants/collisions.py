@@ -14,11 +14,13 @@ from django.core.exceptions import ValidationError
 from django.db.models import Value
 from django.db.models.functions import Replace
 
+from agent.contract.keys import sglang_model_component
+
 if TYPE_CHECKING:
     from tenants.models import Release, ServedModel
 
 
-def _collision_message(model: "ServedModel", other: "Release") -> str:
+def _collision_message(model: ServedModel, other: Release) -> str:
     return (
         f"vLLM model name '{model.vllm_model_name}' collides with served model "
         f"'{other.model.served_model_name}' (model_path '{other.model.model_path}') of tenant "
@@ -28,11 +30,11 @@ def _collision_message(model: "ServedModel", other: "Release") -> str:
     )
 
 
-def check_sglang_prefix(model: "ServedModel") -> None:
+def check_sglang_prefix(model: ServedModel) -> None:
     """Refuse a served model name whose SGLang key part (``/`` -> ``-``) equals another model's in the tenant."""
     from tenants.models import ServedModel
 
-    key = model.served_model_name.replace("/", "-")
+    key = sglang_model_component(model.served_model_name)
     other = (
         ServedModel.objects.filter(tenant_id=model.tenant_id)
         .exclude(pk=model.pk)
@@ -51,7 +53,7 @@ def check_sglang_prefix(model: "ServedModel") -> None:
         )
 
 
-def check_release_vllm_collision(release: "Release") -> None:
+def check_release_vllm_collision(release: Release) -> None:
     """Refuse a release namespace already used by a release of another model with the same vLLM model name."""
     from tenants.models import Release
 
@@ -70,7 +72,7 @@ def check_release_vllm_collision(release: "Release") -> None:
         raise ValidationError({"namespace": _collision_message(model, other)})
 
 
-def check_model_vllm_collisions(model: "ServedModel") -> None:
+def check_model_vllm_collisions(model: ServedModel) -> None:
     """Refuse a model path whose vLLM name collides with another model that shares one of its namespaces."""
     from tenants.models import Release
 

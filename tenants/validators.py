@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ValidationError
 
+from agent.contract.keys import vllm_model_name
+
 # Unicode categories refused in every name: control, format (invisible), surrogate, private use, unassigned,
 # line and paragraph separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
@@ -122,25 +124,18 @@ def validate_served_model_name(value: str) -> None:
         )
 
 
-def derive_vllm_model_name(model_path: str) -> str:
-    """vLLM 0.33.0 MooncakeStoreConnector model identifier: trailing ``/`` stripped, last path component.
-
-    ``Qwen/Qwen3-8B`` and ``/models/Qwen3-8B/`` both give ``Qwen3-8B``; ``/`` gives ``""``.
-    """
-    return model_path.rstrip("/").split("/")[-1]
-
-
 def validate_model_path(value: str) -> None:
     """Model path / hub id passed to both engines; its vLLM identifier must be a valid key component."""
     if value.strip() == "":
         raise ValidationError("model_path must not be empty.", code="empty")
     _refuse_invisible(value, "model_path")
-    name = derive_vllm_model_name(value)
-    if name == "":
+    try:
+        name = vllm_model_name(value)
+    except ValueError:
         raise ValidationError(
             f"model_path '{value}' has no last path component, so vLLM derives an empty model name.",
             code="empty_vllm_name",
-        )
+        ) from None
     if "@" in name or any(char.isspace() for char in name):
         raise ValidationError(
             f"model_path '{value}' gives the vLLM model name '{name}', which must not contain '@' or "

@@ -1,6 +1,6 @@
 """Shared fixtures. Service fixtures (mooncake_master, redis, workers) start real processes on free ports.
 
-Mooncake fixtures (agent/master.py):
+Mooncake fixtures (agent/sim/master.py):
 
 * ``mooncake_master`` (session): one multi-tenant master on loopback with tenants ``MASTER_TENANTS``
   (``alpha`` and ``beta`` with 1 GiB each, ``tiny`` with 64 KiB). Tests sharing it must use their own release
@@ -25,8 +25,8 @@ MASTER_TENANTS = {"alpha": 1 << 30, "beta": 1 << 30, "tiny": 64 << 10}
 
 @pytest.fixture(scope="session")
 def mooncake_master() -> Iterator[Any]:
-    """A running ``agent.master.MasterProcess`` shared by the session (tenants in ``MASTER_TENANTS``)."""
-    from agent.master import MasterProcess
+    """A running ``agent.sim.master.MasterProcess`` shared by the session (tenants in ``MASTER_TENANTS``)."""
+    from agent.sim.master import MasterProcess
 
     with MasterProcess(MASTER_TENANTS) as master:
         yield master
@@ -35,7 +35,7 @@ def mooncake_master() -> Iterator[Any]:
 @pytest.fixture
 def mooncake_master_factory() -> Iterator[Callable[..., Any]]:
     """``start(tenants: dict[str, int], **kwargs) -> MasterProcess`` (stopped after the test)."""
-    from agent.master import MasterProcess
+    from agent.sim.master import MasterProcess
 
     started: list[MasterProcess] = []
 
@@ -58,7 +58,7 @@ def store_client_factory(mooncake_master: Any) -> Iterator[Callable[..., Any]]:
     at interpreter exit), so use it for the session ``mooncake_master``; with a factory master, open your own
     client and close it before the master stops.
     """
-    from agent.store import open_store
+    from agent.datapath.store import open_store
 
     clients: dict[tuple[Any, ...], Any] = {}
 

@@ -19,7 +19,7 @@ from dashboard.api.params import (
     StrictModelChoiceFilter,
 )
 from dashboard.models import MasterQuotaSample, NodeState, OccupancySample
-from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, ReleaseState
+from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, NodeDevice, ReleaseState, StoreMode
 from tenants.models import (
     AuditEntry,
     InstanceAssignment,
@@ -109,7 +109,10 @@ class RequestGroupFilterSet(StrictFilterSet):
 
 
 class NodeFilterSet(StrictFilterSet):
-    """By name and host name."""
+    """By name, host name, device and store mode."""
+
+    device = filters.ChoiceFilter(choices=NodeDevice.choices)
+    store_mode = filters.ChoiceFilter(choices=StoreMode.choices)
 
     class Meta:
         model = Node
@@ -147,7 +150,7 @@ class AuditEntryFilterSet(StrictFilterSet):
 #: ``?level=`` of occupancy samples -> ``OccupancySample.Level``.
 LEVELS = {"raw": OccupancySample.Level.RAW, "minute": OccupancySample.Level.MINUTE,
           "hour": OccupancySample.Level.HOUR}
-#: ``?drift=`` of node states: a flag of ``dashboard.push.drift`` or ``out_of_sync`` (not ``in_sync``).
+#: ``?drift=`` of node states: a flag of ``dashboard.rollout.push.drift`` or ``out_of_sync`` (not ``in_sync``).
 DRIFT_FILTERS = ("behind", "silent", "digest_mismatch", "rejected", "out_of_sync")
 
 
@@ -166,7 +169,7 @@ class NodeStateFilterSet(StrictFilterSet):
         fields: list[str] = []
 
     def filter_drift(self, queryset, name: str, value: str):
-        from dashboard.push import drift
+        from dashboard.rollout.push import drift
 
         def wanted(state) -> bool:
             flags = drift(state)
@@ -176,8 +179,8 @@ class NodeStateFilterSet(StrictFilterSet):
 
 
 class OccupancySampleFilterSet(StrictFilterSet):
-    """By tenant, model, namespace, salt group, node (``?node=`` = node name), ``?level=raw|minute|hour`` (raw
-    when absent or blank) and time (``since`` inclusive, ``until`` exclusive, ISO 8601)."""
+    """By tenant, model, release namespace, request group, node (``?node=`` = node name), ``?level=raw|minute|hour``
+    (raw when absent or blank) and time (``since`` inclusive, ``until`` exclusive, ISO 8601)."""
 
     node = filters.CharFilter(field_name="node_name")
     level = filters.ChoiceFilter(choices=[(name, name) for name in LEVELS], method="filter_level",
@@ -187,7 +190,7 @@ class OccupancySampleFilterSet(StrictFilterSet):
 
     class Meta:
         model = OccupancySample
-        fields = ["tenant_id", "served_model_name", "namespace", "salt_group"]
+        fields = ["tenant_id", "served_model_name", "namespace", "request_group"]
 
     def __init__(self, data=None, *args, **kwargs):
         if data is not None and not data.get("level"):

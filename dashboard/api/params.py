@@ -76,7 +76,7 @@ def _utc(value: dt.datetime) -> dt.datetime:
     """``value`` in UTC; a naive value is read in the current time zone. Raises ``OverflowError`` out of range."""
     if timezone.is_naive(value):
         value = timezone.make_aware(value)
-    return value.astimezone(dt.timezone.utc)
+    return value.astimezone(dt.UTC)
 
 
 class StrictIsoDateTimeFilter(filters.IsoDateTimeFilter):

@@ -129,13 +129,19 @@ class RequestGroupSerializer(ValidatedModelSerializer):
 
 
 class NodeSerializer(ValidatedModelSerializer):
-    """A node; its signing secret is never part of this representation (see ``/nodes/{id}/secret/``)."""
+    """A node; its signing secret is never part of this representation (see ``/nodes/{id}/secret/``).
+
+    ``store_segment_bytes`` accepts ``8MB``-style strings and is returned in bytes (required, at least 16MB,
+    when ``store_mode`` is ``standalone-store``)."""
 
     queue_name = serializers.CharField(read_only=True, help_text="Celery queue of the node's agent.")
 
     class Meta:
         model = Node
-        fields = ("id", "name", "hostname", "queue_name", "description", *_TIMESTAMPS)
+        fields = (
+            "id", "name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
+            "store_client_port", "queue_name", "description", *_TIMESTAMPS,
+        )  # fmt: skip
 
 
 class NodeSecretSerializer(serializers.Serializer):

@@ -5,7 +5,7 @@ Routes (``dashboard/api/telemetry_urls.py``, under ``/api/v1/telemetry/``):
                                 out_of_sync`` filters
   ``nodes/<name>/``             one node: state, drift, newest document (signature not included), last 20 acks
   ``nodes/<name>/push/``        POST: render and send the node's document now (``{"force": true}`` re-sends)
-  ``occupancy/``                samples; ``?tenant_id= &served_model_name= &namespace= &salt_group= &node=
+  ``occupancy/``                samples; ``?tenant_id= &served_model_name= &namespace= &request_group= &node=
                                 &level=raw|minute|hour &since= &until=`` (ISO-8601), newest first
   ``master/``                   per tenant: newest master read-back and the sync state (409 errors included)
   ``master/samples/``           master read-back series; ``?tenant_id= &since= &until=``
@@ -51,7 +51,8 @@ def node_states():
 
 
 class NodeStateSerializer(serializers.ModelSerializer):
-    """A node's delivery state, the time of its newest report, and its drift flags (``dashboard.push.drift``)."""
+    """A node's delivery state, the time of its newest report, and its drift flags
+    (``dashboard.rollout.push.drift``)."""
 
     drift = serializers.SerializerMethodField()
     last_report_at = serializers.DateTimeField(read_only=True, allow_null=True)
@@ -61,7 +62,7 @@ class NodeStateSerializer(serializers.ModelSerializer):
         exclude = ["id"]
 
     def get_drift(self, state: NodeState) -> dict:
-        from dashboard.push import drift
+        from dashboard.rollout.push import drift
 
         return drift(state)
 
@@ -169,7 +170,7 @@ class NodePush(APIView):
 
     @extend_schema(request=PushRequestSerializer, responses=PushResultSerializer)
     def post(self, request: Request, name: str) -> Response:
-        from dashboard.push import push_nodes
+        from dashboard.rollout.push import push_nodes
         from tenants.models import Node
 
         get_object_or_404(Node, name=name)
@@ -179,11 +180,11 @@ class NodePush(APIView):
 
 
 class OccupancyList(TelemetryListView):
-    """Occupancy samples, newest first, filtered by tenant, model, namespace, salt group, node, level and time."""
+    """Occupancy samples, newest first, filtered by tenant, model, namespace, request group, node, level and time."""
 
     serializer_class = OccupancySampleSerializer
     filterset_class = OccupancySampleFilterSet
-    ordering_fields = ("ts", "node_name", "tenant_id", "served_model_name", "namespace", "salt_group", "bytes",
+    ordering_fields = ("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
                        "blocks")
     ordering = ("-ts", "node_name")
     queryset = OccupancySample.objects.all()

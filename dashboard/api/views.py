@@ -23,7 +23,7 @@ from tenants.models import (
     Tenant,
 )
 from tenants.rendering import (
-    StoreEndpoints,
+    RenderTarget,
     render_assignment,
     render_master,
     render_release,
@@ -44,7 +44,7 @@ class TenantViewSet(RegistryViewSet):
     @action(detail=False, methods=["get"], url_path="master-config")
     def master_config(self, request):
         """The ``mooncake_master`` command line and ``tenant_quotas.yaml`` for all tenants."""
-        return Response(render_master(Tenant.objects.all(), StoreEndpoints.from_settings()).to_dict())
+        return Response(render_master(Tenant.objects.all(), RenderTarget.from_settings()).to_dict())
 
 
 class ServedModelViewSet(RegistryViewSet):
@@ -76,7 +76,7 @@ class ReleaseViewSet(RegistryViewSet):
     def config(self, request, pk=None):
         """Rendered engine configuration: every instance of the release, or ``?assignment=ID`` only."""
         release = self.get_object()
-        endpoints = StoreEndpoints.from_settings()
+        endpoints = RenderTarget.from_settings()
         raw = request.query_params.get("assignment")
         if raw is not None:
             assignment_id = parse_object_id(raw)

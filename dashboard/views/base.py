@@ -3,15 +3,15 @@ parameters."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from functools import wraps
-from typing import Iterable
 
 from django.contrib.auth import get_permission_codename
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from dashboard.views.queries import DEFAULT_WINDOW, WINDOWS, OccupancyFilter
+from dashboard.telemetry.queries import DEFAULT_WINDOW, WINDOWS, OccupancyFilter
 
 
 def json_login_required(view):
@@ -54,7 +54,7 @@ def occupancy_filter(request: HttpRequest) -> OccupancyFilter:
     return OccupancyFilter(tenant_id=params.get("tenant", "").strip(),
                            served_model_name=params.get("model", "").strip(),
                            namespace=params.get("release", "").strip(),
-                           salt_group=params.get("group", "").strip())
+                           request_group=params.get("group", "").strip())
 
 
 class WindowError(ValueError):

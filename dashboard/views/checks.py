@@ -1,11 +1,11 @@
-"""Checks page: the seed's operational checklist, one pass/fail line per item (``dashboard.checks``)."""
+"""Checks page: the seed's operational checklist, one pass/fail line per item (``dashboard.checklist``)."""
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from dashboard.checks import run_checks
+from dashboard.checklist import run_checks
 from dashboard.views.base import json_login_required
 
 

@@ -8,8 +8,9 @@ still holds objects for) shows the same reason the API answers with HTTP 409.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from django import forms
 from django.contrib import messages

@@ -7,6 +7,7 @@ and the tables show identical numbers.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -14,24 +15,26 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 
+from agent.contract.scope import CacheScope
+from dashboard.telemetry.queries import (
+    DEFAULT_WINDOW,
+    WINDOW_LABELS,
+    OccupancyFilter,
+    occupancy_series,
+)
 from dashboard.views.base import (
     WindowError,
     json_login_required,
     occupancy_filter,
     window_param,
 )
-from dashboard.views.queries import (
-    DEFAULT_WINDOW,
-    WINDOW_LABELS,
-    OccupancyFilter,
-    occupancy_series,
-)
 from tenants.models import Release, RequestGroup, ServedModel, Tenant
 
 
-def filter_choices(filters: OccupancyFilter, seen: list[tuple[str, str, str]] = ()) -> dict[str, list[str]]:
+def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = ()) -> dict[str, list[str]]:
     """Values offered by the filter drop-downs: registry names (narrowed by the filters above them) and the
-    ``(tenant_id, served_model_name, namespace)`` keys ``seen`` in the telemetry of the window."""
+    releases' scopes ``seen`` in the telemetry of the window."""
+    seen = list(seen)
     models = ServedModel.objects.all()
     releases = Release.objects.all()
     groups = RequestGroup.objects.all()
@@ -47,10 +50,10 @@ def filter_choices(filters: OccupancyFilter, seen: list[tuple[str, str, str]] = 
         return sorted(values | ({selected} if selected else set()))
 
     return {
-        "tenants": names(Tenant.objects.all(), "tenant_id", filters.tenant_id, (key[0] for key in seen)),
-        "models": names(models, "served_model_name", filters.served_model_name, (key[1] for key in seen)),
-        "releases": names(releases, "namespace", filters.namespace, (key[2] for key in seen)),
-        "groups": names(groups, "name", filters.salt_group, ()),
+        "tenants": names(Tenant.objects.all(), "tenant_id", filters.tenant_id, (s.tenant_id for s in seen)),
+        "models": names(models, "served_model_name", filters.served_model_name, (s.served_model_name for s in seen)),
+        "releases": names(releases, "namespace", filters.namespace, (s.namespace for s in seen)),
+        "groups": names(groups, "name", filters.request_group, ()),
     }
 
 
@@ -89,5 +92,5 @@ def occupancy_data(request: HttpRequest) -> JsonResponse:
     filters = occupancy_filter(request)
     payload = occupancy_series(window, filters).as_dict()
     payload["filters"] = {"tenant": filters.tenant_id, "model": filters.served_model_name,
-                          "release": filters.namespace, "group": filters.salt_group}
+                          "release": filters.namespace, "group": filters.request_group}
     return JsonResponse(payload)

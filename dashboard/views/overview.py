@@ -15,12 +15,12 @@ from django.shortcuts import render
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard.agent_auth import NODE_TROUBLE, recent_node_refusals
-from dashboard.checks import run_checks
+from dashboard.checklist import run_checks
 from dashboard.models import MasterQuotaSync, NodeState
-from dashboard.push import drift
-from dashboard.upgrade import tenant_quota
-from dashboard.views.queries import (
+from dashboard.rollout.push import drift
+from dashboard.rollout.upgrade import tenant_quota
+from dashboard.telemetry.agent_auth import NODE_TROUBLE, recent_node_refusals
+from dashboard.telemetry.queries import (
     current_occupancy,
     latest_master_quotas,
     tenant_bytes,

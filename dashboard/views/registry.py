@@ -8,15 +8,15 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
-from dashboard.agent_auth import NODE_TROUBLE
 from dashboard.api.telemetry import node_states
-from dashboard.checks import applied_instances, prescribed_values
+from dashboard.checklist import applied_instances, prescribed_values
 from dashboard.forms import AdaptersField
 from dashboard.models import MessageRejection, NodeState
-from dashboard.purge import purges_for_release
-from dashboard.push import drift
-from dashboard.upgrade import release_key, tenant_quota, upgrade_state
-from dashboard.views.queries import OccupancyFilter, current_occupancy
+from dashboard.rollout.purge import purges_for_release
+from dashboard.rollout.push import drift
+from dashboard.rollout.upgrade import release_key, tenant_quota, upgrade_state
+from dashboard.telemetry.agent_auth import NODE_TROUBLE
+from dashboard.telemetry.queries import OccupancyFilter, current_occupancy
 from tenants import budgets
 from tenants.models import (
     AuditEntry,
@@ -27,7 +27,7 @@ from tenants.models import (
     ServedModel,
     Tenant,
 )
-from tenants.rendering import StoreEndpoints, render_assignment
+from tenants.rendering import RenderTarget, render_assignment
 
 AUDIT_ROWS = 20
 
@@ -75,7 +75,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 def instance_rows(release: Release) -> list[dict]:
     """Per instance of ``release``: its rendered config and what its node's agent applied."""
-    endpoints = StoreEndpoints.from_settings()
+    endpoints = RenderTarget.from_settings()
     applied = applied_instances()
     expected = prescribed_values(release)
     states = {s.node_name: s for s in NodeState.objects.filter(
@@ -102,7 +102,7 @@ def instance_rows(release: Release) -> list[dict]:
 @login_required
 def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
     release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
-    tenant_id, model_name, namespace = release_key(release)
+    tenant_id, model_name, namespace, _ = release_key(release)
     occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant_id, served_model_name=model_name,
                                                   namespace=namespace)).get(release_key(release))
     context = {
@@ -127,7 +127,7 @@ def _json_download(payload, filename: str) -> HttpResponse:
 def release_config_download(request: HttpRequest, pk: int) -> HttpResponse:
     """Every instance's rendered config as one JSON file (the API's ``/releases/{id}/config/`` document)."""
     release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
-    endpoints = StoreEndpoints.from_settings()
+    endpoints = RenderTarget.from_settings()
     assignments = release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port")
     payload = {"release": release.pk, "namespace": release.namespace, "fingerprint": release.fingerprint,
                "instances": [render_assignment(a, endpoints).to_dict() for a in assignments]}
@@ -139,7 +139,7 @@ def instance_config_download(request: HttpRequest, pk: int, assignment_pk: int) 
     """One instance's rendered config as a JSON file (the API's ``?assignment=`` document)."""
     assignment = get_object_or_404(InstanceAssignment.objects.select_related("node", "release__model__tenant"),
                                    pk=assignment_pk, release_id=pk)
-    config = render_assignment(assignment, StoreEndpoints.from_settings())
+    config = render_assignment(assignment, RenderTarget.from_settings())
     return _json_download(config.to_dict(), f"{assignment.release.namespace}-{assignment.node.name}-"
                                             f"{assignment.port}.json")
 
@@ -162,8 +162,8 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def node_refusals(name: str) -> list[dict]:
     """Agent messages refused in ``name``'s name, newest first: ``{"row": MessageRejection, "trouble": str}``.
 
-    ``trouble`` is the ``dashboard.agent_auth.NODE_TROUBLE`` explanation ("its agent may sign with an old secret
-    ...") for reasons that point at the node's own agent, "" for the others (a forger can name any node).
+    ``trouble`` is the ``dashboard.telemetry.agent_auth.NODE_TROUBLE`` explanation ("its agent may sign with an old
+    secret ...") for reasons that point at the node's own agent, "" for the others (a forger can name any node).
     """
     rows = MessageRejection.objects.filter(node=name).order_by("-last_at", "reason")
     return [{"row": row, "trouble": NODE_TROUBLE.get(row.reason, "")} for row in rows]

@@ -1,5 +1,5 @@
-"""Rolling upgrade page of a served model (``dashboard.upgrade``) and the purge of a retired release
-(``dashboard.purge``). Every step is a POST that redirects back to the page with a message.
+"""Rolling upgrade page of a served model (``dashboard.rollout.upgrade``) and the purge of a retired release
+(``dashboard.rollout.purge``). Every step is a POST that redirects back to the page with a message.
 
 Every user may look; each step needs the model permissions of the registry writes it makes
 (``STEP_PERMISSIONS``), else HTTP 403, and the page hides the steps the user may not take.
@@ -16,18 +16,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from agent.purge import release_keys_regex
-from dashboard import upgrade as flow
+from agent.contract.keys import release_keys_regex
 from dashboard.forms import PurgeForm, StartUpgradeForm, add_validation_error
-from dashboard.purge import (
+from dashboard.rollout import upgrade as flow
+from dashboard.rollout.purge import (
     PurgeError,
     key_model,
     purge_nodes,
     purges_for_release,
     request_purge,
 )
+from dashboard.telemetry.queries import OccupancyFilter, current_occupancy
 from dashboard.views.base import model_permission, permission_denied
-from dashboard.views.queries import OccupancyFilter, current_occupancy
 from tenants.models import InstanceAssignment, Release, ServedModel
 from tenants.services import build_release_copy
 

@@ -7,4 +7,5 @@ from tenants.models.reserved_salt import ReservedSalt
 from tenants.models.served_model import ServedModel
 from tenants.models.tenant import Tenant
 
-__all__ = ["AuditEntry", "InstanceAssignment", "Node", "Release", "RequestGroup", "ReservedSalt", "ServedModel", "Tenant"]
+__all__ = ["AuditEntry", "InstanceAssignment", "Node", "Release", "RequestGroup", "ReservedSalt", "ServedModel",
+           "Tenant"]

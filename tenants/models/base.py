@@ -39,7 +39,7 @@ class RegistryModel(models.Model):
             return None
         return type(self)._base_manager.filter(pk=self.pk).first()
 
-    def unchanged_since(self, stored: "RegistryModel") -> bool:
+    def unchanged_since(self, stored: RegistryModel) -> bool:
         """True when every concrete field except ``updated_at`` holds the same value as in ``stored`` (the row as
         it is in the database, see ``stored()``): saving ``self`` would change nothing but the timestamp."""
         return all(

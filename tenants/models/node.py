@@ -7,7 +7,8 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from tenants.choices import Engine, InstanceRole, ReleaseState
+from tenants.choices import Engine, InstanceRole, NodeDevice, ReleaseState, StoreMode
+from tenants.fields import ByteSizeField
 from tenants.models.base import RegistryModel
 from tenants.models.release import Release
 from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname
@@ -19,6 +20,14 @@ _SIZE_VALIDATORS = [MinValueValidator(1), MaxValueValidator(MAX_PARALLEL_SIZE)]
 _RANK_VALIDATORS = [MinValueValidator(0), MaxValueValidator(MAX_PARALLEL_SIZE - 1)]
 _SIZE_HELP = f"Parallel size, 1 to {MAX_PARALLEL_SIZE}."
 _RANK_HELP = f"Rank inside the parallel group, 0 to {MAX_PARALLEL_SIZE - 1} (below the size)."
+_PORT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(65535)]
+
+#: Smallest segment a Mooncake 0.3.13.post1 client may mount (the master refuses smaller ones at setup()).
+MIN_SEGMENT_BYTES = 16 << 20
+#: Default port the node agent binds (``tcp://127.0.0.1:<port>``) for its engines' KV events.
+DEFAULT_KV_EVENTS_PORT = 5557
+#: Default service port of the node's ``mooncake_client`` (standalone-store mode; the client's own default).
+DEFAULT_STORE_CLIENT_PORT = 50052
 
 
 def generate_signing_secret() -> str:
@@ -32,6 +41,20 @@ class Node(RegistryModel):
     ``signing_secret`` (HMAC key of the node's config documents) is generated on create, never shown in
     lists, details or the audit log; ``rotate_secret()`` replaces it. ``name`` cannot change (it is the
     agent's identity and queue name).
+
+    What the rendered engine launches need from the node:
+
+    * ``hostname`` — the address engines listen on (``--host``) and announce to the Store (vLLM
+      ``VLLM_HOST_IP``, ``MOONCAKE_REQUESTER_LOCAL_HOSTNAME``; SGLang ``local_hostname``).
+    * ``device`` — ``cuda`` or ``cpu`` (``NodeDevice``): CPU nodes get vLLM's CPU settings.
+    * ``kv_events_port`` — the port the node agent binds on ``127.0.0.1`` for its engines' KV events; each
+      vLLM instance connects there and publishes under its instance id as ZMQ topic.
+    * ``store_mode`` (``StoreMode``) — ``embedded`` (each engine mounts its own segment) or
+      ``standalone-store`` (the agent runs one ``mooncake_client`` on ``store_client_port`` that mounts
+      ``store_segment_bytes``, required then, at least 16 MiB; ignored in embedded mode).
+
+    The node's ports (``kv_events_port``, ``store_client_port`` in standalone-store mode) may not collide with
+    each other or with an instance's port or bootstrap port on the node.
     """
 
     name = models.CharField(
@@ -43,6 +66,36 @@ class Node(RegistryModel):
     )
     hostname = models.CharField(max_length=255, validators=[validate_hostname])
     signing_secret = models.CharField(max_length=64, default=generate_signing_secret, editable=False)
+    device = models.CharField(
+        max_length=8,
+        choices=NodeDevice.choices,
+        default=NodeDevice.CUDA,
+        help_text="What the node's engines compute on; 'cpu' renders vLLM's CPU settings.",
+    )
+    kv_events_port = models.PositiveIntegerField(
+        default=DEFAULT_KV_EVENTS_PORT,
+        validators=_PORT_VALIDATORS,
+        help_text="Port the node agent binds on 127.0.0.1 for engine KV events (vLLM --kv-events-config), "
+        "1 to 65535.",
+    )
+    store_mode = models.CharField(
+        max_length=24,
+        choices=StoreMode.choices,
+        default=StoreMode.EMBEDDED,
+        help_text="Who mounts the node's Store memory: each engine (embedded) or one mooncake_client per node "
+        "(standalone-store).",
+    )
+    store_segment_bytes = ByteSizeField(
+        null=True,
+        blank=True,
+        help_text="Segment the node's mooncake_client mounts in standalone-store mode, e.g. '64GB' "
+        "(at least 16MB; ignored in embedded mode).",
+    )
+    store_client_port = models.PositiveIntegerField(
+        default=DEFAULT_STORE_CLIENT_PORT,
+        validators=_PORT_VALIDATORS,
+        help_text="Service port of the node's mooncake_client (standalone-store mode), 1 to 65535.",
+    )
     description = models.TextField(blank=True)
 
     audit_redact = ("signing_secret",)
@@ -64,6 +117,21 @@ class Node(RegistryModel):
         self.save(update_fields=["signing_secret", "updated_at"])
         return self.signing_secret
 
+    @property
+    def standalone_store(self) -> bool:
+        """Whether the node's agent runs a ``mooncake_client`` that owns the node's Store segment."""
+        return self.store_mode == StoreMode.STANDALONE
+
+    def reserved_ports(self) -> dict[int, str]:
+        """Ports the node itself uses (port -> field name): ``kv_events_port``, and ``store_client_port`` in
+        standalone-store mode."""
+        ports = {}
+        if isinstance(self.kv_events_port, int):
+            ports[self.kv_events_port] = "kv_events_port"
+        if self.standalone_store and isinstance(self.store_client_port, int):
+            ports.setdefault(self.store_client_port, "store_client_port")
+        return ports
+
     def clean(self) -> None:
         stored = self.stored()
         if stored is not None and stored.name != self.name:
@@ -73,9 +141,29 @@ class Node(RegistryModel):
                     f"'{stored.queue_name}'). Create a new node instead."
                 }
             )
+        errors: dict[str, str] = {}
+        if self.standalone_store:
+            if self.store_segment_bytes is None:
+                errors["store_segment_bytes"] = (
+                    "A standalone-store node needs store_segment_bytes: the memory its mooncake_client mounts "
+                    "into the pool, e.g. '64GB'."
+                )
+            elif isinstance(self.store_segment_bytes, int) and self.store_segment_bytes < MIN_SEGMENT_BYTES:
+                errors["store_segment_bytes"] = (
+                    "store_segment_bytes must be at least 16MB (the Mooncake master refuses smaller segments)."
+                )
+            if self.store_client_port == self.kv_events_port:
+                errors["store_client_port"] = "store_client_port must differ from kv_events_port."
+        if self.pk is not None and not errors:
+            ports = self.reserved_ports()
+            for assignment in self.assignments.all():
+                for port in (assignment.port, assignment.bootstrap_port):
+                    if port in ports:
+                        errors[ports[port]] = f"Port {port} is used by instance '{assignment}' on this node."
+        if errors:
+            raise ValidationError(errors)
 
 
-_PORT_VALIDATORS = [MinValueValidator(1), MaxValueValidator(65535)]
 _RANKS = ("tp", "pp", "pcp", "dcp")
 
 
@@ -124,6 +212,14 @@ class InstanceAssignment(RegistryModel):
                 errors[f"{rank}_rank"] = f"{rank}_rank must be below {rank}_size ({size_value})."
         if self.bootstrap_port is not None and self.bootstrap_port == self.port:
             errors["bootstrap_port"] = "bootstrap_port must differ from port."
+        if self.node_id is not None:
+            reserved = self.node.reserved_ports()
+            for name in ("port", "bootstrap_port"):
+                value = getattr(self, name)
+                if value in reserved and name not in errors:
+                    errors[name] = f"Port {value} is node '{self.node}''s {reserved[value]}."
+            if self.node.device == NodeDevice.CPU and self.gpu_ids:
+                errors["gpu_ids"] = f"Node '{self.node}' is a CPU node; gpu_ids must be blank."
         if self.release_id is not None:
             release = self.release
             if not self.engine:

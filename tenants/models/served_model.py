@@ -4,11 +4,11 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from agent.contract.keys import sglang_model_component, vllm_model_name
 from tenants import collisions
 from tenants.models.base import RegistryModel
 from tenants.models.tenant import Tenant
 from tenants.validators import (
-    derive_vllm_model_name,
     validate_model_path,
     validate_served_model_name,
 )
@@ -47,18 +47,26 @@ class ServedModel(RegistryModel):
     @property
     def sglang_model_key(self) -> str:
         """The model part of SGLang 0.5.23 store keys: ``served_model_name`` with ``/`` replaced by ``-``."""
-        return self.served_model_name.replace("/", "-")
+        return sglang_model_component(self.served_model_name)
+
+    def _derive_vllm_model_name(self) -> None:
+        """``vllm_model_name`` from ``model_path`` (``agent.contract.keys.vllm_model_name``); "" for a path without
+        a last component, which ``validate_model_path`` refuses."""
+        try:
+            self.vllm_model_name = vllm_model_name(self.model_path or "")
+        except ValueError:
+            self.vllm_model_name = ""
 
     def has_served(self) -> bool:
         """True when one of this model's releases has ever served."""
         return self.pk is not None and self.releases.filter(first_served_at__isnull=False).exists()
 
     def save(self, *args, **kwargs):
-        self.vllm_model_name = derive_vllm_model_name(self.model_path or "")
+        self._derive_vllm_model_name()
         super().save(*args, **kwargs)
 
     def clean(self) -> None:
-        self.vllm_model_name = derive_vllm_model_name(self.model_path or "")
+        self._derive_vllm_model_name()
         if self.tenant_id is None or not self.served_model_name or not self.model_path:
             return
         stored = self.stored()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tenants.rendering.types import StoreEndpoints
+from tenants.rendering.types import RenderTarget
 
 
 def compact_json(value: Any) -> str:
@@ -17,22 +17,20 @@ def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False) + "\n"
 
 
-def store_client_config(endpoints: StoreEndpoints, tenant_id: str) -> dict[str, Any]:
+def store_client_config(endpoints: RenderTarget, tenant_id: str) -> dict[str, Any]:
     """Keys of the Mooncake client config that vLLM 0.33.0 reads from ``MOONCAKE_CONFIG_PATH`` (sizes in bytes)."""
-    return {
-        "metadata_server": endpoints.metadata_server,
-        "master_server_address": endpoints.master_address,
-        "protocol": endpoints.protocol,
-        "device_name": endpoints.device_name,
-        "global_segment_size": endpoints.global_segment_size,
-        "local_buffer_size": endpoints.local_buffer_size,
-        "tenant_id": tenant_id,
-    }
+    return endpoints.mooncake_config(tenant_id)
 
 
-def instance_dir(endpoints: StoreEndpoints, assignment) -> str:
-    """Per-instance directory under ``endpoints.config_dir`` for rendered files."""
-    return f"{endpoints.config_dir.rstrip('/') or ''}/assignment-{assignment.pk}"
+def instance_id(assignment) -> str:
+    """The instance's id in config documents (``InstanceSpec.instance_id``), directory names and KV-event
+    topics: the assignment's primary key as a decimal string."""
+    return str(assignment.pk)
+
+
+def instance_dir(endpoints: RenderTarget, assignment) -> str:
+    """Per-instance directory for rendered files: ``<config_dir>/<instance_id>``."""
+    return f"{endpoints.config_dir.rstrip('/') or ''}/{instance_id(assignment)}"
 
 
 def instance_meta(assignment) -> dict[str, Any]:
@@ -45,6 +43,7 @@ def instance_meta(assignment) -> dict[str, Any]:
     model = release.model
     meta = {
         "assignment": assignment.pk,
+        "instance_id": instance_id(assignment),
         "node": assignment.node.name,
         "engine": release.engine,
         "role": assignment.role,

@@ -7,9 +7,9 @@ from urllib.parse import urlsplit
 import yaml
 
 from tenants.quota import format_quota
-from tenants.rendering.types import RenderedConfig, StoreEndpoints
+from tenants.rendering.types import RenderedConfig, RenderTarget
 
-#: File name of the quota policy under ``StoreEndpoints.config_dir``.
+#: File name of the quota policy under ``RenderTarget.config_dir``.
 QUOTA_FILE_NAME = "tenant_quotas.yaml"
 
 
@@ -36,16 +36,16 @@ def _host_port(address: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), parts.port
 
 
-def render_master(tenants: Iterable, endpoints: StoreEndpoints, *, binary: str = "mooncake_master") -> RenderedConfig:
+def render_master(tenants: Iterable, endpoints: RenderTarget, *, binary: str = "mooncake_master") -> RenderedConfig:
     """``mooncake_master`` flags for ``endpoints`` with multi-tenancy and the rendered quota policy file.
 
-    Flags: ``--rpc_address``/``--rpc_port`` from ``master_address``; ``--enable_http_metadata_server=true``
+    Flags: ``--rpc_address``/``--rpc_port`` from ``master_server_address``; ``--enable_http_metadata_server=true``
     with ``--http_metadata_server_host``/``_port`` when ``metadata_server`` is an ``http(s)://`` URL;
     ``--metrics_port`` from ``admin_url``; ``--enable_multi_tenants=true``,
     ``--tenant_quota_connector_type=file``, ``--tenant_quota_connector_uri=<config_dir>/tenant_quotas.yaml``.
     Raises ``ValueError`` when an address has no port.
     """
-    rpc_host, rpc_port = _host_port(endpoints.master_address, "master_address")
+    rpc_host, rpc_port = _host_port(endpoints.master_server_address, "master_server_address")
     quota_path = f"{endpoints.config_dir.rstrip('/')}/{QUOTA_FILE_NAME}"
     argv = [binary, f"--rpc_address={rpc_host}", f"--rpc_port={rpc_port}"]
     if endpoints.metadata_server.startswith(("http://", "https://")):

@@ -8,18 +8,19 @@ from tenants.rendering.common import (
     compact_json,
     cuda_env,
     instance_dir,
+    instance_id,
     instance_meta,
     pretty_json,
     store_client_config,
 )
 from tenants.rendering.lora import sglang_lora_args
-from tenants.rendering.types import RenderedConfig, StoreEndpoints
+from tenants.rendering.types import RenderedConfig, RenderTarget
 
 #: Name of the config file written next to each instance (``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``).
 CONFIG_FILE_NAME = "sglang_hicache_mooncake.json"
 
 
-def sglang_store_config(assignment, endpoints: StoreEndpoints) -> dict[str, Any]:
+def sglang_store_config(assignment, endpoints: RenderTarget) -> dict[str, Any]:
     """Mooncake client settings for SGLang's HiCache backend: the store keys plus ``local_hostname``."""
     release = assignment.release
     config = store_client_config(endpoints, release.model.tenant.tenant_id)
@@ -27,14 +28,14 @@ def sglang_store_config(assignment, endpoints: StoreEndpoints) -> dict[str, Any]
     return config
 
 
-def sglang_extra_config(assignment, endpoints: StoreEndpoints) -> dict[str, Any]:
+def sglang_extra_config(assignment, endpoints: RenderTarget) -> dict[str, Any]:
     """``--hicache-storage-backend-extra-config``: ``extra_backend_tag`` (the release namespace) and the full
     store config including ``master_server_address`` and ``tenant_id`` (SGLang 0.5.23 uses this dict before
     the config file when it names a master; ``tenant_id`` reaches the client when not ``default``)."""
     return {"extra_backend_tag": assignment.release.namespace, **sglang_store_config(assignment, endpoints)}
 
 
-def render_sglang(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
+def render_sglang(assignment, endpoints: RenderTarget) -> RenderedConfig:
     """Render ``python -m sglang.launch_server ...`` for ``assignment`` (an ``InstanceAssignment``).
 
     Arguments: ``--model-path``, ``--served-model-name``, ``--revision`` (when the release pins weights),
@@ -76,11 +77,13 @@ def render_sglang(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
         argv += ["--disaggregation-mode", assignment.role, "--disaggregation-transfer-backend", "mooncake"]
         if assignment.bootstrap_port is not None:
             argv += ["--disaggregation-bootstrap-port", str(assignment.bootstrap_port)]
-    config_path = f"{instance_dir(endpoints, assignment)}/{CONFIG_FILE_NAME}"
+    directory = instance_dir(endpoints, assignment)
+    config_path = f"{directory}/{CONFIG_FILE_NAME}"
     env = {
         "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": config_path,
         "MOONCAKE_TENANT_ID": model.tenant.tenant_id,
         **cuda_env(assignment),
     }
     files = {config_path: pretty_json(sglang_store_config(assignment, endpoints))}
-    return RenderedConfig(kind="sglang", argv=argv, env=env, files=files, meta=instance_meta(assignment))
+    return RenderedConfig(kind="sglang", argv=argv, env=env, files=files, meta=instance_meta(assignment),
+                          instance_id=instance_id(assignment), instance_dir=directory)

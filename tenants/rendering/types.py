@@ -4,62 +4,128 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from agent.contract.messages import NonNegative, StoreEndpoints
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-@dataclass(frozen=True)
-class StoreEndpoints:
-    """How engines reach the Mooncake Store, plus where rendered config files go on the node.
+class RenderTarget(StoreEndpoints):
+    """Where rendered configs point and land: the Store endpoints every rendered client gets (the fields of
+    ``agent.contract.messages.StoreEndpoints``, the one definition, with Mooncake's names) plus
 
-    * ``master_address`` — master RPC ``host:port`` (client ``master_server_address``).
-    * ``metadata_server`` — transfer-engine metadata, ``http://host:port/metadata`` (the master's embedded
-      HTTP metadata server) or ``P2PHANDSHAKE``.
-    * ``protocol`` (``tcp``/``rdma``), ``device_name`` (RDMA NIC list, ``""`` for auto/TCP).
-    * ``global_segment_size`` — bytes each client process mounts into the pool; ``local_buffer_size`` —
-      bytes of its registered transfer buffer.
-    * ``admin_url`` — master metrics/admin HTTP base (``--metrics_port``), e.g. ``http://127.0.0.1:9003``.
+    * ``admin_url`` — master metrics/admin HTTP base (``--metrics_port``), e.g. ``http://127.0.0.1:9003``;
     * ``config_dir`` — directory on the node where rendered files are written (paths in env point there).
+
+    ``mooncake_config(tenant_id)`` gives the client config keys only (no ``admin_url``/``config_dir``).
     """
 
-    master_address: str
-    metadata_server: str
-    protocol: str = "tcp"
-    device_name: str = ""
-    global_segment_size: int = 4 << 30
-    local_buffer_size: int = 512 << 20
+    global_segment_size: NonNegative = 4 << 30
+    local_buffer_size: NonNegative = 512 << 20
     admin_url: str = "http://127.0.0.1:9003"
     config_dir: str = "/etc/kvpool"
 
     @classmethod
-    def from_settings(cls, **overrides: Any) -> StoreEndpoints:
-        """Build from Django settings ``KVPOOL_MASTER_ADDRESS``, ``KVPOOL_METADATA_SERVER``,
-        ``KVPOOL_STORE_PROTOCOL``, ``KVPOOL_MASTER_ADMIN_URL`` and, when defined, ``KVPOOL_STORE_DEVICE``,
-        ``KVPOOL_GLOBAL_SEGMENT_SIZE``, ``KVPOOL_LOCAL_BUFFER_SIZE`` (bytes), ``KVPOOL_ENGINE_CONFIG_DIR``;
-        ``overrides`` replace any field."""
+    def from_settings(cls, **overrides: Any) -> RenderTarget:
+        """Build from Django settings ``KVPOOL_MASTER_ADDRESS`` (the ``master_server_address``),
+        ``KVPOOL_METADATA_SERVER``, ``KVPOOL_STORE_PROTOCOL``, ``KVPOOL_MASTER_ADMIN_URL`` and, when defined,
+        ``KVPOOL_STORE_DEVICE``, ``KVPOOL_GLOBAL_SEGMENT_SIZE``, ``KVPOOL_LOCAL_BUFFER_SIZE`` (bytes),
+        ``KVPOOL_ENGINE_CONFIG_DIR``; ``overrides`` replace any field."""
         from django.conf import settings
 
-        defaults = cls(master_address="", metadata_server="")
-        endpoints = cls(
-            master_address=settings.KVPOOL_MASTER_ADDRESS,
-            metadata_server=settings.KVPOOL_METADATA_SERVER,
-            protocol=settings.KVPOOL_STORE_PROTOCOL,
-            device_name=getattr(settings, "KVPOOL_STORE_DEVICE", defaults.device_name),
-            global_segment_size=int(getattr(settings, "KVPOOL_GLOBAL_SEGMENT_SIZE", defaults.global_segment_size)),
-            local_buffer_size=int(getattr(settings, "KVPOOL_LOCAL_BUFFER_SIZE", defaults.local_buffer_size)),
-            admin_url=settings.KVPOOL_MASTER_ADMIN_URL,
-            config_dir=getattr(settings, "KVPOOL_ENGINE_CONFIG_DIR", defaults.config_dir),
+        optional = {"device_name": "KVPOOL_STORE_DEVICE", "global_segment_size": "KVPOOL_GLOBAL_SEGMENT_SIZE",
+                    "local_buffer_size": "KVPOOL_LOCAL_BUFFER_SIZE", "config_dir": "KVPOOL_ENGINE_CONFIG_DIR"}
+        fields: dict[str, Any] = {
+            "master_server_address": settings.KVPOOL_MASTER_ADDRESS,
+            "metadata_server": settings.KVPOOL_METADATA_SERVER,
+            "protocol": settings.KVPOOL_STORE_PROTOCOL,
+            "admin_url": settings.KVPOOL_MASTER_ADMIN_URL,
+        }
+        fields.update({name: getattr(settings, setting) for name, setting in optional.items()
+                       if hasattr(settings, setting)})
+        fields.update(overrides)
+        return cls(**fields)
+
+    def store_endpoints(self) -> StoreEndpoints:
+        """The Store endpoints alone (what a config document carries)."""
+        return StoreEndpoints(**self.mooncake_config())
+
+
+#: ``argv[0]`` of a rendered engine launch that stands for the engine's Python interpreter: whoever starts the
+#: instance substitutes the interpreter of the engine's environment (the node's instance directories run
+#: ``"${KVPOOL_ENGINE_PYTHON:-python3}"`` in its place, see ``agent.node.instance_dirs``).
+ENGINE_PYTHON = "python"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a node needs to start one engine instance, independent of where its directory lives.
+
+    * ``instance_id`` — the config document's ``InstanceSpec.instance_id`` (the assignment's primary key as a
+      string); also the instance directory's name and the vLLM KV-events topic.
+    * ``argv`` — the command; ``argv[0] == ENGINE_PYTHON`` (``"python"``) stands for the engine interpreter.
+    * ``env`` — variables to set (values are plain strings, never shell syntax).
+    * ``file_env`` — variables whose value is the absolute path of one of ``files`` in the instance directory
+      (``{"MOONCAKE_CONFIG_PATH": "mooncake.json"}``); the node fills them in when it writes the directory.
+    * ``files`` — file name (no ``/``) -> text content, written into the instance directory.
+
+    ``to_dict()`` / ``from_dict()`` give the JSON form (the one the config push carries).
+    """
+
+    instance_id: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    file_env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.instance_id or "/" in self.instance_id or self.instance_id in (".", ".."):
+            raise ValueError(f"invalid instance id {self.instance_id!r}")
+        object.__setattr__(self, "argv", tuple(self.argv))
+        for name in (*self.env, *self.file_env):
+            if not _ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+        for name in self.files:
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"invalid instance file name {name!r}")
+        for var, name in self.file_env.items():
+            if name not in self.files:
+                raise ValueError(f"{var} names {name!r}, which is not one of the instance's files")
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "file_env", MappingProxyType(dict(self.file_env)))
+        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "file_env": dict(self.file_env),
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
+        return cls(
+            instance_id=data["instance_id"],
+            argv=data["argv"],
+            env=data.get("env", {}),
+            file_env=data.get("file_env", {}),
+            files=data.get("files", {}),
         )
-        return replace(endpoints, **overrides)
 
 
 @dataclass(frozen=True)
 class RenderedConfig:
     """One process to start: ``argv`` (exact arguments), ``env`` (variables to set), ``files`` (absolute path
     on the node -> text content to write before starting), and ``meta`` (what it was rendered from).
+
+    Engine instances also carry ``instance_id`` and ``instance_dir`` (``<config_dir>/<instance_id>``, where
+    their files are rendered); ``launch_spec()`` gives the same launch relative to that directory.
+    ``argv[0] == "python"`` (``ENGINE_PYTHON``) stands for the engine's interpreter.
 
     ``command_line`` is ``shlex.join(argv)``, so ``shlex.split(command_line) == argv`` for any argument;
     ``shell_line`` prefixes the ``NAME=value`` assignments, also quoted with ``shlex``.
@@ -70,6 +136,8 @@ class RenderedConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
     meta: Mapping[str, Any] = field(default_factory=dict)
+    instance_id: str = ""
+    instance_dir: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -91,9 +159,34 @@ class RenderedConfig:
         assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(self.env.items())]
         return " ".join([*assignments, self.command_line])
 
+    def launch_spec(self) -> LaunchSpec:
+        """The launch relative to the instance directory: files by name, and every env variable whose value is
+        the rendered path of one of them moved to ``file_env``.
+
+        Raises:
+            ValueError: not an engine instance (no ``instance_id``), or a file outside ``instance_dir``.
+        """
+        if not self.instance_id or not self.instance_dir:
+            raise ValueError(f"a {self.kind} config is not an engine instance; it has no launch spec")
+        prefix = self.instance_dir.rstrip("/") + "/"
+        files: dict[str, str] = {}
+        for path, content in self.files.items():
+            name = path[len(prefix):] if path.startswith(prefix) else ""
+            if not name or "/" in name:
+                raise ValueError(f"file {path!r} is not directly inside the instance directory {self.instance_dir!r}")
+            files[name] = content
+        env: dict[str, str] = {}
+        file_env: dict[str, str] = {}
+        for name, value in self.env.items():
+            if value in self.files:
+                file_env[name] = value[len(prefix):]
+            else:
+                env[name] = value
+        return LaunchSpec(instance_id=self.instance_id, argv=self.argv, env=env, file_env=file_env, files=files)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form used by the REST API and ``render_config``."""
-        return {
+        """JSON-ready form used by the REST API and ``render_config`` (``instance_id`` for engine instances)."""
+        data = {
             **dict(self.meta),
             "kind": self.kind,
             "argv": list(self.argv),
@@ -102,3 +195,6 @@ class RenderedConfig:
             "command_line": self.command_line,
             "shell_line": self.shell_line,
         }
+        if self.instance_id:
+            data["instance_id"] = self.instance_id
+        return data

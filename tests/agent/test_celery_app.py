@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from agent.celery_app import make_app
+from agent.node.celery_app import make_app
 
 
 def test_broker_flag_wins_over_celery_broker_url(monkeypatch: pytest.MonkeyPatch,

@@ -80,7 +80,7 @@ def test_state_dir_under_proc_is_refused(tmp_path):
 
 
 def test_broker_url_check_accepts_redis_and_memory_urls():
-    from agent.cli_args import broker_url
+    from agent.node.cli_args import broker_url
 
     for url in ("redis://127.0.0.1:6379/0", "rediss://:pw@cache.example:6380/2", "REDIS://h", "memory://",
                 "redis://h:6379/", "redis://h:6379/15"):
@@ -89,7 +89,7 @@ def test_broker_url_check_accepts_redis_and_memory_urls():
 
 def test_the_worker_exit_status_reaches_the_caller(monkeypatch):
     """Celery's worker_main drops the status of a worker that died (e.g. a transport error); run_worker keeps it."""
-    from agent.celery_app import make_app, run_worker
+    from agent.node.celery_app import make_app, run_worker
 
     app = make_app("n", "memory://")
     seen = []
@@ -98,3 +98,22 @@ def test_the_worker_exit_status_reaches_the_caller(monkeypatch):
     assert seen[0][0] == "worker" and "--queues=agent.n" in seen[0]
     monkeypatch.setattr(app, "start", lambda argv: None)
     assert run_worker(app, "n") == 0
+
+
+@pytest.mark.parametrize("argv0, prog", [
+    ("/opt/kvpool-agent/bin/kvpool-agent", "kvpool-agent"),  # the console script of `pip install ".[agent]"`
+    (str(ROOT / "agent" / "__main__.py"), "python -m agent"),
+    (str(ROOT / "agent" / "node" / "cli.py"), "python -m agent"),
+    ("-c", "python -m agent"),
+    ("", "python -m agent"),
+])
+def test_usage_and_errors_name_the_command_that_was_run(monkeypatch, capsys, argv0, prog):
+    from agent.node import cli
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert cli.prog_name() == prog
+    assert cli.build_parser().format_usage().startswith(f"usage: {prog} ")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--node", "no spaces", "--broker", "memory://"])  # refused before any set-up
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"{prog} run: error: --node 'no spaces' is not a valid node name")

@@ -11,12 +11,13 @@ import time
 import pytest
 import torch
 
-from agent.connector import KVConnector
-from agent.errors import NoSpace, QuotaExceeded, StoreUnavailable, UnknownTenant
-from agent.kv_cache import KVCacheSpec, PagedKVCache
-from agent.ledger import Ledger
-from agent.namespace import Namespace
-from agent.store import StoreEndpoints, open_store
+from agent.contract.messages import StoreEndpoints
+from agent.datapath.connector import KVConnector
+from agent.datapath.errors import NoSpace, QuotaExceeded, StoreUnavailable, UnknownTenant
+from agent.datapath.keyspace import KeySpace
+from agent.datapath.kv_cache import KVCacheSpec, PagedKVCache
+from agent.datapath.ledger import Ledger
+from agent.datapath.store import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +36,11 @@ def make_cache(layout: str = "per_layer", seed: int = 0, num_blocks: int = 32, n
     return cache
 
 
-def ns(release: str, engine: str = "vllm", **kw) -> Namespace:
-    base = dict(tenant_id="alpha", engine=engine, served_model_name="org/Model-1.5", release_namespace=release,
-                block_size=BS, hash_algo="sha256" if engine == "vllm" else "sglang_sha256")
+def ns(release: str, engine: str = "vllm", **kw) -> KeySpace:
+    base = dict(tenant_id="alpha", engine=engine, served_model_name="org/Model-1.5", namespace=release,
+                block_size=BS, hash_algo="sha256")
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
 def same_blocks(a: PagedKVCache, ids_a, b: PagedKVCache, ids_b) -> bool:
@@ -55,9 +56,9 @@ def alpha(mooncake_master, store_client_factory):
 @pytest.mark.parametrize("layout", ["per_layer", "cross_layer"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_round_trip_is_bit_exact(alpha, unique_name, layout: str, engine: str) -> None:
-    namespace = ns(unique_name("rt"), engine)
+    keyspace = ns(unique_name("rt"), engine)
     src, dst = make_cache(layout, 1), make_cache(layout, 2)
-    with KVConnector(alpha, src, namespace) as put_side, KVConnector(alpha, dst, namespace) as get_side:
+    with KVConnector(alpha, src, keyspace) as put_side, KVConnector(alpha, dst, keyspace) as get_side:
         result = put_side.save(TOKENS, list(range(N_BLOCKS + 1)))
         assert (result.stored, result.failed) == (N_BLOCKS, 0)
         assert not same_blocks(src, range(N_BLOCKS), dst, range(N_BLOCKS, 2 * N_BLOCKS))
@@ -75,14 +76,14 @@ def test_two_releases_never_see_each_other(alpha, unique_name) -> None:
     src = make_cache(seed=3)
     with KVConnector(alpha, src, r1) as c:
         c.save(TOKENS, list(range(N_BLOCKS)))
-        assert c.lookup(TOKENS, namespace=r2) == 0
-        assert c.lookup(TOKENS, namespace=ns(tag, served_model_name="org/Other")) == 0  # another model, same tag
-        c.save(TOKENS, list(range(N_BLOCKS)), namespace=r2)
-        c.save(TOKENS, list(range(N_BLOCKS)), namespace=decoy)
-        assert c.lookup(TOKENS) == c.lookup(TOKENS, namespace=r2) == N_BLOCKS
+        assert c.lookup(TOKENS, keyspace=r2) == 0
+        assert c.lookup(TOKENS, keyspace=ns(tag, served_model_name="org/Other")) == 0  # another model, same tag
+        c.save(TOKENS, list(range(N_BLOCKS)), keyspace=r2)
+        c.save(TOKENS, list(range(N_BLOCKS)), keyspace=decoy)
+        assert c.lookup(TOKENS) == c.lookup(TOKENS, keyspace=r2) == N_BLOCKS
         assert c.purge_release() == N_BLOCKS  # remove_by_regex on the master: only r1's keys
         assert c.lookup(TOKENS) == 0
-        assert c.lookup(TOKENS, namespace=r2) == c.lookup(TOKENS, namespace=decoy) == N_BLOCKS
+        assert c.lookup(TOKENS, keyspace=r2) == c.lookup(TOKENS, keyspace=decoy) == N_BLOCKS
         assert c.ledger.table(r1).blocks == 0 and c.ledger.table(r2).blocks == N_BLOCKS
 
 
@@ -90,9 +91,9 @@ def test_sglang_release_purge_removes_k_and_v(alpha, unique_name) -> None:
     r1, r2 = ns(unique_name("sg"), "sglang"), ns(unique_name("sg"), "sglang")
     with KVConnector(alpha, make_cache(), r1) as c:
         c.save(TOKENS, list(range(N_BLOCKS)))
-        c.save(TOKENS, list(range(N_BLOCKS)), namespace=r2)
+        c.save(TOKENS, list(range(N_BLOCKS)), keyspace=r2)
         assert c.purge_release() == 2 * N_BLOCKS
-        assert c.lookup(TOKENS) == 0 and c.lookup(TOKENS, namespace=r2) == N_BLOCKS
+        assert c.lookup(TOKENS) == 0 and c.lookup(TOKENS, keyspace=r2) == N_BLOCKS
 
 
 def test_two_salts_never_share_a_block(alpha, unique_name) -> None:
@@ -101,12 +102,12 @@ def test_two_salts_never_share_a_block(alpha, unique_name) -> None:
     assert set(a.keys(a.block_hashes(TOKENS))).isdisjoint(b.keys(b.block_hashes(TOKENS)))
     with KVConnector(alpha, make_cache(), a) as c:
         c.save(TOKENS, list(range(N_BLOCKS)))
-        assert c.lookup(TOKENS, namespace=b) == 0
+        assert c.lookup(TOKENS, keyspace=b) == 0
         # not even a later block matches: the salt in block 0 changed every hash of the chain
         present = alpha.exists(b.keys(b.block_hashes(TOKENS)))
         assert present == [0] * N_BLOCKS
-        assert c.lookup(TOKENS, namespace=a.replace(request_group="a2")) == N_BLOCKS  # same salt, same blocks
-        result = c.save(TOKENS, list(range(N_BLOCKS)), namespace=b)
+        assert c.lookup(TOKENS, keyspace=a.replace(request_group="a2")) == N_BLOCKS  # same salt, same blocks
+        result = c.save(TOKENS, list(range(N_BLOCKS)), keyspace=b)
         assert result.stored == N_BLOCKS
 
 
@@ -115,16 +116,16 @@ def test_prefill_and_decode_clients_share_everything(mooncake_master, store_clie
                                                      engine: str) -> None:
     prefill = store_client_factory(mooncake_master, "alpha", "prefill")
     decode = store_client_factory(mooncake_master, "alpha", "decode")
-    namespace = ns(unique_name("pd"), engine)
+    keyspace = ns(unique_name("pd"), engine)
     src, dst = make_cache("per_layer", 5), make_cache("cross_layer", 6)
-    with KVConnector(prefill, src, namespace) as p, KVConnector(decode, dst, namespace) as d:
+    with KVConnector(prefill, src, keyspace) as p, KVConnector(decode, dst, keyspace) as d:
         p.save(TOKENS, list(range(N_BLOCKS)))
         assert d.lookup(TOKENS) == N_BLOCKS  # 100% of the prefix
         assert d.load(TOKENS, list(range(N_BLOCKS))) == N_BLOCKS
         assert same_blocks(src, range(N_BLOCKS), dst, range(N_BLOCKS))  # layouts differ, bytes agree
         result = d.save(TOKENS, list(range(N_BLOCKS)))
         assert (result.stored, result.existing) == (0, N_BLOCKS)
-        assert d.ledger.table(namespace).blocks == 0  # blocks the prefill wrote are not the decode's to count
+        assert d.ledger.table(keyspace).blocks == 0  # blocks the prefill wrote are not the decode's to count
 
 
 def test_tenants_do_not_see_each_other(mooncake_master, store_client_factory, unique_name) -> None:
@@ -142,18 +143,18 @@ def test_tenants_do_not_see_each_other(mooncake_master, store_client_factory, un
 def test_tenant_over_quota_is_refused_with_a_clear_error(mooncake_master, store_client_factory, unique_name) -> None:
     tiny = store_client_factory(mooncake_master, "tiny")  # quota 64 KiB
     cache = make_cache()  # 32 KiB blocks: two fit, the third does not
-    namespace = ns(unique_name("quota"), tenant_id="tiny")
-    with KVConnector(tiny, cache, namespace) as c:
+    keyspace = ns(unique_name("quota"), tenant_id="tiny")
+    with KVConnector(tiny, cache, keyspace) as c:
         with pytest.raises(QuotaExceeded) as info:
             c.save(TOKENS, list(range(N_BLOCKS)))
         err = info.value
-        keys = namespace.keys(namespace.block_hashes(TOKENS))
+        keys = keyspace.keys(keyspace.block_hashes(TOKENS))
         assert err.code == -1700 and err.code_name == "TENANT_QUOTA_EXCEEDED" and err.tenant_id == "tiny"
         assert err.keys[0] == keys[err.result.stored] and err.keys[0] in str(err) and "-1700" in str(err)
         assert err.result.stored * cache.spec.block_bytes <= 64 << 10 and err.result.failed >= 1
         stored = set(keys[: err.result.stored])
         assert {k for k, present in zip(keys, tiny.exists(keys)) if present} == stored
-        assert c.ledger.present_keys(namespace) == stored  # the failed blocks are not claimed
+        assert c.ledger.present_keys(keyspace) == stored  # the failed blocks are not claimed
         quota = mooncake_master.tenant_quota("tiny")
         assert quota["charged_bytes"] == len(stored) * cache.spec.block_bytes
 
@@ -163,16 +164,17 @@ def test_unregistered_tenant_is_refused(mooncake_master, store_client_factory, u
     with KVConnector(nobody, make_cache(), ns(unique_name("x"), tenant_id="nobody")) as c:
         with pytest.raises(UnknownTenant, match="TENANT_NOT_REGISTERED") as info:
             c.save(TOKENS, list(range(N_BLOCKS)))
-        assert info.value.code == -1701 and c.ledger.table(c.namespace).blocks == 0
+        assert info.value.code == -1701 and c.ledger.table(c.keyspace).blocks == 0
 
 
 def test_unreachable_master_fails_fast() -> None:
-    from agent.master import free_ports
+    from agent.sim.master import free_ports
 
     (port,) = free_ports(1)
     start = time.monotonic()
     with pytest.raises(StoreUnavailable, match="not reachable"):
-        open_store(StoreEndpoints(f"127.0.0.1:{port}", "http://127.0.0.1:1/metadata"), "alpha", connect_timeout=1)
+        open_store(StoreEndpoints(master_server_address=f"127.0.0.1:{port}", metadata_server="http://127.0.0.1:1/metadata",
+                                  global_segment_size=64 << 20, local_buffer_size=16 << 20), "alpha", connect_timeout=1)
     assert time.monotonic() - start < 30
 
 
@@ -190,12 +192,12 @@ def test_ledger_equals_store_after_master_eviction(mooncake_master_factory, uniq
     try:
         cache = make_cache(num_blocks=40, num_layers=8)  # 64 KiB blocks
         ledger = Ledger()
-        namespace = ns(unique_name("ev"), tenant_id="evt")
-        connector = KVConnector(store, cache, namespace, ledger=ledger)
+        keyspace = ns(unique_name("ev"), tenant_id="evt")
+        connector = KVConnector(store, cache, keyspace, ledger=ledger)
         all_hashes: list[list[bytes]] = []
         for prompt in range(prompts):
             tokens = [prompt * 1_000_000 + i for i in range(40 * BS)]
-            hashes = namespace.block_hashes(tokens)
+            hashes = keyspace.block_hashes(tokens)
             all_hashes.append(hashes)
             try:
                 connector.put(list(range(40)), hashes)
@@ -204,14 +206,14 @@ def test_ledger_equals_store_after_master_eviction(mooncake_master_factory, uniq
             time.sleep(0.05)  # let leases lapse so the master may evict
         result = ledger.reconcile(store, sample=32)
         assert result.full and result.missing > 0, result
-        stored_keys = [namespace.primary_key(h) for hs in all_hashes for h in hs]
+        stored_keys = [keyspace.primary_key(h) for hs in all_hashes for h in hs]
         for _ in range(3):  # a background eviction round could land between reconcile and our own check
             in_store = {k for k, c in zip(stored_keys, store.exists(stored_keys)) if c == 1}
-            if ledger.present_keys(namespace) == in_store:
+            if ledger.present_keys(keyspace) == in_store:
                 break
             ledger.reconcile(store, sample=None)
-        table = ledger.table(namespace)
-        assert ledger.present_keys(namespace) == in_store
+        table = ledger.table(keyspace)
+        assert ledger.present_keys(keyspace) == in_store
         assert table.blocks == len(in_store) and table.bytes == len(in_store) * cache.spec.block_bytes
         assert table.evicted_blocks == table.puts - table.blocks > 0
         assert master.metrics()["master_key_count"] == len(in_store)
@@ -219,24 +221,24 @@ def test_ledger_equals_store_after_master_eviction(mooncake_master_factory, uniq
         # orphans: present blocks below any block the master evicted (it knows no prefixes)
         orphans = 0
         for hashes in all_hashes:
-            keys = [namespace.primary_key(h) for h in hashes]
+            keys = [keyspace.primary_key(h) for h in hashes]
             gap = next((i for i, key in enumerate(keys) if key not in in_store), len(keys))
             orphans += sum(1 for key in keys[gap + 1:] if key in in_store)
         assert table.orphaned_blocks == orphans and table.orphaned_bytes == orphans * cache.spec.block_bytes
-        row = next(r for r in ledger.snapshot() if r["namespace"] == namespace.release_namespace)
+        row = next(r for r in ledger.snapshot() if r["namespace"] == keyspace.namespace)
         assert row["blocks"] == len(in_store) and row["evicted_blocks"] == table.evicted_blocks
     finally:
         store.close()  # before the master stops: a client whose master is gone takes 10 s or more to close
 
 
 def test_soft_pinned_puts(mooncake_master, alpha, unique_name) -> None:
-    namespace = ns(unique_name("pin"))
+    keyspace = ns(unique_name("pin"))
     before = mooncake_master.metrics().get("master_soft_pin_key_count", 0)
-    with KVConnector(alpha, make_cache(), namespace) as c:
-        hashes = namespace.block_hashes(TOKENS)
+    with KVConnector(alpha, make_cache(), keyspace) as c:
+        hashes = keyspace.block_hashes(TOKENS)
         assert c.put(list(range(2)), hashes[:2], soft_pin=True).stored == 2
         assert c.put(list(range(2, N_BLOCKS)), hashes[2:], parent=hashes[1]).stored == N_BLOCKS - 2
         assert c.lookup(TOKENS) == N_BLOCKS
         assert mooncake_master.metrics()["master_soft_pin_key_count"] - before == 2
-        table = c.ledger.table(namespace)
-        assert table.get(namespace.primary_key(hashes[2])).parent == namespace.primary_key(hashes[1])
+        table = c.ledger.table(keyspace)
+        assert table.get(keyspace.primary_key(hashes[2])).parent == keyspace.primary_key(hashes[1])

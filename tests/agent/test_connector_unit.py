@@ -10,17 +10,17 @@ import threading
 import pytest
 import torch
 
-from agent.connector import KVConnector
-from agent.errors import (
+from agent.datapath.connector import KVConnector
+from agent.datapath.errors import (
     LayoutError,
     QuotaExceeded,
     RpcFailed,
     StoreError,
     TransferFailed,
 )
-from agent.kv_cache import KVCacheSpec, PagedKVCache
-from agent.ledger import Ledger
-from agent.namespace import Namespace
+from agent.datapath.keyspace import KeySpace
+from agent.datapath.kv_cache import KVCacheSpec, PagedKVCache
+from agent.datapath.ledger import Ledger
 from tests.agent.fakes import FakeStore
 
 BS = 4
@@ -37,18 +37,18 @@ def cache(layout: str = "per_layer", seed: int = 0) -> PagedKVCache:
     return c
 
 
-def vllm(**kw) -> Namespace:
-    base = dict(tenant_id="alpha", engine="vllm", served_model_name="m", release_namespace="r", block_size=BS,
+def vllm(**kw) -> KeySpace:
+    base = dict(tenant_id="alpha", engine="vllm", served_model_name="m", namespace="r", block_size=BS,
                 hash_algo="sha256_cbor")
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
-def sglang(**kw) -> Namespace:
-    base = dict(tenant_id="alpha", engine="sglang", served_model_name="m", release_namespace="r", block_size=BS,
-                hash_algo="sglang_sha256")
+def sglang(**kw) -> KeySpace:
+    base = dict(tenant_id="alpha", engine="sglang", served_model_name="m", namespace="r", block_size=BS,
+                hash_algo="sha256")
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
 def same_blocks(a: PagedKVCache, ids_a: list[int], b: PagedKVCache, ids_b: list[int]) -> bool:
@@ -171,24 +171,24 @@ def test_ids_and_hashes_must_agree() -> None:
 def test_namespace_swap_rules() -> None:
     c = KVConnector(FakeStore(), cache(), vllm())
     with pytest.raises(LayoutError, match="block_size"):
-        c.namespace = vllm(block_size=8)
+        c.keyspace = vllm(block_size=8)
     with pytest.raises(ValueError, match="tenant_id"):
-        c.namespace = vllm(tenant_id="beta")
+        c.keyspace = vllm(tenant_id="beta")
     with pytest.raises(TypeError):
-        c.namespace = "r2"  # type: ignore[assignment]
-    c.namespace = vllm(release_namespace="r2")
-    assert c.namespace.release_namespace == "r2"
+        c.keyspace = "r2"  # type: ignore[assignment]
+    c.keyspace = vllm(namespace="r2")
+    assert c.keyspace.namespace == "r2"
 
 
 def test_swap_during_a_batch_applies_to_the_next_batch_only() -> None:
-    old, new = vllm(release_namespace="old"), vllm(release_namespace="new")
+    old, new = vllm(namespace="old"), vllm(namespace="new")
 
     class SwappingStore(FakeStore):
         connector: KVConnector | None = None
 
         def exists(self, keys: list[str]) -> list[int]:
-            if self.connector is not None and self.connector.namespace is old:
-                self.connector.namespace = new  # the daemon swaps while this batch runs
+            if self.connector is not None and self.connector.keyspace is old:
+                self.connector.keyspace = new  # the daemon swaps while this batch runs
             return super().exists(keys)
 
     store = SwappingStore()
@@ -196,20 +196,20 @@ def test_swap_during_a_batch_applies_to_the_next_batch_only() -> None:
     store.connector = c
     c.save(TOKENS, list(range(6)))
     assert all(k.startswith("old@") for k in store.objects)
-    assert c.namespace is new
+    assert c.keyspace is new
     c.save(TOKENS, list(range(6)))
     assert sum(k.startswith("new@") for k in store.objects) == 6
 
 
 def test_concurrent_swaps_never_mix_namespaces_in_a_batch() -> None:
-    a, b = vllm(release_namespace="a"), vllm(release_namespace="b")
+    a, b = vllm(namespace="a"), vllm(namespace="b")
     store = FakeStore()
     c = KVConnector(store, cache(), a)
     stop = threading.Event()
 
     def flip() -> None:
         while not stop.is_set():
-            c.namespace = b if c.namespace is a else a
+            c.keyspace = b if c.keyspace is a else a
 
     t = threading.Thread(target=flip)
     t.start()
@@ -229,9 +229,9 @@ def test_per_call_namespace_for_several_request_groups() -> None:
     store = FakeStore()
     c = KVConnector(store, cache(), vllm())
     g1, g2 = vllm(request_group="g1", cache_salt="1"), vllm(request_group="g2", cache_salt="2")
-    c.save(TOKENS, list(range(6)), namespace=g1)
-    assert c.lookup(TOKENS, namespace=g1) == 6 and c.lookup(TOKENS, namespace=g2) == 0
-    assert {r["salt_group"] for r in c.ledger.snapshot()} == {"g1", "g2"}
+    c.save(TOKENS, list(range(6)), keyspace=g1)
+    assert c.lookup(TOKENS, keyspace=g1) == 6 and c.lookup(TOKENS, keyspace=g2) == 0
+    assert {r["request_group"] for r in c.ledger.snapshot()} == {"g1", "g2"}
 
 
 def test_remove_and_purge() -> None:
@@ -247,8 +247,8 @@ def test_remove_and_purge() -> None:
     with pytest.raises(StoreError, match="OBJECT_HAS_LEASE"):
         c.remove(hashes[4:5])
     del store.fail[ns.primary_key(hashes[4])]
-    other = vllm(release_namespace="keep")
-    c.save(TOKENS, list(range(6)), namespace=other)
+    other = vllm(namespace="keep")
+    c.save(TOKENS, list(range(6)), keyspace=other)
     assert c.purge_release() == 5
     assert all(k.startswith("keep@") for k in store.objects) and len(store.objects) == 6
     assert ledger.table(ns).blocks == 0 and ledger.table(other).blocks == 6

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from agent.eviction import BeladyPolicy, HitDensityPolicy, LeafLRUPolicy, PlainLRUPolicy
-from agent.eviction.density import age_bucket
-from agent.eviction.shadow import ShadowLRU
-from agent.trace import TraceRequest
+from agent.datapath.eviction import BeladyPolicy, HitDensityPolicy, LeafLRUPolicy, PlainLRUPolicy
+from agent.datapath.eviction.density import age_bucket
+from agent.datapath.eviction.shadow import ShadowLRU
+from agent.sim.trace import TraceRequest
 from bench.eviction import simulate
 
 
@@ -80,7 +80,7 @@ def test_random_operations_keep_accounting_and_plans_orphan_nothing(name):
     parent = random_universe(rng)
     sizes = {k: rng.randint(1, 5) for k in parent}
     now = 0.0
-    for step in range(600):
+    for _step in range(600):
         now += rng.random()
         roll = rng.random()
         if roll < 0.6:

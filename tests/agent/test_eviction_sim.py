@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.trace import TraceRequest, read_trace, sorted_by_time, write_trace
+from agent.sim.trace import TraceRequest, read_trace, sorted_by_time, write_trace
 from bench import eviction as bench
 from bench import eviction_traces
 

@@ -1,8 +1,8 @@
-"""agent/eviction/tree.py: parents, leaves, branch tops and orphan accounting."""
+"""agent/datapath/eviction/tree.py: parents, leaves, branch tops and orphan accounting."""
 
 import pytest
 
-from agent.eviction.tree import PrefixTree
+from agent.datapath.eviction.tree import PrefixTree
 
 
 class Recorder:

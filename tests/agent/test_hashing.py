@@ -12,7 +12,7 @@ import pytest
 import torch
 import xxhash
 
-from agent.hashing import (
+from agent.datapath.hashing import (
     DEFAULT_NONE_HASH_SEED,
     LoraRef,
     SglangPageHasher,
@@ -229,17 +229,23 @@ def test_sglang_continuation_trace_and_bounds() -> None:
 
 
 def test_make_hasher_dispatch_and_errors() -> None:
-    assert isinstance(make_hasher("sglang_sha256", block_size=64, cache_salt=""), SglangPageHasher)
-    assert make_hasher("sglang_sha256", block_size=64, cache_salt="").namespace_seed is None  # "" = no salt
-    assert isinstance(make_hasher("sha256_cbor", block_size=16), VllmBlockHasher)
-    with pytest.raises(ValueError, match="not a vLLM algorithm"):
-        make_hasher("md5", block_size=16)
+    # the registry's algorithm name and the engine pick the hasher together: no engine-specific names
+    assert isinstance(make_hasher("sglang", "sha256", block_size=64, cache_salt=""), SglangPageHasher)
+    assert make_hasher("sglang", "sha256", block_size=64, cache_salt="").namespace_seed is None  # "" = no salt
+    assert isinstance(make_hasher("vllm", "sha256", block_size=16), VllmBlockHasher)
+    assert isinstance(make_hasher("vllm", "sha256_cbor", block_size=16), VllmBlockHasher)
+    with pytest.raises(ValueError, match="not a vllm algorithm"):
+        make_hasher("vllm", "md5", block_size=16)
+    with pytest.raises(ValueError, match="not a sglang algorithm"):
+        make_hasher("sglang", "sha256_cbor", block_size=16)
+    with pytest.raises(ValueError, match="engine"):
+        make_hasher("trt", "sha256", block_size=16)
     with pytest.raises(ValueError, match="block_size"):
-        make_hasher("sha256", block_size=0)
+        make_hasher("vllm", "sha256", block_size=0)
     with pytest.raises(ValueError, match="lora"):
-        make_hasher("sglang_sha256", block_size=16, lora=LoraRef("a"))
+        make_hasher("sglang", "sha256", block_size=16, lora=LoraRef("a"))
     with pytest.raises(ValueError, match="extra_key"):
-        make_hasher("sha256", block_size=16, extra_key="e")
+        make_hasher("vllm", "sha256", block_size=16, extra_key="e")
 
 
 def test_cbor2_canonical_agrees_with_independent_encoder() -> None:

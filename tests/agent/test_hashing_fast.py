@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from agent.hashing import (
+from agent.datapath.hashing import (
     LoraRef,
     VllmBlockHasher,
     _cbor_uint_blocks,

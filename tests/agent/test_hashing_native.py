@@ -1,4 +1,4 @@
-"""The compiled chain (agent._chainhash) against the pure-Python paths and the upstream encoders.
+"""The compiled chain (agent.datapath._chainhash) against the pure-Python paths and the upstream encoders.
 
 Every digest it returns must be byte-identical to ``hash_fn((parent, tuple(block), extra_keys))`` with vLLM
 0.33.0's pickle/CBOR encodings, and to SGLang 0.5.23's ``SHA-256(prior || u32le tokens)``; tokens it cannot
@@ -18,12 +18,13 @@ import pytest
 import torch
 import xxhash
 
-import agent.hashing
-from agent.hashing import LoraRef, SglangPageHasher, VllmBlockHasher, vllm_extra_keys
-from agent.namespace import Namespace
+import agent.datapath.hashing
+from agent.datapath.hashing import LoraRef, SglangPageHasher, VllmBlockHasher, vllm_extra_keys
+from agent.datapath.keyspace import KeySpace
 from tests.agent.conftest import native_expected
 
-native = pytest.importorskip("agent._chainhash") if not native_expected() else agent.hashing._chainhash
+native = (pytest.importorskip("agent.datapath._chainhash") if not native_expected()
+          else agent.datapath.hashing._chainhash)
 
 BOUNDARIES = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 2**32 - 1]
 DIGEST = {"sha256": lambda b: hashlib.sha256(b).digest(), "sha256_cbor": lambda b: hashlib.sha256(b).digest(),
@@ -51,7 +52,7 @@ def _upstream(algo: str, bs: int, toks: list, parent: bytes | None, seed: str | 
 
 def test_module_is_built_where_it_can_be() -> None:
     """make install builds it (scripts/build_native.py); a silent fallback would hide a 3x slowdown."""
-    assert agent.hashing._chainhash is not None
+    assert agent.datapath.hashing._chainhash is not None
     assert native.XXH3 is True or not __import__("pathlib").Path("/usr/include/xxhash.h").exists()
 
 
@@ -99,7 +100,7 @@ def test_pickle_blocks_past_one_frame_stay_on_the_python_path() -> None:
 
 
 def test_native_true_without_the_module_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agent.hashing, "_chainhash", None)
+    monkeypatch.setattr(agent.datapath.hashing, "_chainhash", None)
     with pytest.raises(ValueError, match="scripts/build_native.py"):
         VllmBlockHasher("sha256", native=True)
     with pytest.raises(ValueError, match="scripts/build_native.py"):
@@ -158,13 +159,13 @@ def test_hex_keys_match_python_and_decline_non_ascii() -> None:
         native.hex_keys("m@", ["not bytes"], ())
 
 
-@pytest.mark.parametrize("engine,algo", [("vllm", "sha256"), ("sglang", "sglang_sha256")])
+@pytest.mark.parametrize("engine,algo", [("vllm", "sha256"), ("sglang", "sha256")])
 def test_namespace_keys_agree_between_paths(engine: str, algo: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    ns = Namespace(tenant_id="t", engine=engine, served_model_name="org/Model-7B", release_namespace="r1",
+    ns = KeySpace(tenant_id="t", engine=engine, served_model_name="org/Model-7B", namespace="r1",
                    hash_algo=algo, block_size=16)
     hashes = ns.block_hashes(_tokens(16 * 9, seed=1))
     fast = ns.keys(hashes)
-    monkeypatch.setattr(agent.namespace, "_native_hex_keys", None)
+    monkeypatch.setattr(agent.datapath.keyspace, "_native_hex_keys", None)
     assert fast == ns.keys(hashes) == [k for h in hashes for k in ns.keys_for(h)]
 
 

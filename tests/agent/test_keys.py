@@ -8,8 +8,8 @@ import string
 
 import pytest
 
-from agent import keys
-from agent.keys import SglangKey, UnknownKey, VllmKey
+from agent.contract import keys
+from agent.contract.keys import SglangKey, UnknownKey, VllmKey
 
 H64 = "0123456789abcdef" * 4
 H32 = "fedcba9876543210" * 2
@@ -21,7 +21,7 @@ def test_vllm_examples() -> None:
     p = keys.parse(k)
     assert p == VllmKey(model_name="Qwen3-8B", block_hash=H64, cache_prefix="prod-2026-07", tp_rank=1, pcp_rank=0,
                         dcp_rank=2, pp_rank=3, group=4)
-    assert p.release_namespace == "prod-2026-07" and p.digest == bytes.fromhex(H64)
+    assert p.namespace == "prod-2026-07" and p.digest == bytes.fromhex(H64)
     assert keys.format(p) == k
     bare = f"Qwen3-8B@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{H32}"
     assert keys.parse(bare) == VllmKey(model_name="Qwen3-8B", block_hash=H32)
@@ -33,7 +33,7 @@ def test_sglang_examples() -> None:
     p = keys.parse(k)
     assert p == SglangKey(model_component="Qwen-Qwen3-8B", page_hash=H64, tp_rank=3, kind="k",
                           extra_backend_tag="production-2026-07", pp_rank=None, exact_split=False)
-    assert keys.format(p) == k and p.release_namespace == "production-2026-07"
+    assert keys.format(p) == k and p.namespace == "production-2026-07"
     assert keys.sglang_keys("Qwen/Qwen3-8B", H64, extra_backend_tag="production-2026-07", tp_rank=3) == (
         k, k[:-1] + "v")
     pp = keys.parse(f"qwen3-8b_{H64}_0_2_v")

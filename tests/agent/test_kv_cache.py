@@ -7,8 +7,8 @@ import ctypes
 import pytest
 import torch
 
-from agent.errors import LayoutError
-from agent.kv_cache import KVCacheSpec, PagedKVCache, parse_dtype
+from agent.datapath.errors import LayoutError
+from agent.datapath.kv_cache import KVCacheSpec, PagedKVCache, parse_dtype
 
 
 def spec(**kw) -> KVCacheSpec:

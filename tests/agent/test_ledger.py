@@ -7,22 +7,22 @@ import random
 
 import pytest
 
-from agent.ledger import Ledger, Outcome
-from agent.namespace import Namespace
+from agent.datapath.keyspace import KeySpace
+from agent.datapath.ledger import Ledger, Outcome
 from tests.agent.fakes import FakeStore
 
 S, E, F, D = Outcome.STORED, Outcome.EXISTED, Outcome.FAILED, Outcome.DROPPED
 SIZE = 1000
 
 
-def ns(**kw) -> Namespace:
-    base = dict(tenant_id="alpha", engine="vllm", served_model_name="m", release_namespace="r", block_size=4,
+def ns(**kw) -> KeySpace:
+    base = dict(tenant_id="alpha", engine="vllm", served_model_name="m", namespace="r", block_size=4,
                 hash_algo="sha256_cbor", request_group="g", cache_salt="salt")
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
-def chain(n: int, namespace: Namespace | None = None, start: int = 0) -> list[bytes]:
+def chain(n: int, namespace: KeySpace | None = None, start: int = 0) -> list[bytes]:
     return (namespace or ns()).block_hashes(list(range(start, start + 4 * n)))
 
 
@@ -36,7 +36,7 @@ def broken_above(t, e) -> bool:
     return False
 
 
-def recount(ledger: Ledger, n: Namespace) -> tuple[int, int, int, int]:
+def recount(ledger: Ledger, n: KeySpace) -> tuple[int, int, int, int]:
     """Brute-force blocks/bytes/orphaned_blocks/orphaned_bytes from the entries (orphan: any ancestor absent)."""
     t = ledger.table(n)
     live = [e for e in t.entries.values() if e.owned and e.present]
@@ -44,7 +44,7 @@ def recount(ledger: Ledger, n: Namespace) -> tuple[int, int, int, int]:
     return len(live), sum(e.size for e in live), len(orphans), sum(e.size for e in orphans)
 
 
-def counters(ledger: Ledger, n: Namespace) -> tuple[int, int, int, int]:
+def counters(ledger: Ledger, n: KeySpace) -> tuple[int, int, int, int]:
     t = ledger.table(n)
     return t.blocks, t.bytes, t.orphaned_blocks, t.orphaned_bytes
 
@@ -158,7 +158,7 @@ def test_removed_by_agent_counts_separately() -> None:
 
 
 def test_snapshot_matches_report_schema() -> None:
-    from agent.messages import NamespaceOccupancy
+    from agent.contract.messages import ScopeOccupancy
 
     led = Ledger()
     a, b = ns(), ns(request_group="other", cache_salt="x")
@@ -167,8 +167,8 @@ def test_snapshot_matches_report_schema() -> None:
     rows = led.snapshot()
     assert len(rows) == 2
     for row in rows:
-        NamespaceOccupancy.model_validate(row)  # extra="forbid": exactly the report fields
-    assert {(r["salt_group"], r["blocks"], r["bytes"]) for r in rows} == {("g", 3, 3 * SIZE), ("other", 1, SIZE)}
+        ScopeOccupancy.model_validate(row)  # extra="forbid": exactly the report fields
+    assert {(r["request_group"], r["blocks"], r["bytes"]) for r in rows} == {("g", 3, 3 * SIZE), ("other", 1, SIZE)}
     assert "orphaned_blocks" in led.snapshot(detail=True)[0]
 
 
@@ -193,7 +193,7 @@ def test_reconcile_samples_then_sweeps() -> None:
 
 def test_reconcile_removes_lone_sglang_halves() -> None:
     led = Ledger()
-    n = Namespace(tenant_id="alpha", engine="sglang", served_model_name="m", hash_algo="sglang_sha256", block_size=4)
+    n = KeySpace(tenant_id="alpha", engine="sglang", served_model_name="m", hash_algo="sha256", block_size=4)
     store = FakeStore("alpha")
     h = n.block_hashes(list(range(12)))
     for key in n.keys(h):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agent.master import (
+from agent.sim.master import (
     MasterError,
     MasterProcess,
     find_master_binary,

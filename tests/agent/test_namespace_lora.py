@@ -8,28 +8,28 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.hashing import LoraRef, SglangPageHasher, VllmBlockHasher
-from agent.messages import InstanceSpec, KVLayout, LoraAdapterSpec
-from agent.namespace import Namespace, adapter_namespaces, sglang_lora_id
+from agent.contract.messages import InstanceSpec, KVLayout, LoraAdapterSpec
+from agent.datapath.hashing import LoraRef, SglangPageHasher, VllmBlockHasher
+from agent.datapath.keyspace import KeySpace, adapter_keyspaces, sglang_lora_id
 
 pytestmark = pytest.mark.usefixtures("hash_impl")  # every test: compiled chain and pure Python
 
 TOKENS = list(range(48))
 
 
-def vllm_ns(**kw) -> Namespace:
+def vllm_ns(**kw) -> KeySpace:
     base = {"tenant_id": "alpha", "engine": "vllm", "served_model_name": "Qwen/Qwen3-8B",
-            "release_namespace": "prod-1", "hash_algo": "sha256", "hash_seed": "42", "request_group": "apps",
+            "namespace": "prod-1", "hash_algo": "sha256", "hash_seed": "42", "request_group": "apps",
             "cache_salt": "s1"}
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
-def sglang_ns(**kw) -> Namespace:
+def sglang_ns(**kw) -> KeySpace:
     base = {"tenant_id": "alpha", "engine": "sglang", "served_model_name": "Qwen/Qwen3-8B",
-            "release_namespace": "prod-1", "hash_algo": "sglang_sha256", "block_size": 16}
+            "namespace": "prod-1", "hash_algo": "sha256", "block_size": 16}
     base.update(kw)
-    return Namespace(**base)
+    return KeySpace(**base)
 
 
 def test_sglang_lora_id_is_sglangs_deterministic_id() -> None:
@@ -70,7 +70,7 @@ def test_adapters_share_the_release_namespace_keys_and_identity(make) -> None:
     base = make()
     ns = base.for_adapter("sql-lora", "org/sql-lora")
     digest = b"\x07" * base.digest_size
-    assert ns.keys_for(digest) == base.keys_for(digest) and ns.id == base.id
+    assert ns.keys_for(digest) == base.keys_for(digest) and ns.scope == base.scope
     assert ns.release_regex() == base.release_regex() and base.owns_key(ns.keys_for(digest)[0])
     assert ns.for_adapter("sql-lora", "org/sql-lora") == ns  # idempotent: the adapter is replaced, not stacked
     assert ns.for_adapter("", "") == base
@@ -100,24 +100,24 @@ def _spec(engine: str, adapters: list) -> InstanceSpec:
     return InstanceSpec.model_validate({
         "instance_id": "i1", "engine": engine, "role": "both", "port": 8000, "tenant_id": "alpha",
         "served_model_name": "Qwen/Qwen3-8B", "namespace": "prod-1", "release_state": "serving",
-        "hash_algo": "sha256" if engine == "vllm" else "sglang_sha256",
+        "hash_algo": "sha256",
         "kv_layout": {"num_layers": 2, "num_kv_heads": 2, "head_dim": 64, "block_size": 16, "adapters": adapters},
         "ranks": {"tp_rank": 1, "tp_size": 2}, "request_groups": [{"name": "apps", "cache_salt": "s-apps"}]})
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_adapter_namespaces_of_an_instance(engine) -> None:
+def test_adapter_keyspaces_of_an_instance(engine) -> None:
     spec = _spec(engine, [{"name": "chat-lora", "path": "org/chat-lora"}, {"name": "old-lora", "path": ""}])
-    bound = adapter_namespaces(spec)
+    bound = adapter_keyspaces(spec)
     assert set(bound) == {(1, "apps", ""), (1, "apps", "chat-lora")}  # old-lora: path unknown, hashes unknown
     base, chat = bound[(1, "apps", "")], bound[(1, "apps", "chat-lora")]
     assert base.lora_name == "" and (chat.lora_name, chat.lora_path) == ("chat-lora", "org/chat-lora")
     assert chat == base.for_adapter("chat-lora", "org/chat-lora") and chat.cache_salt == "s-apps"
 
 
-def test_adapter_namespaces_of_a_duck_typed_instance_without_adapters() -> None:
+def test_adapter_keyspaces_of_a_duck_typed_instance_without_adapters() -> None:
     instance = SimpleNamespace(engine="vllm", tenant_id="alpha", served_model_name="m", vllm_model_name="",
                                namespace="rel", hash_algo="sha256", hash_seed="", request_groups=[],
                                kv_layout=SimpleNamespace(block_size_tokens=16),
                                ranks=SimpleNamespace(tp_ranks=[0], pp_rank=0, pcp_rank=0, dcp_rank=0))
-    assert set(adapter_namespaces(instance)) == {(0, "", "")}
+    assert set(adapter_keyspaces(instance)) == {(0, "", "")}

@@ -1,4 +1,4 @@
-"""agent/trace.py: the FAST'25 JSONL reader, its checks and error messages."""
+"""agent/sim/trace.py: the FAST'25 JSONL reader, its checks and error messages."""
 
 import io
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.trace import (
+from agent.sim.trace import (
     TraceError,
     TraceRequest,
     iter_trace,

@@ -51,7 +51,7 @@ def _memory_broker():
 def _isolated(settings, _memory_broker):
     from django.core.cache import cache
 
-    from agent.master import free_ports
+    from agent.sim.master import free_ports
 
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.KVPOOL_MASTER_SYNC = False

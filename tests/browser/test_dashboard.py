@@ -45,7 +45,7 @@ def report(namespace: str, size: int, *, seconds_ago: float = 0, node: str = "no
            model: str = "qwen3-8b", **fields) -> None:
     OccupancySample.objects.create(
         level=OccupancySample.Level.RAW, ts=timezone.now() - timedelta(seconds=seconds_ago), node_name=node,
-        tenant_id=tenant_id, served_model_name=model, namespace=namespace, salt_group=fields.pop("group", ""),
+        tenant_id=tenant_id, served_model_name=model, namespace=namespace, request_group=fields.pop("group", ""),
         bytes=size, max_bytes=size, **fields)
 
 
@@ -86,7 +86,7 @@ def test_occupancy_chart_renders_the_live_series(page, shot):
 
 
 def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
-    from dashboard import purge
+    from dashboard.rollout import purge
 
     sent = []
     monkeypatch.setattr(purge.app, "send_task", lambda name, **kw: sent.append((name, kw)))
@@ -169,7 +169,7 @@ def test_pages_render_with_copy_buttons_and_screenshots(page, shot):
     page.click(f'button[data-copy="cmd-{assignment.pk}"]')
     page.wait_for_selector(f'button[data-copy="cmd-{assignment.pk}"][data-copied="true"]')
     copied = page.evaluate("() => navigator.clipboard.readText()")
-    assert copied == page.inner_text(f"#cmd-{assignment.pk}") and "vllm serve" in copied
+    assert copied == page.inner_text(f"#cmd-{assignment.pk}") and "vllm.entrypoints.openai.api_server" in copied
     with page.expect_download() as download:
         page.click(f'a[href="/releases/{release.pk}/config/{assignment.pk}.json"]')
     assert download.value.suggested_filename == "production-2026-07-node-a-8000.json"

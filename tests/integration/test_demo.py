@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.master import free_ports
+from agent.sim.master import free_ports
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_once_replays_the_trace_and_passes_every_check(tmp_path):
                  "store filled to eviction", "namespaces isolated"):
         assert f"PASS {name}:" in out, name
     # the summary table: >= 4 registered namespaces with bytes and a non-zero hit ratio, the mistyped one at 0
-    # columns: tenant, model, release, salt group, blocks, bytes, hit ratio, hits P/D, evictions seen, orphaned
+    # columns: tenant, model, release, request group, blocks, bytes, hit ratio, hits P/D, evictions seen, orphaned
     rows = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith(("acme ", "globex "))]
     assert rows and all(len(r) == 10 for r in rows), rows
     good = [r for r in rows if not r[2].endswith("!") and int(r[4]) > 0 and float(r[6].rstrip("%")) > 0]

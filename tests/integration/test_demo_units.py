@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.ledger import Ledger
-from agent.messages import ConfigDocument, MessageError
-from agent.trace import TraceRequest
-from agent.workload import (
+from agent.contract.messages import ConfigDocument, MessageError
+from agent.datapath.ledger import Ledger
+from agent.sim.trace import TraceRequest
+from agent.sim.workload import (
     EngineSimulator,
     WorkItem,
     WorkloadBatch,
@@ -152,7 +152,7 @@ def test_replayer_refuses_bad_speed():
 
 def sample(node, namespace, **values):
     return {"node_name": node, "tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": namespace,
-            "salt_group": "g", "ts": "2026-11-30T00:00:00Z", **values}
+            "request_group": "g", "ts": "2026-11-30T00:00:00Z", **values}
 
 
 def test_summary_sums_nodes_and_marks_unregistered_namespaces():
@@ -165,7 +165,7 @@ def test_summary_sums_nodes_and_marks_unregistered_namespaces():
     assert row.per_node == {"node-a": (5, 15), "node-b": (12, 8)}
     table = format_table(rows, {("acme", "qwen3-8b", "rel")})
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["tenant", "model", "release", "salt"]
+    assert lines[0].split()[:5] == ["tenant", "model", "release", "request", "group"]
     assert "rel " in lines[2] and "42.5%" in lines[2] and "5/12" in lines[2] and "10.0 MiB" in lines[2]
     assert "typo !" in lines[3] and "0.0%" in lines[3]
 
@@ -238,7 +238,7 @@ def pair():
 
 
 def load_overrides_dict(mapping: dict[int, str]):
-    from agent.workload import LaunchOverride
+    from agent.sim.workload import LaunchOverride
 
     return {port: LaunchOverride(namespace=value) for port, value in mapping.items()}
 
@@ -250,7 +250,7 @@ def items(decode_instance: str, prefill_instance: str = "1", n: int = 3, length:
 
 
 def rows(sim: EngineSimulator) -> dict:
-    return {(r["namespace"], r["salt_group"]): r for r in sim.snapshot()}
+    return {(r["namespace"], r["request_group"]): r for r in sim.snapshot()}
 
 
 def test_decode_loads_what_prefill_stored_byte_for_byte(pair):
@@ -304,7 +304,7 @@ def test_the_budget_is_kept_leaf_first_without_orphans():
     assert result["evicted_blocks"] > 0 and row["evicted_blocks"] == result["evicted_blocks"]
     assert row["bytes"] <= 20 * block and row["orphaned_bytes"] == 0
     assert len(store.objects) == row["blocks"]
-    table = sim.ledger.table(next(iter(sim._applied.instances["1"].namespaces.values())))
+    table = sim.ledger.table(next(iter(sim._applied.instances["1"].keyspaces.values())))
     assert all(not table.is_orphan(e) for e in table.owned_present())
 
 
@@ -350,6 +350,80 @@ def test_a_new_document_applies_from_the_next_batch(pair):
     pair.prefill.on_apply(document("node-a", [{**instance("1", "prefill", 8), "namespace": "rel-b"}], version=2))
     pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=1)).to_wire())
     assert ("rel-b", "g") in rows(pair.prefill)
+
+
+# --- workload result files (what the demo's verdict reads) ----------------------------------------------------
+
+
+def test_every_batch_and_every_refusal_is_one_result_line(pair, tmp_path):
+    from agent.sim.workload import RESULTS_FILE, ResultFile, read_results
+
+    pair.prefill.results = ResultFile(tmp_path / "a" / RESULTS_FILE)
+    pair.decode.results = ResultFile(tmp_path / "b" / RESULTS_FILE)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=1, items=items("2", n=3)).to_wire())
+    pair.prefill.run_batch(WorkloadBatch(node="node-a", batch_id=2, items=[
+        WorkItem(request_id=7, instance_id="404", hash_ids=[1])]).to_wire())
+    with pytest.raises(MessageError):
+        pair.prefill.run_batch(WorkloadBatch(node="node-b", batch_id=3).to_wire())
+    lines = read_results(tmp_path / "a" / RESULTS_FILE)
+    assert [(r["kind"], r.get("batch_id")) for r in lines] == [
+        ("workload_result", 1), ("workload_result", 2), ("workload_refused", None)]
+    assert {k: v for k, v in lines[0].items() if k not in ("schema", "kind", "finished_at")} == first
+    assert lines[1]["failed_requests"] == 1 and "instance 404" in lines[1]["errors"][0]
+    assert "node-b" in lines[2]["error"] and lines[2]["node"] == "node-a"
+    decode = read_results(tmp_path / "b" / RESULTS_FILE)  # the three hand-offs, one batch each
+    assert [r["requests"] for r in decode] == [1, 1, 1] and all(r["node"] == "node-b" for r in decode)
+    assert all(line.endswith("\n") for line in (tmp_path / "a" / RESULTS_FILE).read_text().splitlines(True))
+
+
+def test_reading_results_skips_a_torn_last_line_and_foreign_lines(tmp_path):
+    from agent.sim.workload import read_results
+
+    path = tmp_path / "results.jsonl"
+    assert read_results(path) == []
+    good = '{"schema":1,"kind":"workload_result","requests":2}\n'
+    path.write_text(good + "not json\n" + '{"schema":2,"kind":"workload_result"}\n' + "[1]\n" + good
+                    + '{"schema":1,"kind":"workload_res')
+    assert read_results(path) == [json.loads(good)] * 2
+
+
+def test_result_totals_sum_requests_failures_and_corrupted_blocks():
+    from agent.sim.workload import ResultTotals
+
+    totals = ResultTotals().add([
+        {"kind": "workload_result", "node": "node-a", "batch_id": 1, "requests": 16, "failed_requests": 0,
+         "mismatched_blocks": 0, "errors": []},
+        {"kind": "workload_result", "node": "node-b", "batch_id": 4, "requests": 3, "failed_requests": 2,
+         "mismatched_blocks": 5, "errors": ["request 9: boom", "request 10: boom"]},
+        {"kind": "workload_refused", "node": "node-b", "error": "schema: unsupported"},
+    ])
+    assert (totals.batches, totals.requests, totals.failed, totals.corrupted, totals.refused) == (2, 19, 2, 5, 1)
+    assert totals.first_error == "node node-b batch 4: request 9: boom"
+    counts, text = cli.agent_totals_text(totals)
+    assert counts == {"requests": 19, "failed": 2, "corrupted": 5}
+    assert text == ("agents ran 19 request(s): 2 failed, 5 corrupted block(s), 1 batch(es) refused; "
+                    "first error: node node-b batch 4: request 9: boom")
+    assert cli.agent_totals_text(ResultTotals())[1] == "agents ran 0 request(s): 0 failed, 0 corrupted block(s)"
+
+
+def test_the_demo_verdict_reads_the_agents_result_files_not_their_logs(tmp_path):
+    from agent.sim.workload import RESULTS_FILE, BatchResult, ResultFile
+
+    demo = cli.Demo(cli.parse_args(["--var-dir", str(tmp_path / "run")]))
+    demo.agents = {"node-a": None, "node-b": None}  # only the names are read
+    for node, failed in (("node-a", 0), ("node-b", 1)):
+        demo.agent_state_dir(node).mkdir(parents=True)
+        result = BatchResult(node, 1, requests=4)
+        for _ in range(failed):
+            result.error("request 3: no route")
+        ResultFile(demo.agent_state_dir(node) / RESULTS_FILE).batch(result)
+    counts, text = demo.agent_errors()
+    assert counts == {"requests": 8, "failed": 1, "corrupted": 0}
+    assert text == "agents ran 8 request(s): 1 failed, 0 corrupted block(s); first error: node node-b batch 1: " \
+                   "request 3: no route"
+    assert not hasattr(cli, "_BATCH_LINE")
 
 
 # --- command line and processes ------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.ledger import Ledger
-from agent.messages import ConfigDocument
-from agent.trace import read_trace
-from agent.workload import EngineSimulator, LaunchOverride, WorkItem, WorkloadBatch
+from agent.contract.messages import ConfigDocument
+from agent.datapath.ledger import Ledger
+from agent.sim.trace import read_trace
+from agent.sim.workload import EngineSimulator, LaunchOverride, WorkItem, WorkloadBatch
 from demo.cli import DEFAULT_TRACE
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,7 @@ def nodes(mooncake_master_factory):
 
 
 def snapshot(sim: EngineSimulator) -> dict:
-    return {(r["tenant_id"], r["namespace"], r["salt_group"]): r for r in sim.snapshot()}
+    return {(r["tenant_id"], r["namespace"], r["request_group"]): r for r in sim.snapshot()}
 
 
 def test_trace_requests_flow_from_prefill_to_decode_through_the_store(nodes):

@@ -5,7 +5,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tenants.rendering import StoreEndpoints
+from tenants.rendering import RenderTarget
 from tests.registry.factories import (
     grant_registry_writes,
     make_model,
@@ -88,9 +88,11 @@ def node(db):
 
 
 @pytest.fixture
-def endpoints() -> StoreEndpoints:
-    return StoreEndpoints(
-        master_address="10.0.0.9:50051",
+def endpoints() -> RenderTarget:
+    """The Store endpoints rendered configs point at (``agent.contract.messages.StoreEndpoints``, here as the
+    ``RenderTarget`` that adds the master's admin URL and the node's config directory)."""
+    return RenderTarget(
+        master_server_address="10.0.0.9:50051",
         metadata_server="http://10.0.0.9:8080/metadata",
         protocol="tcp",
         global_segment_size=1 << 30,

@@ -1,6 +1,7 @@
 """Builders of valid registry objects for the tests; every write goes through ``validated_save``."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -27,6 +28,24 @@ RELEASE_DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class RegistryObjects:
+    """One object of every registry kind (what the ``registry`` fixtures build); :meth:`of` looks one up by its
+    REST resource name (``tenants``, ``models``, ``releases``, ``request-groups``, ``nodes``, ``assignments``)."""
+
+    tenant: Tenant
+    model: ServedModel
+    release: Release
+    request_group: RequestGroup
+    node: Node
+    assignment: InstanceAssignment
+
+    def of(self, resource: str) -> Tenant | ServedModel | Release | RequestGroup | Node | InstanceAssignment:
+        """The object of REST resource ``resource``."""
+        return {"tenants": self.tenant, "models": self.model, "releases": self.release,
+                "request-groups": self.request_group, "nodes": self.node, "assignments": self.assignment}[resource]
+
+
 def make_tenant(tenant_id: str = "acme", quota: int | str = "200GB", **kwargs: Any) -> Tenant:
     return validated_save(Tenant(tenant_id=tenant_id, quota_bytes=parse_quota(quota), **kwargs))
 
@@ -34,7 +53,8 @@ def make_tenant(tenant_id: str = "acme", quota: int | str = "200GB", **kwargs: A
 def make_model(
     tenant: Tenant, served_model_name: str = "qwen3-8b", model_path: str = "Qwen/Qwen3-8B", **kwargs: Any
 ) -> ServedModel:
-    return validated_save(ServedModel(tenant=tenant, served_model_name=served_model_name, model_path=model_path, **kwargs))
+    return validated_save(ServedModel(tenant=tenant, served_model_name=served_model_name, model_path=model_path,
+                                      **kwargs))
 
 
 def make_release(model: ServedModel, namespace: str = "production-2026-07", **kwargs: Any) -> Release:

@@ -34,10 +34,10 @@ def test_every_admin_page_renders(admin_client_, release):
     make_assignment(make_node(), release)
     for model in apps.get_app_config("tenants").get_models():
         info = (model._meta.app_label, model._meta.model_name)
-        assert admin_client_.get(reverse("admin:%s_%s_changelist" % info)).status_code == 200
+        assert admin_client_.get(reverse("admin:{}_{}_changelist".format(*info))).status_code == 200
         obj = model.objects.first()
-        assert admin_client_.get(reverse("admin:%s_%s_change" % info, args=[obj.pk])).status_code == 200
-        add = admin_client_.get(reverse("admin:%s_%s_add" % info))
+        assert admin_client_.get(reverse("admin:{}_{}_change".format(*info), args=[obj.pk])).status_code == 200
+        add = admin_client_.get(reverse("admin:{}_{}_add".format(*info)))
         assert add.status_code == (403 if model._meta.model_name in ("auditentry", "reservedsalt") else 200)
 
 

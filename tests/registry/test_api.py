@@ -259,7 +259,8 @@ def test_release_config_endpoint(api, release):
     assert data["namespace"] == "production-2026-07" and data["fingerprint"] == release.fingerprint
     assert [item["assignment"] for item in data["instances"]] == [prefill.pk, decode.pk]
     one = api.get(f"{V1}/releases/{release.pk}/config/?assignment={decode.pk}").json()
-    assert one["role"] == "decode" and one["argv"][:2] == ["vllm", "serve"] and "PYTHONHASHSEED" in one["env"]
+    assert one["role"] == "decode" and one["argv"][:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert one["instance_id"] == str(decode.pk) and "PYTHONHASHSEED" in one["env"]
     foreign = make_assignment(make_node("node-c"), make_release(release.model, "other-ns"))
     for value, message in ((foreign.pk, "does not belong to release"), ("x", "Must be an instance assignment id")):
         response = api.get(f"{V1}/releases/{release.pk}/config/?assignment={value}")

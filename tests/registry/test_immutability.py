@@ -102,12 +102,11 @@ def test_tenant_rename_refused_after_serving(release, tenant):
 def test_served_release_cannot_be_deleted(release, served_model):
     unserved = make_release(served_model, "canary")
     _serve(release)
-    with pytest.raises(ProtectedError, match="has served and cannot be deleted: retire it instead"):
-        with transaction.atomic():
-            release.delete()
-    with pytest.raises(ProtectedError):
-        with transaction.atomic():
-            Release.objects.filter(pk=release.pk).delete()
+    with (pytest.raises(ProtectedError, match="has served and cannot be deleted: retire it instead"),
+          transaction.atomic()):
+        release.delete()
+    with pytest.raises(ProtectedError), transaction.atomic():
+        Release.objects.filter(pk=release.pk).delete()
     assert Release.objects.filter(pk=release.pk).exists()
     unserved.delete()
     assert not Release.objects.filter(pk=unserved.pk).exists()
@@ -145,7 +144,6 @@ def test_copy_release_refusals_write_nothing(release):
 
 
 def test_tenant_delete_protected_by_models(release):
-    with pytest.raises(ProtectedError):
-        with transaction.atomic():
-            Tenant.objects.filter(pk=release.model.tenant_id).delete()
+    with pytest.raises(ProtectedError), transaction.atomic():
+        Tenant.objects.filter(pk=release.model.tenant_id).delete()
     make_tenant("empty").delete()

@@ -8,6 +8,7 @@ from dashboard.api import views
 from tenants.models import AuditEntry
 from tenants.services import validated_save
 from tests.registry.factories import (
+    RegistryObjects,
     make_assignment,
     make_group,
     make_model,
@@ -25,14 +26,14 @@ VIEWSETS = {"tenants": views.TenantViewSet, "models": views.ServedModelViewSet, 
 
 
 @pytest.fixture
-def registry():
+def registry() -> RegistryObjects:
     tenant = make_tenant()
     model = make_model(tenant)
     release = make_release(model, budget_bytes=1 << 30, weights_revision="r1")
     node = make_node()
-    return {"tenants": tenant, "models": model, "releases": release,
-            "request-groups": make_group(tenant, budget_bytes=1 << 20), "nodes": node,
-            "assignments": make_assignment(node, release, role="prefill", bootstrap_port=8998, gpu_ids="0,1")}
+    return RegistryObjects(
+        tenant=tenant, model=model, release=release, request_group=make_group(tenant, budget_bytes=1 << 20),
+        node=node, assignment=make_assignment(node, release, role="prefill", bootstrap_port=8998, gpu_ids="0,1"))
 
 
 def _read_only(resource: str, representation: dict) -> dict:
@@ -45,7 +46,7 @@ def _read_only(resource: str, representation: dict) -> dict:
 @pytest.mark.parametrize("resource", list(MODELS))
 @pytest.mark.parametrize("body", ["same values", "read-only fields"])
 def test_write_that_changes_nothing_saves_nothing(api, registry, resource, body, django_capture_on_commit_callbacks):
-    url = f"{V1}/{resource}/{registry[resource].pk}/"
+    url = f"{V1}/{resource}/{registry.of(resource).pk}/"
     before = api.get(url).json()
     entries = AuditEntry.objects.count()
     data = before if body == "same values" else _read_only(resource, before)
@@ -60,7 +61,7 @@ def test_write_that_changes_nothing_saves_nothing(api, registry, resource, body,
 
 
 def test_a_real_change_still_saves_and_is_audited(api, registry):
-    url = f"{V1}/nodes/{registry['nodes'].pk}/"
+    url = f"{V1}/nodes/{registry.node.pk}/"
     before = api.get(url).json()
     after = api.patch(url, {"hostname": "10.0.0.9", "queue_name": "ignored"}, format="json").json()
     assert after["hostname"] == "10.0.0.9" and after["queue_name"] == "agent.node-a"
@@ -69,7 +70,7 @@ def test_a_real_change_still_saves_and_is_audited(api, registry):
 
 
 def test_validated_save_of_an_unchanged_object_is_a_no_op(registry):
-    release = registry["releases"]
+    release = registry.release
     release.refresh_from_db()
     stamp = release.updated_at
     assert validated_save(release) is release

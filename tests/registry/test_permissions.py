@@ -14,6 +14,7 @@ from tenants.models import (
     Tenant,
 )
 from tests.registry.factories import (
+    RegistryObjects,
     grant,
     make_assignment,
     make_group,
@@ -31,36 +32,36 @@ MODELS = {"tenants": Tenant, "models": ServedModel, "releases": Release, "reques
 
 
 @pytest.fixture
-def registry():
-    """One object of every kind: ``{resource: object}``."""
+def registry() -> RegistryObjects:
+    """One object of every kind (``registry.of(resource)``)."""
     tenant = make_tenant()
     model = make_model(tenant)
     release = make_release(model)
     node = make_node()
-    return {"tenants": tenant, "models": model, "releases": release, "request-groups": make_group(tenant),
-            "nodes": node, "assignments": make_assignment(node, release)}
+    return RegistryObjects(tenant=tenant, model=model, release=release, request_group=make_group(tenant),
+                           node=node, assignment=make_assignment(node, release))
 
 
-def _create_body(resource: str, registry: dict) -> dict:
-    tenant, model, release = registry["tenants"], registry["models"], registry["releases"]
+def _create_body(resource: str, registry: RegistryObjects) -> dict:
+    tenant, model, release = registry.tenant, registry.model, registry.release
     return {
         "tenants": {"tenant_id": "beta", "quota_bytes": "1GB"},
         "models": {"tenant": tenant.pk, "served_model_name": "other", "model_path": "x/Other"},
         "releases": {"model": model.pk, "namespace": "prod-2", **RELEASE_BODY},
         "request-groups": {"tenant": tenant.pk, "name": "app-b"},
         "nodes": {"name": "node-b", "hostname": "10.0.0.2"},
-        "assignments": {"node": registry["nodes"].pk, "release": release.pk, "port": 8001},
+        "assignments": {"node": registry.node.pk, "release": release.pk, "port": 8001},
     }[resource]
 
 
 @pytest.mark.parametrize("resource", list(MODELS))
 def test_reads_need_no_permission(viewer_api, registry, resource):
     assert viewer_api.get(f"{V1}/{resource}/").json()["count"] == 1
-    assert viewer_api.get(f"{V1}/{resource}/{registry[resource].pk}/").status_code == 200
+    assert viewer_api.get(f"{V1}/{resource}/{registry.of(resource).pk}/").status_code == 200
 
 
 def test_read_only_sub_resources_need_no_permission(viewer_api, registry):
-    assert viewer_api.get(f"{V1}/releases/{registry['releases'].pk}/config/").status_code == 200
+    assert viewer_api.get(f"{V1}/releases/{registry.release.pk}/config/").status_code == 200
     assert viewer_api.get(f"{V1}/tenants/master-config/").status_code == 200
     assert viewer_api.get(f"{V1}/audit/").json()["count"] > 0
     assert viewer_api.options(f"{V1}/tenants/").status_code == 200
@@ -70,7 +71,7 @@ def test_read_only_sub_resources_need_no_permission(viewer_api, registry):
 def test_writes_without_permission_are_403_and_change_nothing(viewer_api, registry, resource):
     model = MODELS[resource]
     codename = model._meta.model_name
-    obj = registry[resource]
+    obj = registry.of(resource)
     entries, count, stored = AuditEntry.objects.count(), model.objects.count(), model.objects.get(pk=obj.pk)
     refused = viewer_api.post(f"{V1}/{resource}/", _create_body(resource, registry), format="json")
     assert refused.status_code == 403
@@ -87,7 +88,7 @@ def test_writes_without_permission_are_403_and_change_nothing(viewer_api, regist
 @pytest.mark.parametrize("resource", list(MODELS))
 def test_each_model_permission_allows_exactly_its_write(viewer, viewer_api, registry, resource):
     codename = MODELS[resource]._meta.model_name
-    obj = registry[resource]
+    obj = registry.of(resource)
     grant(viewer, f"tenants.add_{codename}")
     assert viewer_api.post(f"{V1}/{resource}/", _create_body(resource, registry), format="json").status_code == 201
     assert viewer_api.patch(f"{V1}/{resource}/{obj.pk}/", {}, format="json").status_code == 403
@@ -99,7 +100,7 @@ def test_each_model_permission_allows_exactly_its_write(viewer, viewer_api, regi
 
 
 def test_release_copy_needs_add_release(viewer, viewer_api, registry):
-    url = f"{V1}/releases/{registry['releases'].pk}/copy/"
+    url = f"{V1}/releases/{registry.release.pk}/copy/"
     assert viewer_api.post(url, {"namespace": "prod-2"}, format="json").status_code == 403
     assert not Release.objects.filter(namespace="prod-2").exists()
     grant(viewer, "tenants.add_release")
@@ -109,7 +110,7 @@ def test_release_copy_needs_add_release(viewer, viewer_api, registry):
 def test_superuser_has_every_permission(admin_api, registry):
     created = admin_api.post(f"{V1}/tenants/", {"tenant_id": "beta", "quota_bytes": "1GB"}, format="json")
     assert created.status_code == 201
-    assert admin_api.patch(f"{V1}/nodes/{registry['nodes'].pk}/", {"hostname": "h"}, format="json").status_code == 200
+    assert admin_api.patch(f"{V1}/nodes/{registry.node.pk}/", {"hostname": "h"}, format="json").status_code == 200
 
 
 def test_audit_log_stays_read_only_even_for_superusers(admin_api):
@@ -127,7 +128,7 @@ def _staff(django_user_model, *perms: str):
 
 
 def test_secret_rotation_needs_staff_and_change_node(django_user_model, registry):
-    node = registry["nodes"]
+    node = registry.node
     secret = node.signing_secret
     staff = _staff(django_user_model)
     assert staff.get(f"{V1}/nodes/{node.pk}/secret/").json()["signing_secret"] == secret  # reading: staff is enough
@@ -141,7 +142,7 @@ def test_secret_rotation_needs_staff_and_change_node(django_user_model, registry
 
 
 def test_change_node_without_staff_gets_no_secret(viewer, viewer_api, registry):
-    node = registry["nodes"]
+    node = registry.node
     grant(viewer, "tenants.change_node")
     for response in (viewer_api.get(f"{V1}/nodes/{node.pk}/secret/"), viewer_api.post(f"{V1}/nodes/{node.pk}/secret/")):
         assert response.status_code == 403 and "staff" in response.json()["detail"]

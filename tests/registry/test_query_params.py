@@ -85,7 +85,7 @@ def test_since_with_an_offset_is_the_same_instant_in_utc(api, release):
     stamp = AuditEntry.objects.order_by("timestamp").last().timestamp
     count = AuditEntry.objects.filter(timestamp__gte=stamp).count()
     shifted = stamp.astimezone(dt.timezone(dt.timedelta(hours=5))).isoformat()
-    utc = stamp.astimezone(dt.timezone.utc).isoformat()
+    utc = stamp.astimezone(dt.UTC).isoformat()
     assert api.get(f"{V1}/audit/", {"since": shifted}).json()["count"] == count
     assert api.get(f"{V1}/audit/", {"since": utc}).json()["count"] == count
 

@@ -31,35 +31,37 @@ def test_prints_every_instance_by_namespace(release):
     a = make_assignment(make_node("node-a"), release, role="prefill")
     b = make_assignment(make_node("node-b"), release, role="decode")
     text = _run("--release", "production-2026-07")
-    lines = [line for line in text.splitlines() if "vllm serve" in line]
+    lines = [line for line in text.splitlines() if "vllm.entrypoints.openai.api_server" in line]
     assert len(lines) == 2 and f"# assignment {a.pk}:" in text and f"# assignment {b.pk}:" in text
     assert "MooncakeStoreConnector" in text and "MultiConnector" in text
     argv = shlex.split(lines[0])
-    assert argv[argv.index("vllm") + 2] == "Qwen/Qwen3-8B"
+    assert argv[argv.index("--model") + 1] == "Qwen/Qwen3-8B"
 
 
 def test_single_assignment_by_id(release):
     make_assignment(make_node("node-a"), release)
     b = make_assignment(make_node("node-b"), release, port=9000)
     text = _run("--release", str(release.pk), "--assignment", str(b.pk))
-    assert text.count("vllm serve") == 1 and "--port 9000" in text
+    assert text.count("vllm.entrypoints.openai.api_server") == 1 and "--port 9000" in text
 
 
 def test_writes_files_and_launch_scripts(release, tmp_path):
     assignment = make_assignment(make_node(), release)
     _run("--release", "production-2026-07", "--out", str(tmp_path))
-    config = json.loads((tmp_path / f"assignment-{assignment.pk}" / "vllm_mooncake.json").read_text())
+    config = json.loads((tmp_path / str(assignment.pk) / "mooncake.json").read_text())
     assert config["tenant_id"] == "acme"
-    script = tmp_path / f"assignment-{assignment.pk}" / "launch.sh"
+    script = tmp_path / str(assignment.pk) / "launch.sh"
     text = script.read_text()
-    assert f"export MOONCAKE_CONFIG_PATH={tmp_path}/assignment-{assignment.pk}/vllm_mooncake.json" in text
+    assert f"export MOONCAKE_CONFIG_PATH={tmp_path}/{assignment.pk}/mooncake.json" in text
+    assert 'exec "${KVPOOL_ENGINE_PYTHON:-python3}" -m vllm.entrypoints.openai.api_server --model' in text
     subprocess.run(["sh", "-n", str(script)], check=True)
 
 
 def test_master(tenant, tmp_path):
     assert "--enable_multi_tenants=true" in _run("--master")
     _run("--master", "--out", str(tmp_path))
-    assert yaml.safe_load((tmp_path / "tenant_quotas.yaml").read_text())["tenants"] == [{"name": "acme", "quota": "200GB"}]
+    quotas = yaml.safe_load((tmp_path / "tenant_quotas.yaml").read_text())
+    assert quotas["tenants"] == [{"name": "acme", "quota": "200GB"}]
     assert (tmp_path / "master" / "launch.sh").exists()
 
 

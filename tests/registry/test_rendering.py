@@ -11,12 +11,16 @@ import pytest
 import yaml
 
 from tenants.rendering import (
+    ENGINE_PYTHON,
+    LaunchSpec,
     RenderedConfig,
+    RenderTarget,
     StoreEndpoints,
     kv_transfer_config,
     render_assignment,
     render_master,
     render_release,
+    render_store_client,
 )
 from tests.registry.factories import (
     make_assignment,
@@ -87,7 +91,7 @@ def test_command_line_round_trips(awkward, endpoints, engine, role, tmp_path):
     assert seen["argv"] == list(config.argv[1:])
     assert seen["env"] == dict(config.env)
     for path, content in config.files.items():
-        assert path.startswith("/etc/kvpool/assignment-")
+        assert path.startswith(f"/etc/kvpool/{assignment.pk}/")
         assert json.loads(content)["tenant_id"] == AWKWARD_TENANT
     assert json.loads(json.dumps(config.to_dict()))["argv"] == list(config.argv)
 
@@ -97,8 +101,11 @@ def test_vllm_serve_line(awkward, endpoints):
     assignment = make_assignment(make_node(), release, tp_size=2, pp_size=2, dcp_size=2)
     config = render_assignment(assignment, endpoints)
     argv = list(config.argv)
-    assert argv[:3] == ["vllm", "serve", AWKWARD_PATH]
+    assert argv[:5] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", AWKWARD_PATH]
     assert _flag(argv, "--served-model-name") == AWKWARD_MODEL
+    assert _flag(argv, "--host") == "10.0.0.1"
+    assert _flag(argv, "--port") == "8000"
+    assert "--enable-prefix-caching" in argv and "--enforce-eager" not in argv
     assert _flag(argv, "--revision") == "rev'\"$x"
     assert _flag(argv, "--tensor-parallel-size") == "2"
     assert _flag(argv, "--pipeline-parallel-size") == "2"
@@ -113,8 +120,20 @@ def test_vllm_serve_line(awkward, endpoints):
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"cache_prefix": "production-2026-07-vllm"},
     }
-    path = f"/etc/kvpool/assignment-{assignment.pk}/vllm_mooncake.json"
-    assert dict(config.env) == {"MOONCAKE_CONFIG_PATH": path, "PYTHONHASHSEED": "1234"}
+    assert json.loads(_flag(argv, "--kv-events-config")) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://127.0.0.1:5557",
+        "topic": str(assignment.pk),
+    }
+    path = f"/etc/kvpool/{assignment.pk}/mooncake.json"
+    assert dict(config.env) == {
+        "MOONCAKE_CONFIG_PATH": path,
+        "PYTHONHASHSEED": "1234",
+        "VLLM_HOST_IP": "10.0.0.1",
+        "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "10.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+    }
     assert json.loads(config.files[path]) == {
         "metadata_server": "http://10.0.0.9:8080/metadata",
         "master_server_address": "10.0.0.9:50051",
@@ -123,8 +142,10 @@ def test_vllm_serve_line(awkward, endpoints):
         "global_segment_size": 1 << 30,
         "local_buffer_size": 64 << 20,
         "tenant_id": AWKWARD_TENANT,
+        "mode": "embedded",
     }
     assert config.meta["vllm_model_name"] == "Qwen3-8B"
+    assert config.instance_id == config.meta["instance_id"] == str(assignment.pk)
 
 
 def test_vllm_disaggregated_roles_use_multiconnector(release, endpoints):
@@ -170,9 +191,11 @@ def test_prefill_and_decode_get_identical_namespace_values(release, endpoints):
     configs = render_release(release, endpoints)
     assert [c.meta["assignment"] for c in configs] == [prefill.pk, decode.pk]
     p, d = configs
-    assert _store_connector(p.argv)["kv_connector_extra_config"] == _store_connector(d.argv)["kv_connector_extra_config"]
+    extra = "kv_connector_extra_config"
+    assert _store_connector(p.argv)[extra] == _store_connector(d.argv)[extra]
     assert p.env["PYTHONHASHSEED"] == d.env["PYTHONHASHSEED"] == release.hash_seed
-    assert p.argv[2] == d.argv[2] and _flag(list(p.argv), "--served-model-name") == _flag(list(d.argv), "--served-model-name")
+    assert _flag(list(p.argv), "--model") == _flag(list(d.argv), "--model")
+    assert _flag(list(p.argv), "--served-model-name") == _flag(list(d.argv), "--served-model-name")
     assert p.env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998" and "VLLM_MOONCAKE_BOOTSTRAP_PORT" not in d.env
     assert list(p.files.values()) == list(d.files.values())
 
@@ -198,7 +221,7 @@ def test_sglang_launch_line(awkward, endpoints):
     assert extra["master_server_address"] == "10.0.0.9:50051"
     assert extra["tenant_id"] == AWKWARD_TENANT
     assert extra["local_hostname"] == "node-a.example"
-    path = f"/etc/kvpool/assignment-{assignment.pk}/sglang_hicache_mooncake.json"
+    path = f"/etc/kvpool/{assignment.pk}/sglang_hicache_mooncake.json"
     assert dict(config.env) == {"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": path, "MOONCAKE_TENANT_ID": AWKWARD_TENANT}
     file_config = json.loads(config.files[path])
     assert file_config == {k: v for k, v in extra.items() if k != "extra_backend_tag"}
@@ -244,13 +267,14 @@ def test_master_line_and_quota_yaml(db, endpoints):
 
 
 def test_master_without_http_metadata(db):
-    endpoints = StoreEndpoints(master_address="[::1]:50051", metadata_server="P2PHANDSHAKE", admin_url="http://h:9100/")
+    endpoints = RenderTarget(master_server_address="[::1]:50051", metadata_server="P2PHANDSHAKE",
+                             admin_url="http://h:9100/")
     config = render_master([], endpoints)
     assert "--enable_http_metadata_server=true" not in config.argv
     assert "--rpc_address=::1" in config.argv and "--metrics_port=9100" in config.argv
     assert yaml.safe_load(next(iter(config.files.values()))) == {"version": 1, "tenants": []}
     with pytest.raises(ValueError, match="must be 'host:port'"):
-        render_master([], StoreEndpoints(master_address="nohost", metadata_server="x"))
+        render_master([], RenderTarget(master_server_address="nohost", metadata_server="x"))
 
 
 def test_endpoints_from_settings(settings):
@@ -258,10 +282,84 @@ def test_endpoints_from_settings(settings):
     settings.KVPOOL_METADATA_SERVER = "http://m:2/metadata"
     settings.KVPOOL_STORE_PROTOCOL = "rdma"
     settings.KVPOOL_MASTER_ADMIN_URL = "http://m:3"
-    endpoints = StoreEndpoints.from_settings(config_dir="/tmp/x")
-    assert (endpoints.master_address, endpoints.protocol, endpoints.config_dir) == ("m:1", "rdma", "/tmp/x")
+    endpoints = RenderTarget.from_settings(config_dir="/tmp/x")
+    assert (endpoints.master_server_address, endpoints.protocol, endpoints.config_dir) == ("m:1", "rdma", "/tmp/x")
+    # the config document carries the Store endpoints alone, the one type with Mooncake's field names
+    assert endpoints.store_endpoints() == StoreEndpoints(
+        master_server_address="m:1", metadata_server="http://m:2/metadata", protocol="rdma",
+        global_segment_size=endpoints.global_segment_size, local_buffer_size=endpoints.local_buffer_size)
+    assert set(endpoints.mooncake_config("t")) == {*StoreEndpoints.model_fields, "tenant_id"}
 
 
 def test_rendered_config_refuses_bad_env_names():
     with pytest.raises(ValueError):
         RenderedConfig(kind="x", argv=["a"], env={"BAD NAME": "1"})
+
+
+def test_vllm_cpu_standalone_store_node(served_model, endpoints):
+    """A CPU node in standalone-store mode: CPU flags and env, engines mount no segment, events to the node."""
+    release = make_release(served_model, hash_seed="42", block_size=32)
+    node = make_node(hostname="127.0.0.1", device="cpu", store_mode="standalone-store",
+                     store_segment_bytes=256 << 20, kv_events_port=6001)
+    assignment = make_assignment(node, release, port=8100)
+    config = render_assignment(assignment, endpoints)
+    argv = list(config.argv)
+    assert "--enforce-eager" in argv and _flag(argv, "--block-size") == "32" and _flag(argv, "--host") == "127.0.0.1"
+    events = json.loads(_flag(argv, "--kv-events-config"))
+    assert events["endpoint"] == "tcp://127.0.0.1:6001" and events["topic"] == str(assignment.pk)
+    assert config.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and config.env["PYTHONHASHSEED"] == "42"
+    assert "HF_HUB_OFFLINE" not in config.env  # a hub id may need downloading
+    mooncake = json.loads(config.files[config.env["MOONCAKE_CONFIG_PATH"]])
+    assert mooncake["mode"] == "standalone-store" and mooncake["global_segment_size"] == 0
+
+
+def test_ipv6_hostname_is_bare_in_host_flags(served_model, endpoints):
+    config = render_assignment(make_assignment(make_node(hostname="[fd00::1]"), make_release(served_model)), endpoints)
+    assert _flag(list(config.argv), "--host") == "fd00::1" and config.env["VLLM_HOST_IP"] == "fd00::1"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_launch_spec_is_relative_to_the_instance_directory(awkward, endpoints, engine):
+    assignment = make_assignment(make_node(), _release(awkward, engine))
+    config = render_assignment(assignment, endpoints)
+    spec = config.launch_spec()
+    assert spec.instance_id == str(assignment.pk) and spec.argv == config.argv and spec.argv[0] == ENGINE_PYTHON
+    name = {"vllm": "mooncake.json", "sglang": "sglang_hicache_mooncake.json"}[engine]
+    var = {"vllm": "MOONCAKE_CONFIG_PATH", "sglang": "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"}[engine]
+    assert dict(spec.file_env) == {var: name}
+    assert spec.files[name] == config.files[f"/etc/kvpool/{assignment.pk}/{name}"]
+    assert var not in spec.env and {**spec.env, var: f"/etc/kvpool/{assignment.pk}/{name}"} == dict(config.env)
+    assert LaunchSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_launch_spec_refusals():
+    with pytest.raises(ValueError, match="not an engine instance"):
+        RenderedConfig(kind="mooncake_master", argv=["m"]).launch_spec()
+    with pytest.raises(ValueError, match="not directly inside"):
+        RenderedConfig(kind="vllm", argv=["python"], files={"/elsewhere/x.json": "{}"}, instance_id="1",
+                       instance_dir="/etc/kvpool/1").launch_spec()
+    for bad in ("", "a/b", ".."):
+        with pytest.raises(ValueError, match="invalid instance id"):
+            LaunchSpec(instance_id=bad, argv=["python"])
+    with pytest.raises(ValueError, match="invalid instance file name"):
+        LaunchSpec(instance_id="1", argv=["python"], files={"../x": ""})
+    with pytest.raises(ValueError, match="not one of the instance's files"):
+        LaunchSpec(instance_id="1", argv=["python"], file_env={"X": "missing.json"})
+
+
+def test_store_client_rendered_for_standalone_nodes_only(db, endpoints):
+    assert render_store_client(make_node("emb"), endpoints) is None
+    node = make_node("alone", hostname="10.0.0.7", store_mode="standalone-store", store_segment_bytes=64 << 30,
+                     store_client_port=50100)
+    config = render_store_client(node, endpoints)
+    assert list(config.argv) == [
+        "mooncake_client",
+        "--host=10.0.0.7",
+        "--port=50100",
+        "--master_server_address=10.0.0.9:50051",
+        "--metadata_server=http://10.0.0.9:8080/metadata",
+        "--protocol=tcp",
+        f"--global_segment_size={64 << 30}",
+    ]
+    rdma = RenderTarget(master_server_address="m:1", metadata_server="http://m:2/metadata", device_name="mlx5_0")
+    assert render_store_client(node, rdma).argv[-1] == "--device_names=mlx5_0"

@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from agent.messages import InstanceSpec
-from agent.namespace import adapter_namespaces, sglang_lora_id
-from dashboard.push import render_content
+from agent.contract.messages import InstanceSpec
+from agent.datapath.keyspace import adapter_keyspaces, sglang_lora_id
+from dashboard.rollout.push import render_content
 from tenants.models import Release
 from tenants.rendering import render_assignment, sglang_lora_args, vllm_lora_args
 from tests.registry.factories import (
@@ -39,10 +39,11 @@ def _release(engine: str, adapters=ADAPTERS, **kwargs) -> Release:
 
 
 def _vllm_parser() -> argparse.ArgumentParser:
-    """The part of ``vllm serve``'s parser that reads adapters: ``--lora-modules`` (``nargs="+"``) items are
-    ``name=path`` when they hold ``=`` and no ``,``, else JSON (``LoRAParserAction``)."""
+    """The part of the vLLM server's parser (``vllm serve`` / ``vllm.entrypoints.openai.api_server``) that reads
+    the model and adapters: ``--lora-modules`` (``nargs="+"``) items are ``name=path`` when they hold ``=`` and no
+    ``,``, else JSON (``LoRAParserAction``)."""
     parser = argparse.ArgumentParser(prog="vllm serve")
-    parser.add_argument("model")
+    parser.add_argument("--model")
     parser.add_argument("--enable-lora", action=argparse.BooleanOptionalAction)
     parser.add_argument("--lora-modules", nargs="+")
     parser.add_argument("--max-loras", type=int)
@@ -88,7 +89,8 @@ def test_vllm_line_loads_every_adapter_with_its_exact_path(endpoints, tmp_path):
     argv = list(config.argv)
     assert shlex.split(config.command_line) == argv
     assert _run_in_shell(config, tmp_path)["argv"] == argv[1:]  # a real sh hands the engine the same arguments
-    parsed, rest = _vllm_parser().parse_known_args(argv[2:])
+    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    parsed, rest = _vllm_parser().parse_known_args(argv[3:])
     assert parsed.enable_lora is True and parsed.max_loras == 2 and parsed.max_lora_rank == 32
     assert _vllm_modules(parsed.lora_modules) == [
         {"name": "chat-lora", "path": "org/chat-lora"},
@@ -101,7 +103,7 @@ def test_vllm_line_loads_every_adapter_with_its_exact_path(endpoints, tmp_path):
 def test_vllm_single_adapter_keeps_engine_defaults(endpoints):
     release = _release("vllm", adapters=[{"name": "sql-lora", "path": "/adapters/sql-v1"}])
     argv = list(render_assignment(make_assignment(make_node(), release), endpoints).argv)
-    assert argv[argv.index("--enable-lora"):argv.index("--prefix-caching-hash-algo")] == [
+    assert argv[argv.index("--enable-lora"):argv.index("--enable-prefix-caching")] == [
         "--enable-lora", "--lora-modules", '{"name":"sql-lora","path":"/adapters/sql-v1"}']
 
 
@@ -173,7 +175,7 @@ def test_pushed_adapters_give_the_agent_the_engines_hash_inputs(endpoints, engin
     [raw] = render_content(node)["instances"]
     spec = InstanceSpec.model_validate(raw)
     assert [(a.name, a.path) for a in spec.kv_layout.adapters] == sorted(launched.items())
-    bound = adapter_namespaces(spec)
+    bound = adapter_keyspaces(spec)
     assert set(bound) == {(0, "", ""), (0, "", "chat-lora"), (0, "", "sql-lora")}
     for name, path in launched.items():
         ns = bound[(0, "", name)]
@@ -192,4 +194,4 @@ def test_pushed_adapter_without_path_reaches_the_agent_without_a_namespace(endpo
     make_assignment(node, Release.objects.get(pk=release.pk))
     [raw] = render_content(node)["instances"]
     assert raw["kv_layout"]["adapters"] == [{"name": "old-lora", "path": ""}]
-    assert set(adapter_namespaces(InstanceSpec.model_validate(raw))) == {(0, "", "")}
+    assert set(adapter_keyspaces(InstanceSpec.model_validate(raw))) == {(0, "", "")}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tenants.models import Tenant
-from tenants.rendering import StoreEndpoints, render_assignment, render_master
+from tenants.rendering import RenderTarget, render_assignment, render_master
 from tests.registry.factories import (
     make_assignment,
     make_model,
@@ -34,7 +34,8 @@ config = json.load(open(sys.argv[1]))
 tenant = sys.argv[2] if len(sys.argv) > 2 else config["tenant_id"]
 store = MooncakeDistributedStore()
 rc = store.setup({"local_hostname": "127.0.0.1", "metadata_server": config["metadata_server"],
-                  "global_segment_size": config["global_segment_size"], "local_buffer_size": config["local_buffer_size"],
+                  "global_segment_size": config["global_segment_size"],
+                  "local_buffer_size": config["local_buffer_size"],
                   "protocol": config["protocol"], "device_name": config["device_name"],
                   "master_server_addr": config["master_server_address"], "tenant_id": tenant})
 put = store.put("registry-integration-key", b"x" * 4096) if rc == 0 else None
@@ -64,8 +65,8 @@ def master(tmp_path):
     for name, quota in TENANTS.items():
         make_tenant(name, quota=quota)
     rpc, metadata, metrics = _free_ports(3)
-    endpoints = StoreEndpoints(
-        master_address=f"127.0.0.1:{rpc}",
+    endpoints = RenderTarget(
+        master_server_address=f"127.0.0.1:{rpc}",
         metadata_server=f"http://127.0.0.1:{metadata}/metadata",
         admin_url=f"http://127.0.0.1:{metrics}",
         global_segment_size=32 << 20,
@@ -76,7 +77,7 @@ def master(tmp_path):
     for path, content in config.files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(content)
-    log = open(tmp_path / "master.log", "w")
+    log = open(tmp_path / "master.log", "w")  # noqa: SIM115 (the master's stdout until the fixture ends)
     process = subprocess.Popen([str(MASTER), *config.argv[1:]], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -86,7 +87,8 @@ def master(tmp_path):
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"master did not start: {(tmp_path / 'master.log').read_text()[-2000:]}")
+                    raise AssertionError(
+                        f"master did not start: {(tmp_path / 'master.log').read_text()[-2000:]}") from None
                 time.sleep(0.2)
         yield endpoints
     finally:

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pytest
 from django.conf import settings as django_settings
 
-from agent.master import MasterProcess, free_ports
+from agent.sim.master import MasterProcess, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -135,10 +135,9 @@ class Worker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Worker:
-        handle = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        handle.close()
+        with open(self.log_path, "ab") as handle:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=handle, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
     def log(self) -> str:

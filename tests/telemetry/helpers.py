@@ -1,6 +1,6 @@
 """Builders shared by the telemetry tests: config documents, reports, acks, heartbeats (wire dicts).
 
-Agent messages come signed the way an agent sends them (``agent.signing.sign_message``, ``signed_at`` = now)
+Agent messages come signed the way an agent sends them (``agent.contract.signing.sign_message``, ``signed_at`` = now)
 with ``secret_of(node)``; ``register(*names)`` puts those nodes and secrets into the registry so the
 dashboard's ingest accepts them. ``secret=None`` builds an unsigned message.
 """
@@ -9,16 +9,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agent import signing
-from agent.messages import (
+from agent.contract import signing
+from agent.contract.messages import (
     Ack,
     ConfigDocument,
     Heartbeat,
     InstanceSpec,
     KVLayout,
-    NamespaceOccupancy,
     Report,
     RequestGroupSpec,
+    ScopeOccupancy,
     StoreEndpoints,
 )
 
@@ -77,16 +77,17 @@ def document(node: str = "node-a", version: int = 1, *, instances: list[Instance
     return signing.signed(doc, secret) if secret is not None else doc
 
 
-def report(node: str = "node-a", sequence: int = 1, *, at: datetime = T0, namespaces: int = 2,
-           bytes_per_ns: int = 4096, hits: int = 3, misses: int = 1, secret: Any = _SIGN,
+def report(node: str = "node-a", sequence: int = 1, *, at: datetime = T0, scopes: int = 2,
+           bytes_per_scope: int = 4096, hits: int = 3, misses: int = 1, secret: Any = _SIGN,
            signed_at: datetime | None = None) -> dict[str, Any]:
-    """A report wire dict with ``namespaces`` namespaces of tenant ``acme``, sent (see ``sent``)."""
+    """A report wire dict with ``scopes`` cache scopes (request groups ``g0``, ``g1``, ... of release
+    ``prod-2026-07`` of tenant ``acme``), sent (see ``sent``)."""
     return sent(Report(
         node=node, sequence=sequence, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=1,
-        namespaces=[NamespaceOccupancy(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod-2026-07",
-                                       salt_group=f"g{i}", blocks=bytes_per_ns // 1024, bytes=bytes_per_ns,
-                                       puts=10, gets=20, hit_blocks=hits, miss_blocks=misses)
-                    for i in range(namespaces)],
+        scopes=[ScopeOccupancy(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod-2026-07",
+                               request_group=f"g{i}", blocks=bytes_per_scope // 1024, bytes=bytes_per_scope,
+                               puts=10, gets=20, hit_blocks=hits, miss_blocks=misses)
+                for i in range(scopes)],
     ).to_wire(), secret, signed_at)
 
 

@@ -1,4 +1,4 @@
-"""dashboard.agent_auth: agent → dashboard messages are accepted only signed by the node they name, and fresh.
+"""dashboard.telemetry.agent_auth: agent → dashboard messages are accepted only signed by the node they name, and fresh.
 
 Every refusal is logged with its reason, counted in ``MessageRejection`` (``/metrics``) and stores nothing.
 """
@@ -10,9 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent import signing
-from dashboard import agent_auth
-from dashboard.ingest import ingest
+from agent.contract import signing
 from dashboard.models import (
     ConfigAck,
     MessageRejection,
@@ -20,6 +18,8 @@ from dashboard.models import (
     OccupancySample,
     Report,
 )
+from dashboard.telemetry import agent_auth
+from dashboard.telemetry.ingest import ingest
 from tests.telemetry.helpers import T0, ack, heartbeat, register, report, secret_of
 
 pytestmark = pytest.mark.django_db
@@ -159,7 +159,7 @@ def test_the_ingest_task_counts_an_argument_that_is_not_a_list():
 
 
 def test_purge_results_must_be_signed_by_the_node_they_name(caplog, monkeypatch):
-    from dashboard import purge
+    from dashboard.rollout import purge
 
     stored = []
     monkeypatch.setattr(purge, "record_purge_result", lambda raw: stored.append(raw) or True)

@@ -9,13 +9,13 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from dashboard.ingest import ingest
 from dashboard.models import (
     ConfigVersion,
     MasterQuotaSample,
     MasterQuotaSync,
     NodeState,
 )
+from dashboard.telemetry.ingest import ingest
 from tests.telemetry.helpers import ack, heartbeat, register, report
 
 pytestmark = pytest.mark.django_db
@@ -44,8 +44,8 @@ def telemetry():
     ingest([ack(node="node-a", sequence=1, version=2, digest="a" * 64, at=now),
             heartbeat(node="node-a", at=now, applied_version=2, applied_digest="a" * 64),
             ack(node="node-b", sequence=1, version=1, digest="b" * 64, at=now - timedelta(minutes=5)),
-            report(node="node-a", sequence=2, at=now - timedelta(seconds=5), bytes_per_ns=1000, hits=3, misses=1),
-            report(node="node-b", sequence=2, at=now - timedelta(seconds=5), bytes_per_ns=500, hits=1, misses=1)])
+            report(node="node-a", sequence=2, at=now - timedelta(seconds=5), bytes_per_scope=1000, hits=3, misses=1),
+            report(node="node-b", sequence=2, at=now - timedelta(seconds=5), bytes_per_scope=500, hits=1, misses=1)])
     return now
 
 
@@ -94,7 +94,7 @@ def test_metrics_exposes_occupancy_quota_and_drift(client, telemetry, settings):
     response = client.get("/metrics")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     text = response.content.decode()
-    ns = 'namespace="prod-2026-07",salt_group="g0",served_model_name="qwen3-8b",tenant_id="acme"'
+    ns = 'namespace="prod-2026-07",request_group="g0",served_model_name="qwen3-8b",tenant_id="acme"'
     assert f"kvpool_namespace_occupancy_bytes{{{ns}}} 1500.0" in text  # node-a 1000 + node-b 500
     assert f"kvpool_namespace_hit_ratio{{{ns}}} 0.6666666666666666" in text  # (3+1) / (3+1+1+1)
     assert 'kvpool_tenant_occupancy_bytes{tenant_id="acme"} 3000.0' in text

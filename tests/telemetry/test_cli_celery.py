@@ -38,7 +38,7 @@ def test_run_with_bad_arguments_names_them(tmp_path):
 
 
 def test_second_agent_on_the_same_state_dir_is_refused(tmp_path):
-    from agent.daemon import Daemon
+    from agent.node.daemon import Daemon
 
     holder = Daemon("node-a", "s", tmp_path / "state", publish=lambda batch: None)
     try:
@@ -50,9 +50,9 @@ def test_second_agent_on_the_same_state_dir_is_refused(tmp_path):
 
 
 def test_agent_app_speaks_json_only_and_hands_documents_to_the_daemon(tmp_path):
-    from agent.celery_app import make_app, register_tasks, run_worker
-    from agent.daemon import Daemon
-    from agent.messages import APPLY_CONFIG_TASK
+    from agent.contract.messages import APPLY_CONFIG_TASK
+    from agent.node.celery_app import make_app, register_tasks, run_worker
+    from agent.node.daemon import Daemon
     from tests.telemetry.helpers import document
 
     app = make_app("node-a", "memory://")

@@ -1,12 +1,12 @@
-"""agent.daemon: verify → validate → build → persist → swap; acks, telemetry, outbox."""
+"""agent.node.daemon: verify → validate → build → persist → swap; acks, telemetry, outbox."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
-from agent.daemon import AppliedConfig, Daemon
-from agent.messages import parse_ingest
+from agent.contract.messages import parse_ingest
+from agent.node.daemon import AppliedConfig, Daemon
 from tests.telemetry.helpers import document, instance
 
 
@@ -84,7 +84,7 @@ def test_redelivery_of_applied_version_is_acked_again(daemon):
 
 
 def test_invalid_and_unknown_schema_documents(daemon):
-    from agent import signing
+    from agent.contract import signing
 
     doc = document(version=1, secret=None)
     doc["instances"][0]["role"] = "sometimes"
@@ -121,19 +121,21 @@ def test_swap_leaves_a_held_config_untouched(daemon):
     in_batch = daemon.current
     daemon.handle_document(document(version=2, instances=[instance("1", namespace="new-ns")]))
     old, new = in_batch.bindings["1"][(0, "app-a")], daemon.current.bindings["1"][(0, "app-a")]
-    assert (old.release_namespace, new.release_namespace) == ("old-ns", "new-ns")
+    assert (old.namespace, new.namespace) == ("old-ns", "new-ns")
     assert old.cache_salt == "salt-a" and old.keys_for(b"\x01" * 32)[0].startswith("old-ns@Qwen3-8B@")
     with pytest.raises(TypeError):
         in_batch.bindings["1"] = None  # read-only mapping
     with pytest.raises(AttributeError):
-        old.release_namespace = "changed"  # frozen namespace
+        old.namespace = "changed"  # frozen key space
 
 
 def test_sglang_instance_binds_with_the_sglang_page_hash(daemon):
     spec = instance("3").model_copy(update={"engine": "sglang", "hash_algo": "sha256"})
     assert daemon.handle_document(document(version=1, instances=[spec]))["status"] == "applied"
     bound = daemon.current.bindings["3"][(0, "default")]
-    assert bound.hash_algo == "sglang_sha256" and bound.keys_for(b"\x02" * 32)[0].endswith("_0_k")
+    # the registry's "sha256" reaches the agent unchanged; with engine "sglang" it is SGLang's page hash
+    assert bound.hash_algo == "sha256" and bound.hasher.engine == "sglang"
+    assert bound.keys_for(b"\x02" * 32)[0].endswith("_0_k")
 
 
 def test_failed_binder_keeps_the_old_config(tmp_path, broker):
@@ -154,14 +156,14 @@ def test_failed_binder_keeps_the_old_config(tmp_path, broker):
 
 def test_reports_cover_bound_namespaces_and_ledger_rows(tmp_path, broker):
     ledger = [{"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "prod-2026-07",
-               "salt_group": "app-a", "blocks": 4, "bytes": 4096, "hit_blocks": 3, "miss_blocks": 1}]
+               "request_group": "app-a", "blocks": 4, "bytes": 4096, "hit_blocks": 3, "miss_blocks": 1}]
     d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger)
     try:
         d.handle_document(document(version=1))
         d.report_now()
         d.flush()
         [rep] = broker.messages("report")
-        by_group = {ns["salt_group"]: ns for ns in rep["namespaces"]}
+        by_group = {row["request_group"]: row for row in rep["scopes"]}
         assert set(by_group) == {"default", "app-a"}
         assert by_group["app-a"]["bytes"] == 4096 and by_group["default"]["bytes"] == 0
         assert rep["applied_version"] == 1
@@ -206,18 +208,18 @@ def test_on_apply_hook_sees_each_new_config_and_cannot_break_the_apply(tmp_path,
 
 
 def test_ledger_snapshot_feeds_reports(tmp_path, broker):
-    from agent.ledger import Ledger
+    from agent.datapath.ledger import Ledger
 
     ledger = Ledger()
     d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, ledger=ledger)
     try:
         d.handle_document(document(version=1))
-        namespace = d.current.bindings["1"][(0, "app-a")]
-        ledger.record_lookup(namespace, namespace.trace_hashes([1, 2]), [False, False])
+        keyspace = d.current.bindings["1"][(0, "app-a")]
+        ledger.record_lookup(keyspace, keyspace.trace_hashes([1, 2]), [False, False])
         d.report_now()
         d.flush()
         [rep] = broker.messages("report")
-        row = next(ns for ns in rep["namespaces"] if ns["salt_group"] == "app-a")
+        row = next(row for row in rep["scopes"] if row["request_group"] == "app-a")
         assert row["miss_blocks"] == 2 and d.ledger is ledger
     finally:
         d.stop()
@@ -234,8 +236,8 @@ def test_corrupt_applied_state_refuses_to_start(tmp_path, broker):
 def test_everything_sent_is_signed_when_sent_and_the_outbox_keeps_it_unsigned(tmp_path, broker, monkeypatch):
     from datetime import datetime, timedelta
 
-    from agent import daemon as daemon_module
-    from agent import signing
+    from agent.contract import signing
+    from agent.node import daemon as daemon_module
 
     d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish)
     try:

@@ -1,6 +1,6 @@
 """dashboard.drain: one ingest task stores the ingest tasks queued behind it (real Redis, real kombu).
 
-Tasks are queued the way agents queue them (``agent.celery_app.make_publisher`` on a private Redis), then
+Tasks are queued the way agents queue them (``agent.node.celery_app.make_publisher`` on a private Redis), then
 ``ingest_queued`` runs in this process against the same Redis; the last test lets a real dashboard worker do it.
 """
 from __future__ import annotations
@@ -12,11 +12,11 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, OperationalError
 
-from agent.celery_app import make_app, make_publisher
-from agent.messages import INGEST_QUEUE, INGEST_TASK
-from dashboard import drain
-from dashboard.drain import ingest_queued
+from agent.contract.messages import INGEST_QUEUE, INGEST_TASK
+from agent.node.celery_app import make_app, make_publisher
 from dashboard.models import ConfigAck, MessageRejection, NodeState, Report
+from dashboard.telemetry import drain
+from dashboard.telemetry.drain import ingest_queued
 from tests.telemetry.conftest import wait_for
 from tests.telemetry.helpers import T0, ack, heartbeat, register, report, sent
 

@@ -1,4 +1,4 @@
-"""dashboard.ingest: idempotent reports, acks moving node state forward, heartbeats, invalid messages."""
+"""dashboard.telemetry.ingest: idempotent reports, acks moving node state forward, heartbeats, invalid messages."""
 from __future__ import annotations
 
 import logging
@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from dashboard.ingest import ingest
 from dashboard.models import ConfigAck, NodeState, OccupancySample, Report
+from dashboard.telemetry import compat
+from dashboard.telemetry.ingest import ingest
 from tests.telemetry.helpers import T0, ack, heartbeat, register, report, sent
 
 pytestmark = pytest.mark.django_db
@@ -36,20 +37,49 @@ def test_same_sequence_of_another_node_is_a_different_report():
 
 def test_invalid_message_is_logged_and_the_rest_stored(caplog):
     bad = report(sequence=9, secret=None)
-    bad["namespaces"][0]["bytes"] = "lots"
+    bad["scopes"][0]["bytes"] = "lots"
     nonsense = {"kind": "nonsense", "node": "node-a"}
     with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.ingest"):
         result = ingest([sent(bad), report(sequence=1), sent(nonsense)])
     assert result.invalid == 2 and result.reports == 1 and result.rejected == {"invalid": 2}
-    assert "namespaces.0.bytes" in caplog.text and "refused report message naming node 'node-a'" in caplog.text
+    assert "scopes.0.bytes" in caplog.text and "refused report message naming node 'node-a'" in caplog.text
 
 
-def test_samples_carry_the_namespace_key_and_values():
-    ingest([report(sequence=1, bytes_per_ns=8192)])
-    sample = OccupancySample.objects.get(salt_group="g1")
+def test_samples_carry_the_scope_and_values():
+    ingest([report(sequence=1, bytes_per_scope=8192)])
+    sample = OccupancySample.objects.get(request_group="g1")
     assert (sample.tenant_id, sample.namespace, sample.bytes, sample.max_bytes, sample.blocks) == (
         "acme", "prod-2026-07", 8192, 8192, 8)
     assert sample.level == OccupancySample.Level.RAW and sample.ts == T0
+
+
+def _schema_1_report(sequence: int, group: str) -> dict:
+    """A report as agents before report schema 2 sent it: its rows and their request group under the field names
+    of schema 1 (``dashboard.telemetry.compat`` holds them: the only place they are spelled)."""
+    row = {"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "prod-2026-07",
+           compat.V1_GROUP_FIELD: group, "blocks": 2, "bytes": 2048, "puts": 5, "gets": 6, "hit_blocks": 3,
+           "miss_blocks": 1, "evicted_blocks": 0, "orphaned_bytes": 0, "in_flight_requests": 1}
+    return {"schema": 1, "kind": "report", "node": "node-a", "sequence": sequence,
+            "sent_at": T0.isoformat().replace("+00:00", "Z"),
+            "started_at": (T0 - timedelta(hours=1)).isoformat().replace("+00:00", "Z"),
+            "applied_version": 1, compat.V1_ROWS_FIELD: [row], "signed_at": None, "signature": ""}
+
+
+def test_signed_schema_1_report_of_an_older_agent_is_still_ingested():
+    result = ingest([sent(_schema_1_report(7, "legacy")), report(sequence=8)])
+    assert (result.reports, result.samples, result.invalid, result.rejected) == (2, 3, 0, {})
+    sample = OccupancySample.objects.get(request_group="legacy")
+    assert (sample.node_name, sample.namespace, sample.bytes, sample.in_flight_requests) == (
+        "node-a", "prod-2026-07", 2048, 1)
+    assert ingest([sent(_schema_1_report(7, "legacy"))]).duplicate_reports == 1  # same (node, sequence)
+
+
+def test_schema_1_report_keeps_its_signature_checked():
+    tampered = sent(_schema_1_report(9, "legacy"))
+    tampered[compat.V1_ROWS_FIELD][0]["bytes"] = 1 << 40
+    result = ingest([tampered])
+    assert result.reports == 0 and result.rejected == {"bad_signature": 1}
+    assert not OccupancySample.objects.filter(request_group="legacy").exists()
 
 
 def test_acks_move_versions_forward_only():

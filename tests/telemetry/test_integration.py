@@ -11,8 +11,8 @@ from django.db import transaction
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from agent import signing
-from agent.messages import APPLY_CONFIG_TASK, node_queue
+from agent.contract import signing
+from agent.contract.messages import APPLY_CONFIG_TASK, node_queue
 from dashboard.models import (
     ConfigAck,
     ConfigVersion,
@@ -54,22 +54,23 @@ def test_registry_change_reaches_two_agents_and_is_acked_and_bad_documents_are_r
     agents = {node.name: workers.agent(node.name, node.signing_secret, broker) for node in setup["nodes"]}
     for worker in (dashboard, *agents.values()):
         worker.wait_ready()
+    # wait_for calls each predicate before the loop moves on: late binding of ``name`` is what is meant (B023).
     for name in agents:
-        wait_for(lambda: _acked(name), 60, f"{name} to ack its first document")
+        wait_for(lambda: _acked(name), 60, f"{name} to ack its first document")  # noqa: B023
 
     with transaction.atomic():  # one registry change affecting both nodes, pushed after commit
         release = setup["release"]
         release.state = "serving"
         release.save()
     for name in agents:
-        wait_for(lambda: _acked(name) and _state(name).desired_version >= 2, 60,
+        wait_for(lambda: _acked(name) and _state(name).desired_version >= 2, 60,  # noqa: B023
                  f"{name} to ack the new version")
         state = _state(name)
         newest = ConfigVersion.objects.get(node_name=name, version=state.desired_version)
         assert newest.document["instances"][0]["release_state"] == "serving"
         assert state.acked_digest == newest.digest
-        wait_for(lambda: _state(name).heartbeat_at is not None, 30, f"{name} heartbeat")
-        wait_for(lambda: Report.objects.filter(node_name=name).exists(), 30, f"{name} report")
+        wait_for(lambda: _state(name).heartbeat_at is not None, 30, f"{name} heartbeat")  # noqa: B023
+        wait_for(lambda: Report.objects.filter(node_name=name).exists(), 30, f"{name} report")  # noqa: B023
 
     # Tampered and stale documents, published straight to node-a's queue, are refused with a reason.
     node_a = setup["nodes"][0]
@@ -87,7 +88,7 @@ def test_registry_change_reaches_two_agents_and_is_acked_and_bad_documents_are_r
     reasons = set(ConfigAck.objects.filter(node_name="node-a", status="rejected").values_list("reason", flat=True))
     assert reasons == {"bad_signature", "stale"}
     log = agents["node-a"].log()
-    assert "rejected config document version=%d: bad_signature" % (current.version + 1) in log
+    assert f"rejected config document version={current.version + 1}: bad_signature" in log
     assert "rejected config document version=1: stale" in log
     state = _state("node-a")
     assert state.acked_version == current.version and state.rejection_reason in {"bad_signature", "stale"}

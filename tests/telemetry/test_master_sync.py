@@ -1,9 +1,9 @@
-"""dashboard.master_admin against a real mooncake_master: client errors, quota sync, pending deletes."""
+"""dashboard.master.quota_sync against a real mooncake_master: client errors, quota sync, pending deletes."""
 from __future__ import annotations
 
 import pytest
 
-from dashboard.master_admin import (
+from dashboard.master.quota_sync import (
     MasterAdminClient,
     MasterAdminError,
     MasterUnavailable,

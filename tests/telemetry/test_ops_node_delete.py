@@ -7,8 +7,8 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from dashboard.ingest import ingest
 from dashboard.models import NodeState, OccupancySample
+from dashboard.telemetry.ingest import ingest
 from tenants.models import Node
 from tests.registry.factories import grant_registry_writes
 from tests.telemetry.helpers import ack, register, report
@@ -30,7 +30,7 @@ def test_deleting_a_node_removes_its_node_state_and_metrics(operator_api, client
     for name in ("node-a", "node-b"):
         NodeState.objects.create(node_name=name, desired_version=1, desired_digest="d" * 64)
     ingest([ack(node="node-b", sequence=1, version=1, digest="d" * 64, at=now - timedelta(minutes=5)),
-            report(node="node-b", sequence=2, at=now - timedelta(seconds=5), bytes_per_ns=500)])
+            report(node="node-b", sequence=2, at=now - timedelta(seconds=5), bytes_per_scope=500)])
     assert 'kvpool_node_silent{node="node-b"}' in client.get("/metrics").content.decode()
     samples = OccupancySample.objects.filter(node_name="node-b").count()
     assert samples

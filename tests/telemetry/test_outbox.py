@@ -1,9 +1,9 @@
-"""agent.outbox: persistent sequence, bound, delivery that survives failures and restarts."""
+"""agent.node.outbox: persistent sequence, bound, delivery that survives failures and restarts."""
 from __future__ import annotations
 
 import pytest
 
-from agent.outbox import Outbox
+from agent.node.outbox import Outbox
 
 
 def _msg(sequence: int) -> dict:

@@ -1,6 +1,7 @@
-"""dashboard.push + dashboard.signals: rendering from the registry, versions, signing, push on commit, drift."""
+"""dashboard.rollout.push + dashboard.signals: rendering from the registry, versions, signing, push on commit, drift."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from unittest import mock
 
@@ -8,10 +9,11 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from agent import signing
-from agent.messages import APPLY_CONFIG_TASK, parse_document
+from agent.contract import signing
+from agent.contract.messages import APPLY_CONFIG_TASK, parse_document
 from dashboard.models import NodeState
-from dashboard.push import drift, ensure_version, push_nodes, render_content
+from dashboard.rollout.push import drift, ensure_version, push_nodes, render_content
+from tenants.models import Node, Release, ServedModel, Tenant
 from tests.registry.factories import (
     make_assignment,
     make_group,
@@ -24,8 +26,23 @@ from tests.registry.factories import (
 pytestmark = pytest.mark.django_db
 
 
+@dataclass(frozen=True)
+class PushRegistry:
+    """A tenant's release served on two nodes (prefill on ``node-a``, decode on ``node-b``)."""
+
+    tenant: Tenant
+    model: ServedModel
+    release: Release
+    node_a: Node
+    node_b: Node
+
+    def node(self, name: str) -> Node:
+        """``node_a`` or ``node_b`` by node name."""
+        return {"node-a": self.node_a, "node-b": self.node_b}[name]
+
+
 @pytest.fixture
-def registry():
+def registry() -> PushRegistry:
     tenant = make_tenant("acme", quota="8GB")
     model = make_model(tenant, "qwen3-8b", "/models/Qwen3-8B")
     release = make_release(model, "prod-2026-07", hash_algo="sha256_cbor", hash_seed="42", budget_bytes=1 << 30)
@@ -34,7 +51,7 @@ def registry():
     node_a, node_b = make_node("node-a"), make_node("node-b", hostname="10.0.0.2")
     make_assignment(node_a, release, port=8000, role="prefill", tp_rank=1, tp_size=2)
     make_assignment(node_b, release, port=8001, role="decode")
-    return {"tenant": tenant, "model": model, "release": release, "node_a": node_a, "node_b": node_b}
+    return PushRegistry(tenant=tenant, model=model, release=release, node_a=node_a, node_b=node_b)
 
 
 @pytest.fixture
@@ -46,7 +63,7 @@ def sent():
 
 def test_render_content_carries_what_the_agent_needs(registry, settings):
     settings.KVPOOL_MASTER_ADDRESS = "10.1.1.1:50051"
-    content = render_content(registry["node_a"])
+    content = render_content(registry.node_a)
     [spec] = content["instances"]
     assert content["node"] == "node-a" and content["store"]["master_server_address"] == "10.1.1.1:50051"
     assert (spec["engine"], spec["role"], spec["tenant_id"], spec["served_model_name"], spec["vllm_model_name"]) == (
@@ -56,17 +73,17 @@ def test_render_content_carries_what_the_agent_needs(registry, settings):
     assert spec["kv_layout"]["block_size"] == 16 and spec["ranks"]["tp_rank"] == 1
     assert {(g["name"], g["cache_salt"]) for g in spec["request_groups"]} == {("app-a", "salt-a"), ("shared", "")}
     assert spec["budget_bytes"] == 1 << 30 and spec["tenant_quota_bytes"] == 8 << 30
-    assert spec["release_fingerprint"] == registry["release"].fingerprint
+    assert spec["release_fingerprint"] == registry.release.fingerprint
 
 
 def test_versions_grow_only_when_content_changes(registry):
-    node = registry["node_a"]
+    node = registry.node_a
     first = ensure_version(node)
     assert first.created and first.version.version == 1
     again = ensure_version(node)
     assert not again.created and again.version.pk == first.version.pk
-    registry["release"].state = "serving"
-    registry["release"].save()
+    registry.release.state = "serving"
+    registry.release.save()
     second = ensure_version(node)
     assert second.created and second.version.version == 2
     parse_document(second.version.document)
@@ -74,7 +91,7 @@ def test_versions_grow_only_when_content_changes(registry):
 
 
 def test_version_floor_from_an_agent_ahead_makes_the_next_version_higher(registry):
-    node = registry["node_a"]
+    node = registry.node_a
     ensure_version(node)
     NodeState.objects.filter(node_name="node-a").update(version_floor=41)
     assert ensure_version(node).version.version == 42
@@ -87,9 +104,9 @@ def test_push_signs_with_the_node_secret_and_targets_its_queue(registry, sent):
     (name,), kwargs = sent.call_args.args, sent.call_args.kwargs
     assert name == APPLY_CONFIG_TASK and kwargs["queue"] == "agent.node-a"
     [document] = kwargs["args"]
-    signing.verify(document, registry["node_a"].signing_secret)
+    signing.verify(document, registry.node_a.signing_secret)
     with pytest.raises(signing.SignatureError):
-        signing.verify(document, registry["node_b"].signing_secret)
+        signing.verify(document, registry.node_b.signing_secret)
     state = NodeState.objects.get(node_name="node-a")
     assert (state.desired_version, state.pushed_version) == (1, 1)
 
@@ -118,9 +135,9 @@ def test_registry_change_schedules_one_push_on_commit(registry, django_capture_o
             mock.patch("dashboard.tasks.sync_master_quotas.apply_async"):
         with django_capture_on_commit_callbacks(execute=True) as callbacks:
             with transaction.atomic():
-                registry["release"].description = "canary"
-                registry["release"].save()
-                make_group(registry["tenant"], "app-b")
+                registry.release.description = "canary"
+                registry.release.save()
+                make_group(registry.tenant, "app-b")
             assert push.call_count == 0  # nothing before the commit
         assert len(callbacks) >= 2
     assert push.call_count == 1
@@ -128,25 +145,25 @@ def test_registry_change_schedules_one_push_on_commit(registry, django_capture_o
 
 
 def test_rolled_back_change_pushes_nothing(registry, django_capture_on_commit_callbacks):
-    with mock.patch("dashboard.tasks.push_nodes.apply_async") as push:
-        with django_capture_on_commit_callbacks(execute=True):
-            try:
-                with transaction.atomic():
-                    registry["release"].description = "never"
-                    registry["release"].save()
-                    raise RuntimeError("abort")
-            except RuntimeError:
-                pass
+    with (mock.patch("dashboard.tasks.push_nodes.apply_async") as push,
+          django_capture_on_commit_callbacks(execute=True)):
+        try:
+            with transaction.atomic():
+                registry.release.description = "never"
+                registry.release.save()
+                raise RuntimeError("abort")
+        except RuntimeError:
+            pass
     assert push.call_count == 0
 
 
 def test_moving_an_assignment_pushes_both_nodes(registry, django_capture_on_commit_callbacks):
-    assignment = registry["node_a"].assignments.get()
-    with mock.patch("dashboard.tasks.push_nodes.apply_async") as push:
-        with django_capture_on_commit_callbacks(execute=True):
-            assignment.node = registry["node_b"]
-            assignment.port = 8100
-            assignment.save()
+    assignment = registry.node_a.assignments.get()
+    with (mock.patch("dashboard.tasks.push_nodes.apply_async") as push,
+          django_capture_on_commit_callbacks(execute=True)):
+        assignment.node = registry.node_b
+        assignment.port = 8100
+        assignment.save()
     assert push.call_args.kwargs["args"] == [["node-a", "node-b"]]
 
 
@@ -166,7 +183,7 @@ def test_drift_flags(settings):
 
 
 def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
-    from dashboard import push
+    from dashboard.rollout import push
 
     real = push._instance
 
@@ -182,7 +199,7 @@ def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
 
 
 def test_a_failed_publish_of_the_batch_is_tried_once_more(registry):
-    from dashboard import push
+    from dashboard.rollout import push
 
     with mock.patch.object(push, "_publish_documents", side_effect=[ConnectionError("reset"), None]) as publish:
         counts = push_nodes(["node-a", "node-b"])
@@ -193,7 +210,7 @@ def test_a_failed_publish_of_the_batch_is_tried_once_more(registry):
 
 
 def test_a_batch_the_broker_never_takes_marks_every_node(registry):
-    from dashboard import push
+    from dashboard.rollout import push
 
     with mock.patch.object(push, "_publish_documents", side_effect=ConnectionError("redis down")):
         counts = push_nodes(["node-a", "node-b"])
@@ -214,7 +231,7 @@ def test_documents_of_one_push_reach_every_node_queue(registry, dashboard_broker
         message = json.loads(raw)
         assert message["headers"]["task"] == APPLY_CONFIG_TASK and message["headers"]["expires"]
         assert message["headers"]["argsrepr"] == f"[<config document node={node} version=1>]"
-        secret = registry[node.replace("-", "_")].signing_secret
+        secret = registry.node(node).signing_secret
         [document], _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
         signing.verify(document, secret)
         assert document["node"] == node and document["version"] == 1

@@ -1,13 +1,13 @@
-"""dashboard.rollup: raw → 1 min → 1 h folding, late samples, retention."""
+"""dashboard.telemetry.rollup: raw → 1 min → 1 h folding, late samples, retention."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
 
-from dashboard.ingest import ingest
 from dashboard.models import ConfigVersion, MasterQuotaSample, OccupancySample, Report
-from dashboard.rollup import rollup
+from dashboard.telemetry.ingest import ingest
+from dashboard.telemetry.rollup import rollup
 from tests.telemetry.helpers import T0, register, report
 
 pytestmark = pytest.mark.django_db
@@ -29,8 +29,8 @@ def horizons(settings):
 
 
 def _reports(start, count, *, step=10, first_sequence=1, bytes_fn=lambda i: 1000 * (i + 1)):
-    return [report(sequence=first_sequence + i, at=start + timedelta(seconds=step * i), namespaces=1,
-                   bytes_per_ns=bytes_fn(i), hits=i, misses=1) for i in range(count)]
+    return [report(sequence=first_sequence + i, at=start + timedelta(seconds=step * i), scopes=1,
+                   bytes_per_scope=bytes_fn(i), hits=i, misses=1) for i in range(count)]
 
 
 def test_raw_samples_fold_into_minutes_with_average_peak_and_last_counter(horizons):
@@ -54,7 +54,7 @@ def test_recent_samples_stay_raw(horizons):
 def test_late_sample_merges_into_the_existing_minute(horizons):
     ingest(_reports(T0, 2, bytes_fn=lambda i: 1000))
     rollup(now=T0 + timedelta(hours=2))
-    ingest([report(sequence=50, at=T0 + timedelta(seconds=30), namespaces=1, bytes_per_ns=4000)])
+    ingest([report(sequence=50, at=T0 + timedelta(seconds=30), scopes=1, bytes_per_scope=4000)])
     rollup(now=T0 + timedelta(hours=2))
     row = OccupancySample.objects.get(level=Level.MINUTE)
     assert (row.samples, row.bytes, row.max_bytes) == (3, 2000, 4000)

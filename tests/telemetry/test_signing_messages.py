@@ -1,12 +1,13 @@
-"""Canonical encoding, HMAC signatures and message schemas (agent.signing, agent.messages)."""
+"""Canonical encoding, HMAC signatures and message schemas (agent.contract.signing, agent.contract.messages)."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC
 
 import pytest
 
-from agent import signing
-from agent.messages import MessageError, parse_document, parse_ingest
+from agent.contract import signing
+from agent.contract.messages import MessageError, parse_document, parse_ingest
 from tests.telemetry.helpers import ack, document, heartbeat, report
 
 
@@ -73,22 +74,26 @@ def test_ingest_messages_round_trip(builder):
 
 
 def test_ingest_refuses_unknown_schema_kind_and_fields():
+    with pytest.raises(MessageError, match="unsupported schema 3"):
+        parse_ingest({**report(), "schema": 3})
+    with pytest.raises(MessageError, match="unsupported schema 1"):
+        parse_ingest({**report(), "schema": 1})  # schema-1 reports are read through dashboard.telemetry.compat
     with pytest.raises(MessageError, match="unsupported schema 2"):
-        parse_ingest({**report(), "schema": 2})
+        parse_ingest({**heartbeat(), "schema": 2})  # only the report is at schema 2
     with pytest.raises(MessageError, match="kind"):
         parse_ingest({**report(), "kind": "metrics"})
     with pytest.raises(MessageError, match="Extra inputs"):
         parse_ingest({**heartbeat(), "cpu": 3})
     bad = report()
-    bad["namespaces"][0]["bytes"] = -1
-    with pytest.raises(MessageError, match=r"namespaces\.0\.bytes"):
+    bad["scopes"][0]["bytes"] = -1
+    with pytest.raises(MessageError, match=r"scopes\.0\.bytes"):
         parse_ingest(bad)
 
 
 def test_sign_message_stamps_the_sending_time_and_re_signs_on_every_attempt():
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
-    first_at = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    first_at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     unsigned = report(secret=None)
     first = signing.sign_message(unsigned, "k", now=first_at)
     assert first["signed_at"] == "2026-11-30T12:00:00.000000Z" and "signature" in first

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.master import free_ports
+from agent.sim.master import free_ports
 from tests.registry.factories import grant_registry_writes
 
 

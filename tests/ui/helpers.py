@@ -15,7 +15,7 @@ def sample(*, ts: datetime | None = None, node: str = "node-a", tenant_id: str =
     """One occupancy sample (``size`` = bytes; other ``OccupancySample`` fields by name)."""
     return OccupancySample.objects.create(
         level=level, ts=ts or timezone.now(), node_name=node, tenant_id=tenant_id, served_model_name=model,
-        namespace=namespace, salt_group=group, bytes=size, max_bytes=fields.pop("max_bytes", size), **fields)
+        namespace=namespace, request_group=group, bytes=size, max_bytes=fields.pop("max_bytes", size), **fields)
 
 
 def master_sample(tenant_id: str = "acme", *, effective: int, charged: int = 0, requested: int | None = None,
@@ -44,7 +44,7 @@ def node_alive(name: str, *, digest: str = "", version: int = 1) -> NodeState:
 
 def apply_config(node) -> NodeState:
     """Render and version ``node``'s config document and mark it applied by its agent (what an ack does)."""
-    from dashboard.push import ensure_version
+    from dashboard.rollout.push import ensure_version
 
     ensured = ensure_version(node)
     return node_alive(node.name, digest=ensured.version.digest, version=ensured.version.version)

@@ -5,7 +5,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.checks import run_checks
+from dashboard.checklist import run_checks
 from dashboard.models import ConfigVersion
 from tenants.models import RequestGroup
 from tests.registry.factories import (
@@ -121,12 +121,12 @@ def test_a_salt_change_in_the_audit_log_fails(healthy):
 
 
 def test_overlap_capacity(healthy):
-    from dashboard.upgrade import start_upgrade
+    from dashboard.rollout.upgrade import start_upgrade
 
     start_upgrade(healthy["release"], "prod-b")
     master_sample("acme", effective=10 * GB)
     check = results()["overlap_capacity"]
-    assert check.passed and "1 tenant(s) with overlapping releases, all within quota" == check.summary
+    assert check.passed and check.summary == "1 tenant(s) with overlapping releases, all within quota"
     sample(namespace="prod-a", group="app-a", size=6 * GB, ts=timezone.now())
     check = results()["overlap_capacity"]
     assert not check.passed and "warm-up still to come 6 GB" in check.details[0]

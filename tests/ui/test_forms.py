@@ -67,7 +67,8 @@ def test_create_every_kind_through_the_forms_and_audit_it(ui, operator):
     assert model.vllm_model_name == "Qwen3-8B"
     ui.post(reverse("ui:release-new"), {"model": model.pk, "namespace": "prod-1", "state": "warming",
                                         "kv_dtype": "auto", "hash_algo": "sha256", "hash_seed": "42",
-                                        "adapters": "sql-lora=/adapters/sql, chat-lora=org/chat-lora;rank=64", **RELEASE})
+                                        "adapters": "sql-lora=/adapters/sql, chat-lora=org/chat-lora;rank=64",
+                                        **RELEASE})
     release = Release.objects.get(namespace="prod-1")
     assert release.adapters == [{"name": "sql-lora", "path": "/adapters/sql"},
                                 {"name": "chat-lora", "path": "org/chat-lora", "rank": 64}]
@@ -86,7 +87,7 @@ def test_create_every_kind_through_the_forms_and_audit_it(ui, operator):
     assert {e.object_type for e in entries} == {"tenants.tenant", "tenants.servedmodel", "tenants.release",
                                                  "tenants.requestgroup", "tenants.node", "tenants.instanceassignment"}
     assert {e.actor_repr for e in entries} == {"operator"} and all(e.actor == operator for e in entries)
-    assert "<redacted>" == AuditEntry.objects.get(object_type="tenants.node").after["signing_secret"]
+    assert AuditEntry.objects.get(object_type="tenants.node").after["signing_secret"] == "<redacted>"
 
 
 def test_create_form_is_prefilled_from_the_query(ui):

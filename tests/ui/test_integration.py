@@ -8,9 +8,8 @@ from types import SimpleNamespace
 import pytest
 from django.urls import reverse
 
-from agent import keys
-from agent.messages import StoreEndpoints as DocumentStore
-from agent.purge import PurgeRequest, daemon_store_opener, handle_purge, signed_request
+from agent.contract import keys
+from agent.node.purge import PurgeRequest, daemon_store_opener, handle_purge, signed_request
 
 pytestmark = pytest.mark.integration
 BLOCK = 4096
@@ -34,10 +33,7 @@ def test_agent_purge_removes_one_release_namespace(mooncake_master, store_client
     new_keys = [keys.vllm_key("Qwen3-8B", f"{i:064x}", cache_prefix=new) for i in range(3)]
     other_model = [keys.vllm_key("Other", f"{i:064x}", cache_prefix=old) for i in range(2)]
     put(client, old_keys + new_keys + other_model)
-    store = mooncake_master.endpoints()
-    document = SimpleNamespace(store=DocumentStore(
-        master_server_address=store.master_server_address, metadata_server=store.metadata_server,
-        global_segment_size=64 << 20, local_buffer_size=16 << 20))
+    document = SimpleNamespace(store=mooncake_master.endpoints())
     daemon = SimpleNamespace(current=SimpleNamespace(document=document))
     request = PurgeRequest(purge_id="it-1", node="node-a", tenant_id="alpha", engine="vllm", namespace=old,
                            model="Qwen3-8B", served_model_name="qwen3-8b",

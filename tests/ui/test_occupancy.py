@@ -2,13 +2,14 @@
 JSON endpoint show the same numbers."""
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.urls import reverse
 
+from agent.contract.scope import CacheScope
 from dashboard.models import OccupancySample
-from dashboard.views.queries import (
+from dashboard.telemetry.queries import (
     WINDOWS,
     OccupancyFilter,
     current_occupancy,
@@ -17,7 +18,7 @@ from dashboard.views.queries import (
 from tests.ui.helpers import sample
 
 pytestmark = pytest.mark.django_db
-NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 Level = OccupancySample.Level
 
 
@@ -33,7 +34,7 @@ def test_nodes_are_averaged_within_a_bucket_then_summed():
     series = occupancy_series("1h", now=NOW)
     assert series.bucket_seconds == 60 and len(series.series) == 1
     data = series.series[0].data
-    index = series.buckets.index(datetime(2026, 11, 30, 11, 58, tzinfo=timezone.utc))
+    index = series.buckets.index(datetime(2026, 11, 30, 11, 58, tzinfo=UTC))
     assert data[index] == 200 + 50
     assert [v for i, v in enumerate(data) if i != index] == [None] * (len(data) - 1)
 
@@ -43,7 +44,7 @@ def test_request_groups_add_up_and_a_filter_selects_one():
     sample(ts=at(30), group="app-b", size=24)
     total = occupancy_series("15m", now=NOW).series[0]
     assert total.latest_bytes == 1024
-    only_b = occupancy_series("15m", OccupancyFilter(salt_group="app-b"), now=NOW).series[0]
+    only_b = occupancy_series("15m", OccupancyFilter(request_group="app-b"), now=NOW).series[0]
     assert only_b.latest_bytes == 24
 
 
@@ -61,7 +62,7 @@ def test_one_series_per_namespace_sorted_with_labels():
 
 def test_rollup_levels_are_read_with_their_sample_weights():
     # 7d window -> 2 h buckets: one hour row (average of 60 samples) and raw rows weigh by samples.
-    bucket_start = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+    bucket_start = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
     sample(ts=bucket_start, level=Level.HOUR, size=1000, samples=60)
     sample(ts=bucket_start + timedelta(hours=1), level=Level.MINUTE, size=4000, samples=20)
     series = occupancy_series("7d", now=NOW)
@@ -108,20 +109,20 @@ def test_samples_outside_the_window_are_ignored():
 
 
 def test_current_occupancy_takes_each_nodes_newest_sample():
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     sample(ts=now - timedelta(seconds=50), node="node-a", size=10, in_flight_requests=3)
     sample(ts=now - timedelta(seconds=20), node="node-a", group="g1", size=30, in_flight_requests=1)
     sample(ts=now - timedelta(seconds=20), node="node-a", group="g2", size=5)
     sample(ts=now - timedelta(seconds=40), node="node-b", size=7)
     sample(ts=now - timedelta(hours=2), node="node-c", size=1000)  # too old
-    entry = current_occupancy()[("acme", "qwen3-8b", "production-2026-07")]
+    entry = current_occupancy()[CacheScope("acme", "qwen3-8b", "production-2026-07")]
     assert entry.bytes == 30 + 5 + 7
     assert entry.by_node == {"node-a": 35, "node-b": 7}
     assert entry.in_flight_requests == 1
 
 
 def test_json_endpoint_and_page_tables_agree(ui):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, hit_blocks=1, miss_blocks=1)
     sample(ts=now - timedelta(seconds=30), node="node-a", size=3 << 20, hit_blocks=4, miss_blocks=2)
     sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
@@ -172,7 +173,7 @@ def test_filter_choices_come_from_the_registry(ui):
 
 
 def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, orphaned_bytes=4096)
     sample(ts=now - timedelta(seconds=30), node="node-a", size=1 << 20, orphaned_bytes=1024)
     sample(ts=now - timedelta(seconds=30), node="node-b", group="g1", size=1 << 20, orphaned_bytes=512)

@@ -35,5 +35,5 @@ def test_malformed_setting_exits_2_with_one_line(variable, value, message):
 @pytest.mark.django_db
 def test_render_config_master_with_a_bad_address_is_a_command_error(settings):
     settings.KVPOOL_MASTER_ADDRESS = "nohost"
-    with pytest.raises(CommandError, match="master_address 'nohost' must be 'host:port'"):
+    with pytest.raises(CommandError, match="master_server_address 'nohost' must be 'host:port'"):
         call_command("render_config", "--master")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from dashboard.checks import run_checks
+from dashboard.checklist import run_checks
 from dashboard.models import ConfigVersion
 from tenants.models import Release
 from tests.registry.factories import (

@@ -5,9 +5,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.agent_auth import NODE_TROUBLE
-from dashboard.ingest import ingest
 from dashboard.models import MessageRejection
+from dashboard.telemetry.agent_auth import NODE_TROUBLE
+from dashboard.telemetry.ingest import ingest
 from tenants.models import Node
 from tests.telemetry.helpers import heartbeat, register
 

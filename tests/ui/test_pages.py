@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.urls import reverse
@@ -105,7 +104,7 @@ def test_release_page_shows_config_fingerprint_nodes_and_occupancy(ui, deploymen
     for assignment in (deployment["prefill"], deployment["decode"]):
         assert f'id="cmd-{assignment.pk}"' in html and f'data-copy="cmd-{assignment.pk}"' in html
         assert reverse("ui:instance-config", args=[release.pk, assignment.pk]) in html
-    assert "vllm serve" in html and "cache_prefix" in html and "production-2026-07" in html
+    assert "vllm.entrypoints.openai.api_server" in html and "cache_prefix" in html and "production-2026-07" in html
     assert "not confirmed by the agent" in html
     assert 'data-bytes="11534336"' in html and "2 requests in flight" in html
 
@@ -120,7 +119,7 @@ def test_config_downloads_equal_the_api(ui, api, deployment):
     release, prefill = deployment["release"], deployment["prefill"]
     one = ui.get(reverse("ui:instance-config", args=[release.pk, prefill.pk]))
     assert one.status_code == 200 and one["Content-Type"] == "application/json"
-    assert 'attachment; filename="production-2026-07-node-a-8000.json"' == one["Content-Disposition"]
+    assert one["Content-Disposition"] == 'attachment; filename="production-2026-07-node-a-8000.json"'
     api_one = api.get(f"/api/v1/releases/{release.pk}/config/", {"assignment": prefill.pk}).json()
     assert json.loads(one.content) == api_one
     everything = ui.get(reverse("ui:release-config", args=[release.pk]))
@@ -145,7 +144,7 @@ def test_node_page_shows_the_last_report(ui, deployment):
     apply_config(deployment["node"])
     url = reverse("ui:node", args=[deployment["node"].pk])
     assert "<th>last report</th><td>never</td>" in ui.get(url).content.decode()
-    sent = datetime(2026, 11, 30, 12, 34, 56, tzinfo=dt_timezone.utc)
+    sent = datetime(2026, 11, 30, 12, 34, 56, tzinfo=UTC)
     for sequence, at in ((1, sent - timedelta(minutes=5)), (2, sent)):
         Report.objects.create(node_name="node-a", sequence=sequence, sent_at=at, started_at=at, received_at=at)
     Report.objects.create(node_name="node-other", sequence=3, sent_at=sent + timedelta(hours=1), started_at=sent,
@@ -186,7 +185,8 @@ def test_vendored_chart_js_is_served(client):
 
     path = finders.find("vendor/chartjs/chart.umd.min.js")
     assert path is not None
-    head = open(path, encoding="utf-8").read(200)
+    with open(path, encoding="utf-8") as handle:
+        head = handle.read(200)
     assert "Chart.js v4.6.1" in head and "MIT" in head
     assert finders.find("vendor/chartjs/LICENSE.md") is not None
 
@@ -203,7 +203,7 @@ def test_release_page_lists_adapters_as_the_form_writes_them(ui):
 
 
 def test_overview_warns_about_a_node_whose_messages_are_refused(ui, deployment):
-    from dashboard.agent_auth import count_refused
+    from dashboard.telemetry.agent_auth import count_refused
 
     count_refused("bad_signature", "HMAC mismatch", node="node-a", n=3)
     count_refused("bad_signature", "HMAC mismatch", node="forged-name")  # unregistered: no node warning

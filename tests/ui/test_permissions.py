@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from dashboard import upgrade as flow
+from dashboard.rollout import upgrade as flow
 from dashboard.views.edit import KINDS
 from tenants.models import AuditEntry, Release, Tenant
 from tests.registry.factories import (
@@ -143,7 +143,7 @@ def test_upgrade_start_with_the_permissions(viewer, viewer_ui, serving):
 
 
 def test_purge_needs_delete_release(viewer, viewer_ui, serving, monkeypatch):
-    from dashboard import purge
+    from dashboard.rollout import purge
 
     sent = []
     monkeypatch.setattr(purge.app, "send_task", lambda name, **kw: sent.append(name))

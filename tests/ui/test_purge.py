@@ -1,5 +1,5 @@
 """Purge of a retired release: confirmed and audited on the dashboard, signed to each agent of the tenant, run
-by ``agent.purge`` with ``remove_by_regex`` on the namespace's key regex, and each agent's count recorded."""
+by ``agent.node.purge`` with ``remove_by_regex`` on the namespace's key regex, and each agent's count recorded."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,8 @@ import re
 import pytest
 from django.urls import reverse
 
-from agent import keys, signing
-from agent.purge import (
+from agent.contract import keys, signing
+from agent.node.purge import (
     PURGE_RESULT_QUEUE,
     PURGE_RESULT_TASK,
     PURGE_TASK,
@@ -19,7 +19,7 @@ from agent.purge import (
     release_keys_regex,
     signed_request,
 )
-from dashboard import purge
+from dashboard.rollout import purge
 from tenants.models import AuditEntry
 from tests.registry.factories import (
     make_assignment,
@@ -33,7 +33,7 @@ H64 = "ab" * 32
 
 
 class RegexStore:
-    """In-memory ``remove_by_regex`` with ECMAScript-compatible patterns (the ones ``agent.keys`` builds)."""
+    """In-memory ``remove_by_regex`` with ECMAScript-compatible patterns (the ones ``agent.contract.keys`` builds)."""
 
     def __init__(self, keys_: list[str]) -> None:
         self.keys = set(keys_)
@@ -116,7 +116,7 @@ def test_store_errors_come_back_as_the_result():
 
 
 def test_registered_celery_task_runs_and_publishes_the_result():
-    from agent.celery_app import make_app
+    from agent.node.celery_app import make_app
 
     app = make_app("node-a", "memory://")
     store = RegexStore(vllm_keys("prod-a"))
@@ -127,7 +127,7 @@ def test_registered_celery_task_runs_and_publishes_the_result():
 
 
 def test_default_publisher_sends_the_result_task_to_the_dashboard_queue(monkeypatch):
-    from agent.celery_app import make_app
+    from agent.node.celery_app import make_app
 
     app = make_app("node-a", "memory://")
     calls = []
@@ -181,7 +181,8 @@ def test_request_is_audited_and_signed_per_node(retired, sent):
         node = Node.objects.get(name=raw["node"])
         signing.verify(raw, node.signing_secret)  # each node's own secret
         store = RegexStore(vllm_keys("prod-a"))
-        result = handle_purge(raw, node=node.name, secret=node.signing_secret, open_store=lambda t: store)
+        result = handle_purge(raw, node=node.name, secret=node.signing_secret,
+                              open_store=lambda t, store=store: store)
         assert purge.record_purge_result(result) is True
     status = purge.purge_status(purge_id)
     assert status.complete and status.total_removed == 12 and not status.failed
@@ -265,13 +266,13 @@ def test_purge_page_of_a_live_release_offers_no_form(ui, retired, sent):
 
 
 def test_the_agents_ledger_forgets_the_purged_release():
-    from agent.ledger import Ledger, Outcome
-    from agent.namespace import Namespace
+    from agent.datapath.keyspace import KeySpace
+    from agent.datapath.ledger import Ledger, Outcome
 
     ledger = Ledger()
     common = dict(tenant_id="acme", engine="vllm", served_model_name="qwen3-8b", vllm_model_name="Qwen3-8B",
                   block_size=16, hash_algo="sha256")
-    purged, kept = Namespace(release_namespace="prod-a", **common), Namespace(release_namespace="prod-b", **common)
+    purged, kept = KeySpace(namespace="prod-a", **common), KeySpace(namespace="prod-b", **common)
     hashes = [bytes([i]) * 32 for i in range(1, 4)]
     for ns in (purged, kept):
         ledger.record_put(ns, hashes, None, [Outcome.STORED] * 3, 1024)

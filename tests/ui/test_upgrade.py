@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard import upgrade as flow
+from dashboard.rollout import upgrade as flow
 from tenants.models import AuditEntry, InstanceAssignment, Release
 from tests.registry.factories import (
     make_assignment,

@@ -1,7 +1,7 @@
 /* Dashboard behaviour: copy buttons and the occupancy charts (vendored Chart.js, loaded before this file).
  *
  * A <canvas data-occupancy-url="..."> is filled from the occupancy JSON endpoint: one stacked area per release
- * namespace (bytes), x = bucket start in UTC. The Chart instance is kept in window.kvpoolCharts[canvas.id]
+ * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC. The Chart instance is kept in window.kvpoolCharts[canvas.id]
  * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
  * A <button data-copy="ID"> copies the text of the element with that id.
  */
@@ -39,7 +39,7 @@
         label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
         fill: index === 0 ? "origin" : "-1", pointRadius: points <= 2 ? 3 : 0, pointHoverRadius: 4, borderWidth: 1.5, tension: 0.2, spanGaps: true,
         kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
-                 namespace: series.namespace}
+                 namespace: series.namespace, request_group: series.request_group}
       };
     });
     var existing = window.Chart.getChart(canvas);

@@ -9,8 +9,9 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tenants.models import Release, Tenant
 from tenants.rendering import (
+    ENGINE_PYTHON,
     RenderedConfig,
-    StoreEndpoints,
+    RenderTarget,
     render_assignment,
     render_master,
 )
@@ -55,16 +56,21 @@ def output_dir(raw: str | None) -> Path | None:
 
 
 def launch_script(config: RenderedConfig) -> str:
-    """A POSIX shell script that exports the environment and execs the command."""
+    """A POSIX shell script that exports the environment and execs the command; an engine launch's
+    ``argv[0] == "python"`` placeholder runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"`` (the engine's interpreter)."""
     lines = ["#!/bin/sh", f"# rendered by manage.py render_config: {config.kind}", "set -e"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(config.env.items())]
-    lines.append(f"exec {config.command_line}")
+    argv = list(config.argv)
+    if config.instance_id and argv and argv[0] == ENGINE_PYTHON:
+        lines.append('exec "${KVPOOL_ENGINE_PYTHON:-python3}" ' + shlex.join(argv[1:]))
+    else:
+        lines.append(f"exec {config.command_line}")
     return "\n".join(lines) + "\n"
 
 
 def _rendered(render, *args) -> RenderedConfig:
     """``render(*args)``, with the renderers' ``ValueError`` for unusable input (``KVPOOL_MASTER_ADDRESS=nohost``:
-    "master_address 'nohost' must be 'host:port'") turned into a one-line ``CommandError`` (exit status 1)."""
+    "master_server_address 'nohost' must be 'host:port'") turned into a one-line ``CommandError`` (exit status 1)."""
     try:
         return render(*args)
     except ValueError as error:
@@ -89,7 +95,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         out = output_dir(options["out"])
-        endpoints = StoreEndpoints.from_settings(**({"config_dir": str(out)} if out else {}))
+        endpoints = RenderTarget.from_settings(**({"config_dir": str(out)} if out else {}))
         if options["master"]:
             if options["assignment"] is not None:
                 raise CommandError("--assignment applies to --release, not --master.")
@@ -140,7 +146,7 @@ class Command(BaseCommand):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
             self.stdout.write(f"wrote {target}")
-        script_dir = out / ("master" if assignment is None else f"assignment-{assignment.pk}")
+        script_dir = out / ("master" if assignment is None else config.instance_id)
         script_dir.mkdir(parents=True, exist_ok=True)
         script = script_dir / "launch.sh"
         script.write_text(launch_script(config), encoding="utf-8")

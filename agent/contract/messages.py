@@ -1,0 +1,499 @@
+"""Schemas of every message that crosses the broker, shared by the dashboard and the agent.
+
+Dashboard → agent (queue ``agent.<node>``):
+  * ``ConfigDocument`` — what a node must serve, signed (see ``agent.contract.signing``), task ``agent.apply_config``;
+  * ``PurgeRequest`` — remove every key of one retired release namespace, signed, task ``agent.purge_namespace``.
+
+Agent → dashboard (queue ``dashboard.ingest``, task ``dashboard.ingest``, a JSON list of messages, each
+tagged by ``kind``), all ``AgentMessage``s:
+  * ``Ack`` — the outcome of one received document (``applied`` or ``rejected`` with a reason code);
+  * ``Report`` — occupancy per cache scope (the ledger snapshot), idempotency key ``(node, sequence)``;
+  * ``Heartbeat`` — liveness plus the applied version and digest (drift is visible even if an ack is lost).
+  * ``PurgeResult`` — objects a purge removed, task ``dashboard.purge_result`` on queue ``dashboard.control``.
+
+Every ``AgentMessage`` names its sender (``node``) and is signed by it when sent: ``signed_at`` (UTC, the
+sending time) and ``signature`` (HMAC-SHA256 with the node's signing secret over the canonical encoding,
+``agent.contract.signing.sign_message``). They are built unsigned (``signed_at`` None, ``signature`` ""), wait so in the
+outbox, and are stamped and signed at each delivery attempt; the dashboard refuses unsigned ones.
+
+Every message has ``schema``, its kind's version (``SCHEMA_VERSION``; ``REPORT_SCHEMA_VERSION`` for reports, which
+became 2 when occupancy rows were renamed ``scopes`` with a ``request_group`` field); a receiver refuses a schema
+it does not know with a clear error instead of guessing (the dashboard still reads schema-1 reports, through
+``dashboard.telemetry.compat``). Models refuse unknown fields (``extra="forbid"``), so a typo in a
+producer fails loudly on receipt. Sizes are bytes, times are UTC ISO-8601 strings on the wire.
+
+The config document carries only integers, strings, booleans and lists/objects of them (no floats), so its
+canonical JSON encoding is the same from any encoder (see ``agent.contract.signing``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+from agent.contract import signing
+from agent.contract.scope import CacheScope
+
+#: ``schema`` of every message kind but the report.
+SCHEMA_VERSION = 1
+#: ``schema`` of ``Report``: 2 since its rows are ``scopes`` (``ScopeOccupancy``, with ``request_group``).
+REPORT_SCHEMA_VERSION = 2
+
+#: Celery task the agent runs for each pushed document (one positional argument: the document dict).
+APPLY_CONFIG_TASK = "agent.apply_config"
+#: Celery task the dashboard runs for agent telemetry (one positional argument: a list of messages).
+INGEST_TASK = "dashboard.ingest"
+#: Queue of ``INGEST_TASK``: acks, reports and heartbeats of every node.
+INGEST_QUEUE = "dashboard.ingest"
+
+
+def node_queue(node: str) -> str:
+    """Name of the queue the agent of ``node`` consumes: ``agent.<node>``."""
+    return f"agent.{node}"
+
+
+NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+NonNegative = Annotated[int, Field(ge=0)]
+
+#: Reason codes an ``Ack`` carries when ``status`` is ``rejected``.
+REJECT_REASONS = (
+    "unsigned",  # no signature member
+    "bad_signature",  # HMAC mismatch: tampered, or signed with another node's secret
+    "invalid",  # not a config document of this schema (field named in ``error``)
+    "unsupported_schema",  # a ``schema`` this agent does not speak
+    "wrong_node",  # addressed to another node
+    "stale",  # version older than the applied one
+    "version_conflict",  # same version as the applied one, different content
+    "apply_failed",  # valid, but building or persisting the new bindings failed
+)
+
+
+def utcnow() -> datetime:
+    """Current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class Message(BaseModel):
+    """Base of all broker messages: immutable, unknown fields refused, ``schema`` checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The ``schema`` this side speaks for the message kind (a subclass with its own version overrides both).
+    schema_version: ClassVar[int] = SCHEMA_VERSION
+    schema_: int = Field(SCHEMA_VERSION, alias="schema")
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_schema(cls, value: int) -> int:
+        if value != cls.schema_version:
+            raise ValueError(f"unsupported schema {value} (this side speaks schema {cls.schema_version})")
+        return value
+
+    def to_wire(self) -> dict[str, Any]:
+        """JSON-ready dict (aliases applied, datetimes as ISO strings) for the broker."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- dashboard → agent ------------------------------------------------------------------------------------
+
+
+_SIZE_RE = re.compile(r"\s*([0-9]+)\s*([KMGT]?i?B?)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a size string with binary units (``"4GB"`` = 4 * 2**30, ``"512MiB"``, ``"1024"``),
+    as Mooncake 0.3.13.post1 reads ``global_segment_size`` / ``local_buffer_size``.
+
+    Raises:
+        ValueError: anything else, or a negative number.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"size must be bytes or a string like '4GB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must not be negative, got {value}")
+        return value
+    m = _SIZE_RE.fullmatch(str(value))
+    if m is None:
+        raise ValueError(f"size must be bytes or a string like '4GB', got {value!r}")
+    unit = (m.group(2) or "").upper().replace("I", "").rstrip("B") or ""
+    return int(m.group(1)) * _UNITS[unit]
+
+
+class StoreEndpoints(BaseModel):
+    """How a Mooncake Store client reaches the pool: the one definition the config document, the agent's store
+    client and the registry's rendering (``tenants.rendering``) share.
+
+    The fields are Mooncake's own names, the keys of vLLM 0.33.0's ``MOONCAKE_CONFIG_PATH`` JSON and SGLang
+    0.5.23's Mooncake config (Mooncake 0.3.13.post1): ``master_server_address`` (``host:rpc_port``),
+    ``metadata_server`` (``http://host:port/metadata`` or ``P2PHANDSHAKE``), ``protocol`` (``tcp``/``rdma``),
+    ``device_name`` (RDMA NIC list, "" for TCP), ``global_segment_size`` (bytes each process that calls
+    ``setup()`` mounts) and ``local_buffer_size`` (bytes of its registered transfer buffer).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master_server_address: str = Field(min_length=1)  # "host:rpc_port"
+    metadata_server: str = Field(min_length=1)  # "http://host:port/metadata"
+    protocol: str = Field("tcp", min_length=1)
+    device_name: str = ""
+    global_segment_size: NonNegative
+    local_buffer_size: NonNegative
+
+    def mooncake_config(self, tenant_id: str | None = None) -> dict[str, Any]:
+        """The ``MOONCAKE_CONFIG_PATH`` keys (sizes in bytes), plus ``tenant_id`` when given. A subclass's own
+        fields (``tenants.rendering.RenderTarget``) are not part of it."""
+        config = self.model_dump(include=set(StoreEndpoints.model_fields))
+        if tenant_id is not None:
+            config["tenant_id"] = tenant_id
+        return config
+
+    @classmethod
+    def from_mooncake_config(cls, config: Mapping[str, Any], **overrides: Any) -> StoreEndpoints:
+        """From a vLLM ``MOONCAKE_CONFIG_PATH`` / SGLang Mooncake config mapping: this model's keys (sizes as ints
+        or strings like ``"4GB"``; ``master_server_addr``, the ``setup()`` spelling, is read too); other keys are
+        ignored and ``overrides`` win.
+
+        Raises:
+            ValueError: a missing or malformed field, named.
+        """
+        data = {name: config[name] for name in cls.model_fields if name in config}
+        if "master_server_address" not in data and "master_server_addr" in config:
+            data["master_server_address"] = config["master_server_addr"]
+        data.update(overrides)
+        for required in ("master_server_address", "metadata_server"):
+            if not data.get(required):
+                raise ValueError(f"{required}: missing from the Mooncake config")
+        for name in ("global_segment_size", "local_buffer_size"):
+            if name in data:
+                try:
+                    data[name] = parse_size(data[name])
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+        return cls(**data)
+
+
+class RequestGroupSpec(BaseModel):
+    """A request group: requests sharing one ``cache_salt`` (vLLM 0.33.0 salts the first block hash).
+
+    An empty ``cache_salt`` is the tenant's default shared group. ``budget_bytes`` is the group's share of the
+    tenant quota (``None`` = no own budget).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    cache_salt: str = ""
+    budget_bytes: NonNegative | None = None
+
+
+class LoraAdapterSpec(BaseModel):
+    """A LoRA adapter the instance loads: ``name`` (what requests ask for) and ``path`` (absolute directory or
+    hub id, exactly as the engine got it; "" = unknown, for adapters recorded before the registry held paths).
+
+    vLLM 0.33.0 hashes ``("lora", name, path)`` into every block of an adapter request; SGLang 0.5.23 seeds the
+    adapter's page chains with an id made from both (see ``agent.datapath.keyspace.sglang_lora_id``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    path: str = ""
+
+
+class KVLayout(BaseModel):
+    """The release's cache-affecting settings that shape one stored block; equal layouts can share blocks.
+
+    ``block_size`` is tokens per block (vLLM ``--block-size``, SGLang ``--page-size``); ``kv_dtype`` the KV
+    cache dtype name; ``adapters`` the LoRA adapters (sorted by name; a bare string, as documents before adapter
+    paths carried, reads as a name without a path); ``weights_revision`` the model weights revision.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_layers: Annotated[int, Field(ge=1)]
+    num_kv_heads: Annotated[int, Field(ge=1)]
+    head_dim: Annotated[int, Field(ge=1)]
+    block_size: Annotated[int, Field(ge=1)]
+    kv_dtype: str = "auto"
+    quantization: str = ""
+    adapters: list[LoraAdapterSpec] = Field(default_factory=list)
+    weights_revision: str = ""
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _names_are_adapters(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"name": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @property
+    def block_size_tokens(self) -> int:
+        """Alias of ``block_size`` (tokens per block) for duck-typed consumers."""
+        return self.block_size
+
+
+class Ranks(BaseModel):
+    """The instance's parallel layout; vLLM 0.33.0 puts ``tp_rank``, ``pcp``, ``dcp`` and ``pp_rank`` in keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp_rank: NonNegative = 0
+    tp_size: Annotated[int, Field(ge=1)] = 1
+    pp_rank: NonNegative = 0
+    pp_size: Annotated[int, Field(ge=1)] = 1
+    pcp_rank: NonNegative = 0
+    pcp_size: Annotated[int, Field(ge=1)] = 1
+    dcp_rank: NonNegative = 0
+    dcp_size: Annotated[int, Field(ge=1)] = 1
+
+    @property
+    def tp_ranks(self) -> list[int]:
+        """The TP ranks this instance holds on the node: one assignment is one rank, ``[tp_rank]``."""
+        return [self.tp_rank]
+
+
+class InstanceSpec(BaseModel):
+    """One engine instance on the node and the cache namespace it reads and writes.
+
+    ``namespace`` is the release namespace: SGLang 0.5.23 ``extra_backend_tag`` / vLLM 0.33.0
+    ``cache_prefix``. ``vllm_model_name`` is the last path component of ``model_path`` (vLLM's key model
+    name). ``hash_algo`` is vLLM's ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``,
+    ``xxhash_cbor``; SGLang releases use ``sha256``), ``hash_seed`` the release's ``PYTHONHASHSEED``.
+    ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` the release's budget (``None`` = none),
+    ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on the node.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"]
+    engine_version: str = ""
+    role: Literal["prefill", "decode", "both"]
+    port: Annotated[int, Field(ge=1, le=65535)]
+    tenant_id: str = Field(min_length=1)
+    tenant_quota_bytes: NonNegative | None = None
+    served_model_name: str = Field(min_length=1)
+    model_path: str = ""
+    vllm_model_name: str = ""
+    namespace: str = Field(min_length=1)
+    release_state: str = Field(min_length=1)
+    release_fingerprint: str = ""
+    kv_layout: KVLayout
+    hash_algo: str = Field(min_length=1)
+    hash_seed: str = ""
+    ranks: Ranks = Field(default_factory=Ranks)
+    request_groups: list[RequestGroupSpec] = Field(default_factory=list)
+    budget_bytes: NonNegative | None = None
+
+
+class ConfigDocument(Message):
+    """Versioned, signed description of everything a node serves.
+
+    ``version`` grows by one for each change of content for this node (the dashboard keeps the counter in its
+    database); the agent refuses a version below the one it applied (``stale``). ``issued_at`` is when the
+    version was created. ``signature`` = HMAC-SHA256 over the canonical encoding (``agent.contract.signing``).
+    """
+
+    kind: Literal["config"] = "config"
+    node: NodeName
+    version: Annotated[int, Field(ge=1)]
+    issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
+    store: StoreEndpoints
+    instances: list[InstanceSpec] = Field(default_factory=list)
+    signature: str = ""
+
+    @field_validator("instances")
+    @classmethod
+    def _unique_instances(cls, value: list[InstanceSpec]) -> list[InstanceSpec]:
+        seen: set[str] = set()
+        for instance in value:
+            if instance.instance_id in seen:
+                raise ValueError(f"instance_id {instance.instance_id!r} appears twice")
+            seen.add(instance.instance_id)
+        return value
+
+
+# --- agent → dashboard ------------------------------------------------------------------------------------
+
+
+class AgentMessage(Message):
+    """Base of every agent → dashboard message: the sender and the signature it adds when sending.
+
+    ``node`` is the sending node (its signing secret is the HMAC key); ``signed_at``/``signature`` are set by
+    ``agent.contract.signing.sign_message`` at each delivery attempt (None / "" while the message waits to be sent).
+    """
+
+    node: NodeName
+    signed_at: datetime | None = None
+    signature: str = ""
+
+
+class Ack(AgentMessage):
+    """The agent's answer to one received document.
+
+    ``version``/``digest`` describe the received document (``None`` when it could not be read that far);
+    ``applied_version``/``applied_digest`` what the agent runs after handling it (0/"" before the first
+    document). ``reason`` is one of ``REJECT_REASONS`` when ``status`` is ``rejected``.
+    """
+
+    kind: Literal["ack"] = "ack"
+    sequence: Annotated[int, Field(ge=1)]
+    sent_at: datetime
+    status: Literal["applied", "rejected"]
+    version: int | None = None
+    digest: str | None = None
+    reason: str = ""
+    error: str = ""
+    applied_version: NonNegative = 0
+    applied_digest: str = ""
+
+
+class ScopeOccupancy(BaseModel):
+    """Occupancy of one :class:`agent.contract.scope.CacheScope` (tenant, served model, release namespace,
+    request group) on the node.
+
+    ``blocks``/``bytes``/``orphaned_bytes``/``in_flight_requests`` are gauges at ``Report.sent_at``;
+    ``puts``/``gets``/``hit_blocks``/``miss_blocks``/``evicted_blocks`` are counters since the agent started
+    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant_id: str = Field(min_length=1)
+    served_model_name: str = ""
+    namespace: str = ""
+    request_group: str = ""
+    blocks: NonNegative = 0
+    bytes: NonNegative = 0
+    puts: NonNegative = 0
+    gets: NonNegative = 0
+    hit_blocks: NonNegative = 0
+    miss_blocks: NonNegative = 0
+    evicted_blocks: NonNegative = 0
+    orphaned_bytes: NonNegative = 0
+    in_flight_requests: NonNegative = 0
+
+    @property
+    def scope(self) -> CacheScope:
+        """The row's identity."""
+        return CacheScope(self.tenant_id, self.served_model_name, self.namespace, self.request_group)
+
+
+class Report(AgentMessage):
+    """Occupancy report: one ledger snapshot, a row per cache scope. Stored once per ``(node, sequence)``."""
+
+    schema_version: ClassVar[int] = REPORT_SCHEMA_VERSION
+    schema_: int = Field(REPORT_SCHEMA_VERSION, alias="schema")
+    kind: Literal["report"] = "report"
+    sequence: Annotated[int, Field(ge=1)]
+    sent_at: datetime
+    started_at: datetime
+    applied_version: NonNegative = 0
+    scopes: list[ScopeOccupancy] = Field(default_factory=list)
+
+
+class Heartbeat(AgentMessage):
+    """Liveness: sent every heartbeat interval, never buffered (only the latest one matters)."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    sent_at: datetime
+    started_at: datetime
+    applied_version: NonNegative = 0
+    applied_digest: str = ""
+    hostname: str = ""
+    pid: NonNegative = 0
+    outbox_pending: NonNegative = 0
+    outbox_dropped: NonNegative = 0
+
+
+IngestMessage = Annotated[Ack | Report | Heartbeat, Field(discriminator="kind")]
+_INGEST = TypeAdapter(IngestMessage)
+
+
+def parse_ingest(raw: Any) -> Ack | Report | Heartbeat:
+    """Validate one agent → dashboard message. Raises ``MessageError`` naming the offending field."""
+    try:
+        return _INGEST.validate_python(raw)
+    except ValidationError as exc:
+        raise MessageError(_describe(exc)) from None
+
+
+def parse_document(raw: Any) -> ConfigDocument:
+    """Validate a config document. Raises ``MessageError`` naming the offending field."""
+    try:
+        return ConfigDocument.model_validate(raw)
+    except ValidationError as exc:
+        raise MessageError(_describe(exc)) from None
+
+
+#: Celery task the agent runs for a purge request (one positional argument: the signed request dict).
+PURGE_TASK = "agent.purge_namespace"
+#: Celery task the dashboard runs for the agent's answer (one positional argument: the result dict).
+PURGE_RESULT_TASK = "dashboard.purge_result"
+#: Queue of ``PURGE_RESULT_TASK``.
+PURGE_RESULT_QUEUE = "dashboard.control"
+
+class PurgeRequest(Message):
+    """Dashboard → agent: remove every key of one release namespace of one tenant.
+
+    ``engine`` decides the key grammar (``vllm``: ``model`` is the vLLM model name, the last path component;
+    ``sglang``: ``model`` is the served model name). ``served_model_name`` names the ledger tables to clear.
+    ``namespace`` is the release namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag``) and may not
+    be empty: an empty one would select the model's unprefixed keys of every release. ``signature`` =
+    HMAC-SHA256 of the canonical encoding with the node's signing secret.
+    """
+
+    kind: Literal["purge"] = "purge"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    tenant_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"]
+    namespace: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    served_model_name: str = Field(min_length=1)
+    issued_at: str = Field(min_length=1)
+    signature: str = ""
+
+
+def signed_request(request: PurgeRequest, secret: str) -> dict[str, Any]:
+    """Wire dict of ``request`` signed with the node's ``secret`` (what the dashboard publishes)."""
+    wire = request.to_wire()
+    wire.pop("signature", None)
+    return signing.signed(wire, secret)
+
+
+class PurgeResult(AgentMessage):
+    """Agent → dashboard: how many objects ``remove_by_regex`` removed (``error`` set when it failed); signed with
+    the node's secret when sent (``agent.contract.signing.sign_message``), like every ``AgentMessage``."""
+
+    kind: Literal["purge_result"] = "purge_result"
+    purge_id: str = Field(min_length=1, max_length=64)
+    node: NodeName
+    removed: Annotated[int, Field(ge=0)] = 0
+    error: str = ""
+    sent_at: datetime
+
+
+class MessageError(ValueError):
+    """A message does not match its schema; the text names the field(s) and what is wrong."""
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(item) for item in error.get("loc", ())) or "(message)"
+        parts.append(f"{location}: {error.get('msg')}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")

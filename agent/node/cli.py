@@ -1,0 +1,200 @@
+"""Command line of the node agent (no Django): ``kvpool-agent`` once installed, ``python -m agent`` in a checkout.
+
+    kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D]
+                        [--report-interval S] [--heartbeat-interval S] [--pool solo|threads]
+                        [--outbox-max N] [--loglevel LEVEL] [--simulate-engines [--launch-overrides F]]
+
+The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
+agent refuses to start without one (it could not verify any document). The state directory (default
+``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
+outbox of undelivered reports across restarts.
+
+``--simulate-engines`` (demo and tests, where no engine runs) also plays the engine instances of the applied
+document against the Store: it mounts this node's segment when a document is applied and runs workload batches
+(task ``agent.run_workload``, see ``agent.sim.workload``), appending one JSON line per batch to
+``workload-results.jsonl`` in the state directory; ``--launch-overrides`` gives engines hand-typed launch
+values that differ from their release (a misconfiguration, on purpose).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from agent.node.cli_args import broker_url, positive_float, positive_int
+
+log = logging.getLogger("kvpool.agent")
+
+NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: ``--loglevel`` values (those of :mod:`logging` and of Celery's ``--loglevel``).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def prog_name() -> str:
+    """How the agent was started, for usage and error lines: the console script's name (``kvpool-agent``), else
+    ``python -m agent`` (``sys.argv[0]`` is then a ``.py`` file, or ``-c``)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not name or name == "-c" or name.endswith(".py"):
+        return "python -m agent"
+    return name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvpool-agent`` / ``python -m agent`` argument parser."""
+    parser = argparse.ArgumentParser(prog=prog_name(), description="KV-cache pool node agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the agent: a Celery worker on queue agent.<node> plus telemetry")
+    run.add_argument("--node", required=True, help="node name as registered in the dashboard")
+    run.add_argument("--broker", required=True, type=broker_url,
+                     help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
+    run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
+    run.add_argument("--state-dir", help="directory for the applied document and the outbox")
+    run.add_argument("--report-interval", type=positive_float, default=10.0, help="seconds between reports")
+    run.add_argument("--heartbeat-interval", type=positive_float, default=5.0,
+                     help="seconds between heartbeats")
+    run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
+    run.add_argument("--outbox-max", type=positive_int, default=20_000,
+                     help="most undelivered reports/acks kept on disk")
+    run.add_argument("--loglevel", type=str.upper, choices=LOG_LEVELS, default="INFO",
+                     help="logging level (default INFO)")
+    run.add_argument("--simulate-engines", action="store_true",
+                     help="play the document's engine instances: run agent.run_workload batches through the "
+                          "connector into the Store (where no engine runs)")
+    run.add_argument("--launch-overrides", metavar="FILE",
+                     help="with --simulate-engines: JSON {port: {namespace, cache_salt}} of engines started by "
+                          "hand with values other than their release's")
+    return parser
+
+
+def _secret(args: argparse.Namespace) -> str:
+    from agent.contract.signing import load_secret
+
+    if args.secret_file:
+        try:
+            return load_secret(args.secret_file)
+        except (OSError, ValueError) as exc:
+            _usage_error(f"cannot read --secret-file: {exc}")
+    secret = os.environ.get("KVPOOL_NODE_SECRET", "").strip()
+    if not secret:
+        _usage_error("no signing secret: pass --secret-file FILE or set KVPOOL_NODE_SECRET")
+    return secret
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    """The state directory: ``--state-dir``, else ``$KVPOOL_AGENT_STATE_DIR``, else the XDG default."""
+    if args.state_dir:
+        return Path(args.state_dir)
+    if os.environ.get("KVPOOL_AGENT_STATE_DIR"):
+        return Path(os.environ["KVPOOL_AGENT_STATE_DIR"])
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "kvpool-agent" / args.node
+
+
+def check_state_dir(path: Path) -> str | None:
+    """Create ``path`` (with its parents) when missing; returns why it cannot be the state directory, else None.
+
+    The agent writes ``applied.json``, ``outbox.sqlite3`` and ``lock`` there, so it must be a writable directory.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return f"{path} exists and is not a directory"
+    except OSError as exc:
+        return f"cannot create {path}: {exc.strerror or exc}"
+    if not path.is_dir():
+        return f"{path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
+def _usage_error(message: str) -> NoReturn:
+    """Exit with status 2 and ``message``, as argparse does for a bad argument."""
+    print(f"{prog_name()} run: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the daemon's telemetry thread and the Celery worker; returns the exit status."""
+    if not NODE_PATTERN.match(args.node):
+        _usage_error(f"--node {args.node!r} is not a valid node name (letters, digits, . _ -)")
+    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    from agent.datapath.ledger import Ledger
+    from agent.node.celery_app import make_app, make_publisher, register_tasks, run_worker
+    from agent.node.daemon import Daemon
+    from agent.node.purge import daemon_store_opener, register_purge_task
+
+    if args.launch_overrides and not args.simulate_engines:
+        _usage_error("--launch-overrides needs --simulate-engines")
+    try:
+        app = make_app(args.node, args.broker)
+    except ValueError as exc:
+        _usage_error(str(exc))
+    secret = _secret(args)
+    state_dir = _state_dir(args)
+    problem = check_state_dir(state_dir)
+    if problem:
+        _usage_error(f"{'--state-dir' if args.state_dir else 'state directory'}: {problem}")
+    ledger = Ledger()
+    simulator = _simulator(args, ledger, state_dir)
+    hooks = {"snapshot": simulator.snapshot, "on_apply": simulator.on_apply} if simulator else {}
+    try:
+        daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),
+                        report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
+                        outbox_max=args.outbox_max, ledger=ledger, **hooks)
+    except RuntimeError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except OSError as exc:  # e.g. a read-only file already in the state directory
+        _usage_error(f"state directory {state_dir}: {exc}")
+    register_tasks(app, daemon)
+    register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
+                        ledger=daemon.ledger)
+    if simulator is not None:
+        from agent.sim.workload import register_workload_task
+
+        register_workload_task(app, simulator)
+        if daemon.current is not None:  # resumed from the state directory: bind its instances now
+            simulator.on_apply(daemon.current)
+    daemon.start()
+    try:
+        status = run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel)
+    finally:
+        daemon.stop()
+        if simulator is not None:
+            simulator.close()
+    if status:
+        log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
+    return status
+
+
+def _simulator(args: argparse.Namespace, ledger, state_dir: Path):
+    """The ``--simulate-engines`` engine simulator (``None`` without the flag); it appends each batch's result
+    to ``workload-results.jsonl`` in the state directory."""
+    if not args.simulate_engines:
+        return None
+    from agent.sim.workload import RESULTS_FILE, EngineSimulator, ResultFile, load_overrides
+
+    overrides = None
+    if args.launch_overrides:
+        try:
+            overrides = load_overrides(args.launch_overrides)
+        except (OSError, ValueError) as exc:
+            _usage_error(f"--launch-overrides: {exc}")
+    return EngineSimulator(args.node, ledger, overrides=overrides, results=ResultFile(state_dir / RESULTS_FILE))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvpool-agent`` and ``python -m agent``."""
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""The seed's operational checklist as live checks: one pass/fail result per item.
+
+Seed (KV Cache Sharing and Isolation, "Operational Checklist"), in order:
+
+1. ``names_stable`` — *Use deterministic names that remain stable across restarts.* Every namespace the agents
+   report now (tenant, served model, release namespace, request group) is one the registry defines; no
+   engine instance got different names from one config version to the next (config versions of the last
+   ``CONFIG_HISTORY_DAYS``); every live release has a hash
+   seed (vLLM's ``PYTHONHASHSEED``: without one, xxhash block hashes change at every restart).
+2. ``pd_identical`` — *Keep model and release fields identical across compatible prefill, decode, and replica
+   instances.* For every instance of a live release, the values its agent applied (the instance in the config
+   document whose digest the agent reports running) equal what the release prescribes: tenant_id, served
+   model name, vLLM model name, release namespace, fingerprint, engine, hash algorithm and seed.
+3. ``namespace_changed`` — *Change the release namespace before introducing a cache-incompatible
+   deployment.* No namespace went to agents with two different fingerprints while its release was serving (same
+   history; a warming release may still change its fingerprint, as the registry allows), and no two live
+   releases whose keys would meet (same tenant, engine key model and namespace) differ in fingerprint.
+4. ``salts_stable`` — *Keep cache_salt stable within a group that should benefit from prefix reuse.* No
+   request group went out with two different salts (same history), and the audit log shows no salt change.
+5. ``overlap_capacity`` — *Account for duplicate cache occupancy while old and new releases overlap.* For
+   every tenant with an upgrade under way, current occupancy + what the warming releases still need to reach
+   their old release's size fits the tenant's effective quota, and the master does not report it over quota.
+
+Each check reads the database only (registry, config versions, node states, telemetry, audit log).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from agent.contract.keys import sglang_model_component
+from dashboard.models import ConfigVersion, NodeState, OccupancySample
+from tenants.choices import Engine, ReleaseState
+from tenants.models import (
+    AuditEntry,
+    InstanceAssignment,
+    Release,
+    RequestGroup,
+    ServedModel,
+    Tenant,
+)
+from tenants.quota import humanize_bytes
+
+#: Reported names are checked over this many seconds of raw samples.
+REPORTED_NAMES_WINDOW_SECONDS = 3600
+#: Config versions younger than this many days are searched for renamed instances, reused namespaces and
+#: changed salts (older ones are mostly gone anyway: the rollup keeps each node's newest version only).
+CONFIG_HISTORY_DAYS = 30
+#: At most this many detail lines per check (the rest is counted).
+MAX_DETAILS = 50
+
+
+@dataclass
+class CheckResult:
+    """One checklist item: ``passed``, a one-line ``summary`` and the ``details`` behind it."""
+
+    key: str
+    title: str
+    seed: str
+    passed: bool
+    summary: str
+    details: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "title": self.title, "seed": self.seed, "passed": self.passed,
+                "status": "pass" if self.passed else "fail", "summary": self.summary, "details": self.details}
+
+
+def _capped(lines: list[str]) -> list[str]:
+    if len(lines) <= MAX_DETAILS:
+        return lines
+    return [*lines[:MAX_DETAILS], f"... and {len(lines) - MAX_DETAILS} more"]
+
+
+def _live_releases():
+    return Release.objects.exclude(state=ReleaseState.RETIRED).select_related("model__tenant")
+
+
+# --- 1 --------------------------------------------------------------------------------------------------
+
+
+def _history(now: datetime):
+    """``(node_name, version, document)`` of the config versions of the last ``CONFIG_HISTORY_DAYS``, by version."""
+    return (ConfigVersion.objects.filter(created_at__gte=now - timedelta(days=CONFIG_HISTORY_DAYS))
+            .order_by("node_name", "version").values_list("node_name", "version", "document").iterator(chunk_size=200))
+
+
+def check_names_stable(now: datetime) -> CheckResult:
+    problems: list[str] = []
+    tenants = set(Tenant.objects.values_list("tenant_id", flat=True))
+    models = set(ServedModel.objects.values_list("tenant__tenant_id", "served_model_name"))
+    releases = set(Release.objects.values_list("model__tenant__tenant_id", "model__served_model_name", "namespace"))
+    groups = set(RequestGroup.objects.values_list("tenant__tenant_id", "name"))
+    reported = (OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
+                                               ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
+                .values_list("node_name", "tenant_id", "served_model_name", "namespace", "request_group").distinct())
+    seen = 0
+    for node, tenant_id, model, namespace, group in reported:
+        seen += 1
+        where = f"node {node} reports {tenant_id}/{model or '-'}/{namespace or '-'}"
+        if tenant_id not in tenants:
+            problems.append(f"{where}: tenant '{tenant_id}' is not in the registry")
+        elif model and (tenant_id, model) not in models:
+            problems.append(f"{where}: served model '{model}' is not registered in tenant '{tenant_id}'")
+        elif namespace and (tenant_id, model, namespace) not in releases:
+            problems.append(f"{where}: release namespace '{namespace}' is not registered for model '{model}'")
+        elif group and (tenant_id, group) not in groups:
+            problems.append(f"{where}: request group '{group}' is not registered in tenant '{tenant_id}'")
+    renamed = _renamed_instances(now)
+    problems.extend(renamed)
+    for release in _live_releases():
+        if not release.hash_seed:
+            problems.append(f"release '{release.namespace}' of '{release.model}' has no hash seed: block hashes "
+                            "(PYTHONHASHSEED) would differ after a restart")
+    passed = not problems
+    summary = (f"{seen} reported name(s) all match the registry; instance names unchanged across config versions"
+               if passed else f"{len(problems)} name problem(s)")
+    return CheckResult("names_stable", "Names stable across restarts",
+                       "Use deterministic names that remain stable across restarts.", passed, summary,
+                       _capped(problems))
+
+
+def _renamed_instances(now: datetime) -> list[str]:
+    """Instances whose (tenant, served model, namespace) changed between two stored config versions of a node."""
+    problems = []
+    history: dict[tuple[str, str], tuple[int, tuple[str, str, str]]] = {}
+    for node, version, document in _history(now):
+        for instance in (document or {}).get("instances", []):
+            names = (instance.get("tenant_id", ""), instance.get("served_model_name", ""),
+                     instance.get("namespace", ""))
+            key = (node, str(instance.get("instance_id")))
+            previous = history.get(key)
+            if previous is not None and previous[1] != names:
+                problems.append(f"instance {key[1]} on node {node} changed names from {'/'.join(previous[1])} "
+                                f"(v{previous[0]}) to {'/'.join(names)} (v{version})")
+            history[key] = (version, names)
+    return problems
+
+
+# --- 2 --------------------------------------------------------------------------------------------------
+
+_PRESCRIBED = ("tenant_id", "served_model_name", "vllm_model_name", "namespace", "release_fingerprint", "engine",
+               "hash_algo", "hash_seed")
+
+
+def prescribed_values(release: Release) -> dict[str, str]:
+    """What every instance of ``release`` must run with (the config document's instance fields)."""
+    model = release.model
+    return {"tenant_id": model.tenant.tenant_id, "served_model_name": model.served_model_name,
+            "vllm_model_name": model.vllm_model_name, "namespace": release.namespace,
+            "release_fingerprint": release.fingerprint, "engine": release.engine, "hash_algo": release.hash_algo,
+            "hash_seed": release.hash_seed}
+
+
+def applied_instances() -> dict[tuple[str, str], dict[str, Any]]:
+    """(node name, instance_id) -> the instance spec in the document each agent reports running.
+
+    The document is the stored ``ConfigVersion`` whose digest equals the node's applied digest (from its
+    newest ack or heartbeat); nodes whose digest matches no stored version contribute nothing.
+    """
+    states = {s.node_name: s.applied_digest for s in NodeState.objects.exclude(applied_digest="")}
+    if not states:
+        return {}
+    result: dict[tuple[str, str], dict[str, Any]] = {}
+    versions = ConfigVersion.objects.filter(node_name__in=list(states), digest__in=set(states.values()))
+    for version in versions:
+        if states.get(version.node_name) != version.digest:
+            continue
+        for instance in (version.document or {}).get("instances", []):
+            result[(version.node_name, str(instance.get("instance_id")))] = instance
+    return result
+
+
+def check_pd_identical(now: datetime) -> CheckResult:
+    applied = applied_instances()
+    applied_nodes = {node for node, _ in applied}
+    node_states = set(NodeState.objects.exclude(applied_digest="").values_list("node_name", flat=True))
+    problems: list[str] = []
+    checked = 0
+    assignments = (InstanceAssignment.objects.exclude(release__state=ReleaseState.RETIRED)
+                   .select_related("node", "release__model__tenant")
+                   .order_by("release__namespace", "node__name", "port"))
+    for assignment in assignments:
+        release = assignment.release
+        where = f"{release.namespace} {assignment.role} on {assignment.node.name}:{assignment.port}"
+        spec = applied.get((assignment.node.name, str(assignment.pk)))
+        if spec is None:
+            if assignment.node.name not in node_states:
+                problems.append(f"{where}: the agent of node {assignment.node.name} has not reported running any "
+                                "config yet")
+            elif assignment.node.name not in applied_nodes:
+                problems.append(f"{where}: node {assignment.node.name} runs a config version the dashboard no "
+                                "longer holds")
+            else:
+                problems.append(f"{where}: not in the config the agent runs (not applied yet)")
+            continue
+        checked += 1
+        expected = prescribed_values(release)
+        wrong = [f"{name} '{spec.get(name, '')}' (release prescribes '{value}')"
+                 for name, value in expected.items() if str(spec.get(name, "")) != str(value)]
+        if wrong:
+            problems.append(f"{where}: the agent applied " + ", ".join(wrong))
+    passed = not problems
+    summary = (f"{checked} instance(s) apply exactly what their release prescribes" if passed
+               else f"{len(problems)} instance(s) differ from their release or are unconfirmed")
+    return CheckResult("pd_identical", "Prefill/decode values identical",
+                       "Keep model and release fields identical across compatible prefill, decode, and replica "
+                       "instances.", passed, summary, _capped(problems))
+
+
+# --- 3 --------------------------------------------------------------------------------------------------
+
+
+def _key_identity(tenant_id: str, engine: str, served_model_name: str, vllm_model_name: str, namespace: str):
+    """Releases with equal identity write the same keys (vLLM: model name = vllm_model_name)."""
+    model = vllm_model_name if engine == Engine.VLLM else sglang_model_component(served_model_name)
+    return (tenant_id, engine, model, namespace)
+
+
+def _sent_while_serving(instance: dict[str, Any]) -> bool:
+    """Whether an instance spec of a stored config document was sent while its release was serving.
+
+    The registry lets a release's fingerprint change (adapters, KV layout, ...) only before it has served, so
+    the specs of a ``warming`` (or never-served ``retired``) release may carry earlier fingerprints without two
+    caches ever having served under the namespace. Specs without ``release_state`` (documents from before the
+    field) count, to stay on the safe side.
+    """
+    return instance.get("release_state", ReleaseState.SERVING) == ReleaseState.SERVING
+
+
+def check_namespace_changed(now: datetime) -> CheckResult:
+    """Fail when one namespace's keys served with two fingerprints, or two live releases share its keys.
+
+    Pushed history: only instance specs sent while their release was serving count (``_sent_while_serving``):
+    a fingerprint-relevant edit of a warming release, which the registry allows, is not a namespace reuse.
+    """
+    problems: list[str] = []
+    pushed: dict[tuple, dict[str, tuple[str, int]]] = defaultdict(dict)
+    for node, version, document in _history(now):
+        for instance in (document or {}).get("instances", []):
+            if not _sent_while_serving(instance):
+                continue
+            identity = _key_identity(instance.get("tenant_id", ""), instance.get("engine", ""),
+                                     instance.get("served_model_name", ""), instance.get("vllm_model_name", ""),
+                                     instance.get("namespace", ""))
+            fingerprint = instance.get("release_fingerprint", "")
+            pushed[identity].setdefault(fingerprint, (node, version))
+    for identity, fingerprints in sorted(pushed.items()):
+        if len(fingerprints) > 1:
+            seen = ", ".join(f"{fp[:12]} (first on {node} v{version})" for fp, (node, version) in fingerprints.items())
+            problems.append(f"namespace '{identity[3]}' of {identity[0]}/{identity[2]} ({identity[1]}) served on "
+                            f"agents with {len(fingerprints)} fingerprints: {seen}; a cache-incompatible change kept "
+                            "the namespace")
+    live: dict[tuple, list[Release]] = defaultdict(list)
+    for release in _live_releases():
+        model = release.model
+        live[_key_identity(model.tenant.tenant_id, release.engine, model.served_model_name, model.vllm_model_name,
+                           release.namespace)].append(release)
+    for identity, releases in sorted(live.items()):
+        if len({r.fingerprint for r in releases}) > 1:
+            names = ", ".join(f"{r.model}/{r.namespace} ({r.fingerprint[:12]})" for r in releases)
+            problems.append(f"live releases share the keys of namespace '{identity[3]}' with different "
+                            f"fingerprints: {names}")
+    passed = not problems
+    summary = (f"{len(pushed)} served namespace(s), each with a single fingerprint" if passed
+               else f"{len(problems)} namespace(s) reused across incompatible settings")
+    return CheckResult("namespace_changed", "Namespace changed on incompatible change",
+                       "Change the release namespace before introducing a cache-incompatible deployment.",
+                       passed, summary, _capped(problems))
+
+
+# --- 4 --------------------------------------------------------------------------------------------------
+
+
+def check_salts_stable(now: datetime) -> CheckResult:
+    problems: list[str] = []
+    salts: dict[tuple[str, str], dict[str, tuple[str, int]]] = defaultdict(dict)
+    for node, version, document in _history(now):
+        for instance in (document or {}).get("instances", []):
+            for group in instance.get("request_groups", []):
+                key = (instance.get("tenant_id", ""), group.get("name", ""))
+                salts[key].setdefault(group.get("cache_salt", ""), (node, version))
+    for (tenant_id, name), values in sorted(salts.items()):
+        if len(values) > 1:
+            problems.append(f"request group {tenant_id}/{name} went to agents with {len(values)} different "
+                            "cache_salt values: its requests stopped reusing each other's prefixes")
+    changes = AuditEntry.objects.filter(object_type="tenants.requestgroup", action="update").order_by("timestamp")
+    for entry in changes:
+        before, after = entry.before or {}, entry.after or {}
+        if "cache_salt" in before and before.get("cache_salt") != after.get("cache_salt"):
+            problems.append(f"request group {entry.object_repr}: cache_salt changed at "
+                            f"{entry.timestamp:%Y-%m-%d %H:%M:%S} by {entry.actor_repr}")
+    groups = RequestGroup.objects.count()
+    passed = not problems
+    summary = (f"{groups} request group(s); every salt unchanged since it was first sent" if passed
+               else f"{len(problems)} salt change(s)")
+    return CheckResult("salts_stable", "Salts stable",
+                       "Keep cache_salt stable within a group that should benefit from prefix reuse.",
+                       passed, summary, _capped(problems))
+
+
+# --- 5 --------------------------------------------------------------------------------------------------
+
+
+def check_overlap_capacity(now: datetime) -> CheckResult:
+    from dashboard.rollout.upgrade import tenant_overlaps
+
+    overlaps = tenant_overlaps()
+    problems, fine = [], []
+    for overlap in overlaps:
+        pairs = ", ".join(f"{model}: {old} → {new}" for model, old, new in overlap.overlaps)
+        line = (f"tenant {overlap.quota.tenant_id} ({pairs}): occupancy {humanize_bytes(overlap.current_bytes)} + "
+                f"warm-up still to come {humanize_bytes(overlap.pending_bytes)} = "
+                f"{humanize_bytes(overlap.peak_bytes)} vs {overlap.quota.source} "
+                f"{humanize_bytes(overlap.quota.limit_bytes)}")
+        if overlap.quota.over_quota:
+            line += "; the master reports the tenant over quota"
+        (fine if overlap.fits else problems).append(line)
+    passed = not problems
+    if not overlaps:
+        summary = "no release overlap in progress"
+    elif passed:
+        summary = f"{len(overlaps)} tenant(s) with overlapping releases, all within quota"
+    else:
+        summary = f"{len(problems)} tenant(s) would exceed their quota while releases overlap"
+    return CheckResult("overlap_capacity", "Overlap capacity",
+                       "Account for duplicate cache occupancy while old and new releases overlap.",
+                       passed, summary, _capped(problems + fine))
+
+
+CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
+    check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
+)
+
+
+def run_checks(now: datetime | None = None) -> list[CheckResult]:
+    """Run every check in the seed's order."""
+    now = now or timezone.now()
+    return [check(now) for check in CHECKS]

@@ -1,0 +1,1 @@
+"""Getting configuration to nodes: config document push, rolling upgrades, release purges."""

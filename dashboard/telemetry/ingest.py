@@ -1,0 +1,311 @@
+"""Store what agents send on ``dashboard.ingest``: acks, occupancy reports, heartbeats.
+
+``ingest(messages)`` first checks who sent each message and that it is fresh (``dashboard.telemetry.agent_auth.check``:
+signature with the signing secret of the node it names, ``signed_at`` inside the replay window), then
+validates it (``agent.contract.messages.parse_ingest``, after ``dashboard.telemetry.compat.upgrade`` rewrote a report
+of an older schema) and, for acks and reports, that it is younger than the receipts
+kept (``agent_auth.check_horizon``). A refused message — unsigned, tampered, wrong node, replayed, invalid… —
+is logged with its reason and skipped, the rest of the batch is stored; refusals (and duplicates) are counted
+per reason in ``MessageRejection`` in the same transaction. The accepted messages are written in one
+transaction:
+
+* reports — the receipt row ``(node, sequence)`` is inserted with ``ON CONFLICT DO NOTHING RETURNING`` (SQLite
+  ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
+  workers racing) is stored once; samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
+  ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update);
+* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)``, then one conditional UPDATE
+  per new ack (all sent as one pipelined ``executemany``) moves its node's state forward (versions never move
+  back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and folded once);
+* heartbeats — the newest per node updates its ``NodeState``.
+
+Node state rows touched by a batch are locked in name order before they are written
+(``NodeState.objects.lock_in_name_order``, shared with the push), so ingest workers storing overlapping
+batches of many nodes at once (see ``dashboard.telemetry.drain``) cannot deadlock.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agent.contract.messages import Ack, Heartbeat, MessageError, Report, parse_ingest
+from dashboard.models import ConfigAck, NodeState, OccupancySample
+from dashboard.models import Report as ReportReceipt
+from dashboard.telemetry import compat
+from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
+
+log = logging.getLogger("kvpool.dashboard.ingest")
+
+#: Rows per INSERT statement for receipts and acks (6 / 10 parameters each; below SQLite's 32766 variables).
+RECEIPT_CHUNK = 1000
+#: Rows per INSERT statement for samples.
+SAMPLE_BATCH = 2000
+
+
+@dataclass
+class IngestResult:
+    """Counts of one ``ingest`` call.
+
+    ``rejected`` counts the messages refused, per reason of ``dashboard.telemetry.agent_auth.REASONS`` (``invalid`` and
+    ``duplicate`` included); ``invalid`` and ``duplicate_*`` are kept as their own counts too.
+    """
+
+    reports: int = 0
+    duplicate_reports: int = 0
+    samples: int = 0
+    acks: int = 0
+    duplicate_acks: int = 0
+    heartbeats: int = 0
+    invalid: int = 0
+    #: duplicates (reports and acks) per node they named
+    duplicate_nodes: Counter[str] = field(default_factory=Counter)
+    rejected: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready counts (the task's return value)."""
+        return {"reports": self.reports, "duplicate_reports": self.duplicate_reports, "samples": self.samples,
+                "acks": self.acks, "duplicate_acks": self.duplicate_acks, "heartbeats": self.heartbeats,
+                "invalid": self.invalid, "rejected": dict(self.rejected)}
+
+
+def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestResult:
+    """Verify, validate and store a batch of agent messages (dicts as decoded from JSON); see the module
+    docstring. ``now`` (default: the current time) is what the replay window and the receipt horizon are
+    measured from, and the receipts' ``received_at``."""
+    now = now or timezone.now()
+    messages = list(messages)
+    result = IngestResult()
+    tally = Tally("ingest", log)
+    keys = NodeKeys.for_messages(messages)
+    reports: list[Report] = []
+    acks: list[Ack] = []
+    heartbeats: list[Heartbeat] = []
+    for raw in messages:
+        try:
+            check(raw, keys, now)
+            try:
+                message = parse_ingest(compat.upgrade(raw))
+            except MessageError as exc:
+                raise Refused("invalid", str(exc)) from None
+            if isinstance(message, (Ack, Report)):
+                check_horizon(message, now)
+        except Refused as exc:
+            tally.refuse(raw, exc)
+            if exc.reason == "invalid":
+                result.invalid += 1
+            result.errors.append(f"{exc.reason}: {exc}")
+            continue
+        if isinstance(message, Report):
+            reports.append(message)
+        elif isinstance(message, Ack):
+            acks.append(message)
+        else:
+            heartbeats.append(message)
+    with transaction.atomic():
+        if acks and heartbeats:  # both update node states: lock all their rows first, in one order
+            NodeState.objects.lock_in_name_order([m.node for m in acks] + [m.node for m in heartbeats],
+                                                 only=["node_name"])
+        if reports:
+            store_reports(reports, now, result)
+        if acks:
+            store_acks(acks, now, result)
+        if heartbeats:
+            store_heartbeats(heartbeats, result)
+        duplicates = result.duplicate_reports + result.duplicate_acks
+        if duplicates:
+            log.info("ingest: %d report(s) and %d ack(s) already stored (re-delivered or replayed): ignored",
+                     result.duplicate_reports, result.duplicate_acks)
+            for node, n in sorted((+result.duplicate_nodes).items()):
+                tally.add("duplicate", node, "(node, sequence) already stored", n)
+        tally.record(now)
+    result.rejected = dict(tally.counts)
+    return result
+
+
+def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
+    """Insert receipt rows, returning the ``(node_name, sequence)`` pairs that were new."""
+    table = connection.ops.quote_name(ReportReceipt._meta.db_table)
+    columns = ("node_name", "sequence", "sent_at", "started_at", "applied_version", "received_at")
+    column_sql = ", ".join(connection.ops.quote_name(name) for name in columns)
+    inserted: set[tuple[str, int]] = set()
+    fields = [ReportReceipt._meta.get_field(name) for name in columns]
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), RECEIPT_CHUNK):
+            chunk = rows[start:start + RECEIPT_CHUNK]
+            placeholders = ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * len(chunk))
+            params: list[Any] = []
+            for row in chunk:
+                params.extend(f.get_db_prep_save(value, connection) for f, value in zip(fields, row))
+            cursor.execute(
+                f"INSERT INTO {table} ({column_sql}) VALUES {placeholders} "
+                f"ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
+                params,
+            )
+            inserted.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+    return inserted
+
+
+_SAMPLE_COLUMNS = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group",
+                   "blocks", "bytes", "max_bytes", "orphaned_bytes", "in_flight_requests", "puts", "gets",
+                   "hit_blocks", "miss_blocks", "evicted_blocks", "samples")
+
+
+def _insert_samples(rows: list[tuple]) -> None:
+    """Bulk-insert raw sample rows (tuples in ``_SAMPLE_COLUMNS`` order) in the current transaction.
+
+    PostgreSQL: one ``COPY ... FROM STDIN`` (psycopg 3) — the Django ORM spends ~100 µs per row preparing
+    parameters, COPY a few; other databases: ``bulk_create``.
+    """
+    if not rows:
+        return
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(OccupancySample._meta.db_table)
+        columns = ", ".join(connection.ops.quote_name(name) for name in _SAMPLE_COLUMNS)
+        with connection.cursor() as cursor, cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    OccupancySample.objects.bulk_create(
+        [OccupancySample(**dict(zip(_SAMPLE_COLUMNS, row))) for row in rows], batch_size=SAMPLE_BATCH)
+
+
+def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult) -> None:
+    """Store receipts and samples of reports not seen before; must run inside a transaction."""
+    unique: dict[tuple[str, int], Report] = {}
+    for report in reports:
+        unique.setdefault((report.node, report.sequence), report)
+    rows = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now) for r in unique.values()]
+    new_keys = _insert_receipts(rows)
+    result.duplicate_reports += len(reports) - len(new_keys)
+    result.duplicate_nodes.update(r.node for r in reports)
+    result.duplicate_nodes.subtract(node for node, _ in new_keys)
+    raw = OccupancySample.Level.RAW
+    samples = [
+        (raw, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace, row.request_group,
+         row.blocks, row.bytes, row.bytes, row.orphaned_bytes, row.in_flight_requests, row.puts, row.gets,
+         row.hit_blocks, row.miss_blocks, row.evicted_blocks, 1)
+        for report in (unique[key] for key in new_keys) for row in report.scopes
+    ]
+    _insert_samples(samples)
+    result.reports += len(new_keys)
+    result.samples += len(samples)
+
+
+_HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",
+                     "outbox_dropped", "applied_version", "applied_digest", "applied_seen_at"]
+
+
+_ACK_COLUMNS = ("node_name", "sequence", "version", "digest", "status", "reason", "error", "applied_version",
+                "sent_at", "received_at")
+
+# One statement folds one ack into its node's state; every CASE reads the row as it was before the statement.
+# Applied: acked_* move forward only. Rejected: recorded with its reason; a stale/version_conflict rejection
+# from an agent already at or above the dashboard's counter (a restored database) raises version_floor so the
+# next document outnumbers it. Both: applied_* follow the newest message that reported them.
+_ACK_UPDATE = """
+UPDATE {table} SET
+  acked_version = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(version)s ELSE acked_version END,
+  acked_digest = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(digest)s ELSE acked_digest END,
+  acked_at = CASE WHEN %(applied)s AND %(version)s >= acked_version THEN %(sent_at)s ELSE acked_at END,
+  rejected_version = CASE WHEN %(applied)s THEN rejected_version ELSE %(version)s END,
+  rejection_reason = CASE WHEN %(applied)s THEN rejection_reason ELSE %(reason)s END,
+  rejection_error = CASE WHEN %(applied)s THEN rejection_error ELSE %(error)s END,
+  rejected_at = CASE WHEN %(applied)s THEN rejected_at ELSE %(sent_at)s END,
+  version_floor = CASE WHEN %(raises_floor)s AND %(applied_version)s >= desired_version
+                            AND %(applied_version)s > version_floor
+                       THEN %(applied_version)s ELSE version_floor END,
+  applied_version = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                         THEN %(applied_version)s ELSE applied_version END,
+  applied_digest = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                        THEN %(applied_digest)s ELSE applied_digest END,
+  applied_seen_at = CASE WHEN applied_seen_at IS NULL OR %(sent_at)s >= applied_seen_at
+                         THEN %(sent_at)s ELSE applied_seen_at END
+WHERE node_name = %(node)s
+"""
+
+
+def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
+    """Store acks not seen before and fold each into its node's state (``_ACK_UPDATE``); must run inside a
+    transaction.
+
+    The ack rows go in with one ``INSERT ... ON CONFLICT (node_name, sequence) DO NOTHING RETURNING`` per
+    ``RECEIPT_CHUNK``; only the acks that were new are folded (a re-delivered ack changes nothing), in
+    ``(node, sequence)`` order, as one ``executemany`` of ``_ACK_UPDATE`` (one round trip on PostgreSQL:
+    psycopg 3 pipelines it). Duplicates are counted in ``duplicate_acks``.
+    """
+    ops = connection.ops
+    table = ops.quote_name(ConfigAck._meta.db_table)
+    when = ops.adapt_datetimefield_value
+    update = _ACK_UPDATE.format(table=ops.quote_name(NodeState._meta.db_table))
+    unique: dict[tuple[str, int], Ack] = {}
+    for ack in acks:
+        unique.setdefault((ack.node, ack.sequence), ack)
+    items = list(unique.values())
+    new_keys: set[tuple[str, int]] = set()
+    NodeState.objects.lock_in_name_order((node for node, _ in unique), only=["node_name"])
+    with connection.cursor() as cursor:
+        for start in range(0, len(items), RECEIPT_CHUNK):
+            chunk = items[start:start + RECEIPT_CHUNK]
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(map(ops.quote_name, _ACK_COLUMNS))}) VALUES "
+                + ", ".join(["(" + ", ".join(["%s"] * len(_ACK_COLUMNS)) + ")"] * len(chunk))
+                + " ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
+                [value for a in chunk for value in (a.node, a.sequence, a.version, a.digest or "", a.status,
+                                                     a.reason, a.error, a.applied_version, when(a.sent_at),
+                                                     when(now))],
+            )
+            new_keys.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+        fresh = [unique[key] for key in sorted(new_keys)]
+        params = []
+        for ack in fresh:
+            applied = ack.status == "applied"
+            params.append({"applied": applied, "version": ack.version, "digest": ack.digest or "",
+                           "sent_at": when(ack.sent_at), "reason": ack.reason, "error": ack.error,
+                           "raises_floor": not applied and ack.reason in {"stale", "version_conflict"},
+                           "applied_version": ack.applied_version, "applied_digest": ack.applied_digest,
+                           "node": ack.node})
+            if not applied:
+                log.warning("node %s rejected config version %s: %s: %s", ack.node, ack.version, ack.reason,
+                            ack.error)
+        if params:
+            cursor.executemany(update, params)
+    result.acks += len(fresh)
+    result.duplicate_acks += len(acks) - len(fresh)
+    result.duplicate_nodes.update(a.node for a in acks)
+    result.duplicate_nodes.subtract(a.node for a in fresh)
+
+
+def _observe_applied(state: NodeState, at: datetime, version: int, digest: str) -> None:
+    """Take the agent's applied version/digest from a message unless a newer message already reported it."""
+    if state.applied_seen_at is None or at >= state.applied_seen_at:
+        state.applied_version = version
+        state.applied_digest = digest
+        state.applied_seen_at = at
+
+
+def store_heartbeats(heartbeats: Sequence[Heartbeat], result: IngestResult) -> None:
+    """Update each node's liveness from its newest heartbeat; must run inside a transaction."""
+    newest: dict[str, Heartbeat] = {}
+    for heartbeat in heartbeats:
+        if heartbeat.node not in newest or heartbeat.sent_at > newest[heartbeat.node].sent_at:
+            newest[heartbeat.node] = heartbeat
+    states = NodeState.objects.lock_in_name_order(newest)
+    for node, hb in newest.items():
+        state = states[node]
+        if state.heartbeat_at is None or hb.sent_at >= state.heartbeat_at:
+            state.heartbeat_at = hb.sent_at
+            state.agent_started_at = hb.started_at
+            state.agent_hostname = hb.hostname[:255]
+            state.agent_pid = hb.pid
+            state.outbox_pending = hb.outbox_pending
+            state.outbox_dropped = hb.outbox_dropped
+        _observe_applied(state, hb.sent_at, hb.applied_version, hb.applied_digest)
+    NodeState.objects.save_fields(states.values(), _HEARTBEAT_FIELDS)
+    result.heartbeats += len(heartbeats)

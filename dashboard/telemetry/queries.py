@@ -1,0 +1,288 @@
+"""Read-side queries shared by the pages, the live checks and the rolling upgrade (no HTTP here).
+
+* ``occupancy_series(window, filters)`` — bytes per release namespace over time from ``OccupancySample``
+  (raw rows and the 1-minute / 1-hour rollups together: each time is held by exactly one level, because a
+  rollup deletes the rows it folds), bucketed for the chart, plus per-release summary numbers (latest,
+  average, peak bytes, hit ratio over the window, in-flight requests).
+* ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
+* ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
+
+Series and current occupancy are per release: keyed by the release's ``agent.contract.scope.CacheScope``
+(``CacheScope.release_scope()``: ``request_group`` ""), its request groups summed unless a filter selects one.
+Sizes are bytes, times timezone-aware UTC.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.models import Max
+from django.utils import timezone
+
+from agent.contract.scope import CacheScope
+from dashboard.models import MasterQuotaSample, OccupancySample
+
+#: Window name -> (length in seconds, bucket width in seconds). 15 minutes ... 30 days, 30-120 buckets each.
+WINDOWS: dict[str, tuple[int, int]] = {
+    "15m": (15 * 60, 30),
+    "1h": (3600, 60),
+    "6h": (6 * 3600, 300),
+    "24h": (86400, 900),
+    "7d": (7 * 86400, 7200),
+    "30d": (30 * 86400, 21600),
+}
+WINDOW_LABELS: dict[str, str] = {
+    "15m": "15 minutes", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days", "30d": "30 days",
+}
+DEFAULT_WINDOW = "1h"
+
+#: Seconds a node's newest sample may be old and still count as "current" occupancy.
+CURRENT_WINDOW_SECONDS = 15 * 60
+
+
+@dataclass(frozen=True)
+class OccupancyFilter:
+    """Which samples to include (the fields of ``CacheScope``); an empty string means "all"."""
+
+    tenant_id: str = ""
+    served_model_name: str = ""
+    namespace: str = ""
+    request_group: str = ""
+
+    def apply(self, queryset):
+        """``queryset`` of ``OccupancySample`` narrowed to this filter."""
+        for name in CacheScope._fields:
+            value = getattr(self, name)
+            if value:
+                queryset = queryset.filter(**{name: value})
+        return queryset
+
+    def as_params(self) -> dict[str, str]:
+        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out)."""
+        names = {"tenant_id": "tenant", "served_model_name": "model", "namespace": "release", "request_group": "group"}
+        return {param: getattr(self, attr) for attr, param in names.items() if getattr(self, attr)}
+
+
+@dataclass
+class SeriesSummary:
+    """One release's line of the chart and its numbers over the window (bytes; ratio in [0, 1] or None)."""
+
+    key: CacheScope
+    data: list[int | None]
+    latest_bytes: int | None = None
+    average_bytes: int | None = None
+    peak_bytes: int | None = None
+    hit_blocks: int = 0
+    miss_blocks: int = 0
+    in_flight_requests: int = 0
+    #: Bytes of cached blocks whose prefix parent is gone (unreachable by a prefix lookup), newest per node.
+    orphaned_bytes: int = 0
+
+    @property
+    def label(self) -> str:
+        """``tenant/model/namespace`` (the chart's series label)."""
+        return self.key.label
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Hit blocks / (hit + miss blocks) counted during the window; None without lookups."""
+        total = self.hit_blocks + self.miss_blocks
+        return self.hit_blocks / total if total else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label, **self.key._asdict(), "data": self.data, "latest_bytes": self.latest_bytes,
+            "average_bytes": self.average_bytes,
+            "peak_bytes": self.peak_bytes, "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
+            "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
+            "orphaned_bytes": self.orphaned_bytes,
+        }
+
+
+@dataclass
+class OccupancySeries:
+    """Bucketed bytes per release: ``buckets`` (bucket starts), one ``SeriesSummary`` per release."""
+
+    window: str
+    bucket_seconds: int
+    start: datetime
+    end: datetime
+    buckets: list[datetime]
+    series: list[SeriesSummary] = field(default_factory=list)
+
+    def totals(self) -> list[int | None]:
+        """Stacked total per bucket (None where no release has data)."""
+        out: list[int | None] = []
+        for index in range(len(self.buckets)):
+            values = [s.data[index] for s in self.series if s.data[index] is not None]
+            out.append(sum(values) if values else None)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form served by the occupancy data endpoint."""
+        return {
+            "window": self.window,
+            "bucket_seconds": self.bucket_seconds,
+            "start": self.start.isoformat(),
+            "end": self.end.isoformat(),
+            "labels": [bucket.isoformat() for bucket in self.buckets],
+            "timestamps_ms": [int(bucket.timestamp() * 1000) for bucket in self.buckets],
+            "series": [s.as_dict() for s in self.series],
+            "totals": self.totals(),
+        }
+
+
+def _floor(ts: datetime, seconds: int) -> datetime:
+    epoch = int(ts.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=ts.tzinfo or UTC)
+
+
+def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
+                     now: datetime | None = None) -> OccupancySeries:
+    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed.
+
+    In each bucket, a node's value for one scope (release and request group) is the sample-weighted average of
+    its rows in that bucket (rollup rows weigh ``samples``); a release's value is the sum of those over nodes and
+    request groups; ``None`` when no row of the release fell in the bucket. Hit and miss blocks count the
+    increases of the agents' cumulative counters between consecutive rows (a decrease is an agent restart:
+    the new value counts from zero). Raises ``KeyError`` for an unknown window.
+    """
+    length, width = WINDOWS[window]
+    filters = filters or OccupancyFilter()
+    end = now or timezone.now()
+    start = _floor(end - timedelta(seconds=length), width)
+    count = int((end - start).total_seconds() // width) + 1
+    buckets = [start + timedelta(seconds=width * i) for i in range(count)]
+    rows = (
+        filters.apply(OccupancySample.objects.filter(ts__gte=start, ts__lte=end))
+        .order_by("ts", "id")
+        .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
+                     "samples", "hit_blocks", "miss_blocks", "in_flight_requests", "orphaned_bytes")
+    )
+    # (bucket, node, scope) -> [weighted bytes, samples]; the series are per release (scope.release_scope())
+    cells: dict[tuple[int, str, CacheScope], list[int]] = defaultdict(lambda: [0, 0])
+    last_counters: dict[tuple[str, CacheScope], tuple[int, int]] = {}
+    hits: dict[CacheScope, list[int]] = defaultdict(lambda: [0, 0])
+    in_flight: dict[tuple[str, CacheScope], int] = {}
+    orphaned: dict[tuple[str, CacheScope], int] = {}
+    keys: set[CacheScope] = set()
+    for ts, node, tenant_id, model, namespace, group, size, samples, hit, miss, flight, orphan in rows:
+        scope = CacheScope(tenant_id, model, namespace, group)
+        key = scope.release_scope()
+        keys.add(key)
+        index = min(int((ts - start).total_seconds() // width), count - 1)
+        weight = max(samples, 1)
+        cell = cells[(index, node, scope)]
+        cell[0] += size * weight
+        cell[1] += weight
+        counter_key = (node, scope)
+        previous = last_counters.get(counter_key)
+        if previous is not None:
+            hits[key][0] += hit - previous[0] if hit >= previous[0] else hit
+            hits[key][1] += miss - previous[1] if miss >= previous[1] else miss
+        last_counters[counter_key] = (hit, miss)
+        in_flight[counter_key] = flight
+        orphaned[counter_key] = orphan
+    sums: dict[CacheScope, list[int | None]] = {key: [None] * count for key in keys}
+    for (index, _node, scope), (weighted, samples) in cells.items():
+        key = scope.release_scope()
+        current = sums[key][index] or 0
+        sums[key][index] = current + round(weighted / samples)
+    series = []
+    for key in sorted(keys):
+        data = sums[key]
+        present = [value for value in data if value is not None]
+        summary = SeriesSummary(
+            key=key, data=data,
+            latest_bytes=next((value for value in reversed(data) if value is not None), None),
+            average_bytes=round(sum(present) / len(present)) if present else None,
+            peak_bytes=max(present) if present else None,
+            hit_blocks=hits[key][0], miss_blocks=hits[key][1],
+            in_flight_requests=sum(v for (_node, scope), v in in_flight.items() if scope.release_scope() == key),
+            orphaned_bytes=sum(v for (_node, scope), v in orphaned.items() if scope.release_scope() == key),
+        )
+        series.append(summary)
+    return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,
+                           series=series)
+
+
+@dataclass
+class ReleaseNow:
+    """Current occupancy of one release (its ``CacheScope.release_scope()``): sums over nodes of each node's
+    newest raw sample (bytes).
+
+    ``by_node`` maps node name -> bytes; ``by_group`` request group name -> bytes; ``hit_blocks`` /
+    ``miss_blocks`` are the agents' counters since they started.
+    """
+
+    key: CacheScope
+    bytes: int = 0
+    blocks: int = 0
+    in_flight_requests: int = 0
+    hit_blocks: int = 0
+    miss_blocks: int = 0
+    newest: datetime | None = None
+    by_node: dict[str, int] = field(default_factory=dict)
+    by_group: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.key.label
+
+    @property
+    def hit_ratio(self) -> float | None:
+        total = self.hit_blocks + self.miss_blocks
+        return self.hit_blocks / total if total else None
+
+
+def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime | None = None,
+                      max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[CacheScope, ReleaseNow]:
+    """Per release (keyed by its ``CacheScope.release_scope()``), the sum over nodes of each node's newest raw
+    sample of it (not older than ``max_age_seconds``). A node that stopped reporting longer ago drops out."""
+    now = now or timezone.now()
+    filters = filters or OccupancyFilter()
+    base = filters.apply(OccupancySample.objects.filter(
+        level=OccupancySample.Level.RAW, ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
+    newest = {
+        (row["node_name"], row["tenant_id"], row["served_model_name"], row["namespace"]): row["newest"]
+        for row in base.values("node_name", "tenant_id", "served_model_name", "namespace").annotate(newest=Max("ts"))
+    }
+    result: dict[CacheScope, ReleaseNow] = {}
+    if not newest:
+        return result
+    rows = base.filter(ts__in=set(newest.values())).values_list(
+        "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes", "blocks",
+        "in_flight_requests", "hit_blocks", "miss_blocks")
+    for ts, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in rows:
+        if newest.get((node, tenant_id, model, namespace)) != ts:
+            continue
+        key = CacheScope(tenant_id, model, namespace)
+        entry = result.setdefault(key, ReleaseNow(key=key))
+        entry.bytes += size
+        entry.blocks += blocks
+        entry.in_flight_requests += flight
+        entry.hit_blocks += hit
+        entry.miss_blocks += miss
+        entry.by_node[node] = entry.by_node.get(node, 0) + size
+        entry.by_group[group] = entry.by_group.get(group, 0) + size
+        entry.newest = ts if entry.newest is None or ts > entry.newest else entry.newest
+    return result
+
+
+def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
+    """Sum of ``current_occupancy`` per tenant_id."""
+    totals: dict[str, int] = defaultdict(int)
+    for key, entry in occupancy.items():
+        totals[key.tenant_id] += entry.bytes
+    return dict(totals)
+
+
+def latest_master_quotas() -> dict[str, MasterQuotaSample]:
+    """tenant_id -> the newest ``MasterQuotaSample`` (the master's requested/effective/charged bytes)."""
+    newest = dict(MasterQuotaSample.objects.values("tenant_id").annotate(ts=Max("ts")).values_list("tenant_id", "ts"))
+    if not newest:
+        return {}
+    rows = MasterQuotaSample.objects.filter(tenant_id__in=list(newest), ts__in=set(newest.values()))
+    return {row.tenant_id: row for row in rows if newest.get(row.tenant_id) == row.ts}

@@ -1,0 +1,1 @@
+"""Tests of agent.engines (real engine observers) against recorded vLLM captures."""
