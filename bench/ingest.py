@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -55,9 +56,12 @@ def private_database(server_url: str, prefix: str = "kvpool_bench") -> Iterator[
 
 
 def setup_django(database_url: str, **env: str) -> None:
-    """Point Django at ``database_url``, set it up and apply migrations quietly."""
+    """Point Django at ``database_url``, set it up and apply migrations quietly (with a throwaway secret key
+    unless ``DJANGO_SECRET_KEY`` is set: the settings need one outside DEBUG; the processes a bench starts inherit
+    it)."""
     os.environ["DATABASE_URL"] = database_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+    os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
     os.environ.update(env)
     import django
     from django.core.management import call_command

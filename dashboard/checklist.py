@@ -21,6 +21,30 @@ Seed (KV Cache Sharing and Isolation, "Operational Checklist"), in order:
    every tenant with an upgrade under way, current occupancy + what the warming releases still need to reach
    their old release's size fits the tenant's effective quota, and the master does not report it over quota.
 
+Then the real engines (from the per-instance facts of the agents' reports, ``dashboard.models.InstanceStats``):
+
+6. ``engines_hash_registered`` — *Engines hash as registered*: no observed engine instance stores blocks that do
+   not hash under its release's settings (``hash_mismatch``).
+7. ``blocks_registered`` — *Every stored block belongs to a registered request group*: no unregistered salt or
+   adapter (``unknown_salt``, ``unknown_adapter``) and no Store writes from engines of no instance of the node's
+   config (``unknown_topic_blocks``).
+8. ``engine_events_flow`` — *Engines' events reach their agent*: every observed engine answers its ``/metrics``,
+   one that serves requests sends KV events, and none were lost (``seq_gaps``) or garbled.
+
+And the pool's capacity:
+
+9. ``quota_capacity`` — *Applying a Mooncake quota to each logical tenant.* (seed overview): every tenant gets
+   the quota it requests. From the newest master read-back of each tenant: the effective quota is not below the
+   requested one (the master scales every quota down when the requested total exceeds the mounted memory —
+   ``tenants.capacity``) and not below what the tenant is charged (the master then refuses its writes).
+
+And the faults (``bench.faults``):
+
+10. ``master_healthy`` — the Mooncake master answers its ``/metrics`` probe and did not restart within
+    ``KVPOOL_MASTER_RESTART_FLAG_SECONDS`` (``dashboard.master.health``).
+11. ``nodes_reporting`` — every registered node's agent sent a heartbeat within
+    ``KVPOOL_HEARTBEAT_SILENCE_SECONDS``.
+
 Each check reads the database only (registry, config versions, node states, telemetry, audit log).
 """
 from __future__ import annotations
@@ -31,10 +55,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Max
 from django.utils import timezone
 
 from agent.contract.keys import sglang_model_component
-from dashboard.models import ConfigVersion, NodeState, OccupancySample
+from dashboard.models import ConfigVersion, InstanceStats, NodeState, OccupancySample, Report
 from tenants.choices import Engine, ReleaseState
 from tenants.models import (
     AuditEntry,
@@ -333,8 +358,223 @@ def check_overlap_capacity(now: datetime) -> CheckResult:
                        passed, summary, _capped(problems + fine))
 
 
+# --- real engines --------------------------------------------------------------------------------------------
+
+#: An engine that answered prefix-cache queries but sent no KV event for this long fails ``engine_events_flow``.
+ENGINE_EVENTS_SILENCE_SECONDS = 120
+
+
+def _where(row: InstanceStats) -> str:
+    scope = "/".join(part or "-" for part in (row.tenant_id, row.served_model_name, row.namespace))
+    return f"instance {row.instance_id} on node {row.node_name} ({scope})"
+
+
+def _observed_engines() -> list[InstanceStats]:
+    """Engine facts of the instances in the documents the agents run (rows of instances that left are ignored)."""
+    applied = applied_instances()
+    return [row for row in InstanceStats.objects.order_by("node_name", "instance_id")
+            if (row.node_name, row.instance_id) in applied]
+
+
+def check_engines_hash_registered(now: datetime) -> CheckResult:
+    """Fail for every observed engine instance whose Store blocks do not hash as the registry says (its release's
+    ``hash_algo``, ``PYTHONHASHSEED``, block size, request group salts): the agent cannot account for them."""
+    rows = _observed_engines()
+    problems = [f"{_where(row)}: {row.hash_mismatch} of {row.blocks_seen} Store block(s) hash differently from "
+                "the release's settings (hash algorithm, PYTHONHASHSEED, block size): the engine runs with values "
+                "the registry does not know; restart it from its instance directory" for row in rows
+                if row.hash_mismatch > 0]
+    passed = not problems
+    blocks = sum(row.attributed for row in rows)
+    if not rows:
+        summary = "no engine instance reports Store writes yet"
+    elif passed:
+        summary = f"{len(rows)} engine instance(s): all {blocks} attributed Store block(s) hash as registered"
+    else:
+        summary = f"{len(problems)} engine instance(s) hash differently from their release"
+    return CheckResult("engines_hash_registered", "Engines hash as registered",
+                       "Keep model and release fields identical across compatible prefill, decode, and replica "
+                       "instances.", passed, summary, _capped(problems))
+
+
+def check_blocks_registered(now: datetime) -> CheckResult:
+    """Fail when engines store blocks that belong to no registered request group (an unregistered or per-request
+    ``cache_salt``, an unregistered LoRA adapter) or when an agent receives Store writes from an engine of no
+    instance of its document (``Report.unknown_topic_blocks`` of each node's newest report)."""
+    problems: list[str] = []
+    rows = _observed_engines()
+    for row in rows:
+        if row.unknown_salt:
+            problems.append(f"{_where(row)}: {row.unknown_salt} Store block(s) with a cache_salt of no registered "
+                            "request group (a random salt per request stores blocks nothing can reuse)")
+        if row.unknown_adapter:
+            problems.append(f"{_where(row)}: {row.unknown_adapter} Store block(s) of a LoRA adapter the release "
+                            "does not list")
+    newest = dict(Report.objects.values("node_name").annotate(ts=Max("sent_at")).values_list("node_name", "ts"))
+    receipts = Report.objects.filter(sent_at__in=set(newest.values()), unknown_topic_blocks__gt=0)
+    for receipt in receipts.order_by("node_name"):
+        if newest.get(receipt.node_name) == receipt.sent_at:
+            problems.append(f"node {receipt.node_name}: {receipt.unknown_topic_blocks} Store block(s) in "
+                            f"{receipt.unknown_topic_messages} KV-event message(s) from engines of no instance of its "
+                            "config (an engine started by hand, or with another instance's topic)")
+    passed = not problems
+    attributed = sum(row.attributed for row in rows)
+    summary = (f"{attributed} Store block(s) of {len(rows)} engine instance(s), every one in a registered request "
+               "group" if passed else f"{len(problems)} source(s) of Store blocks outside the registry")
+    return CheckResult("blocks_registered", "Every stored block belongs to a registered request group",
+                       "Avoid generating a random salt for every request unless disabling cross-request reuse is "
+                       "intentional.", passed, summary, _capped(problems))
+
+
+def check_engine_events_flow(now: datetime) -> CheckResult:
+    """Fail for an observed vLLM instance whose engine has not answered its ``/metrics`` since it is observed, that
+    answered prefix-cache queries but sent no KV event, both for over ``ENGINE_EVENTS_SILENCE_SECONDS``, or whose
+    event stream lost or garbled messages (``seq_gaps``, ``decode_errors``): the ledger then misses Store blocks.
+    (Agents that run ``--simulate-engines`` observe no engine and report none.)"""
+    problems: list[str] = []
+    silence = timedelta(seconds=ENGINE_EVENTS_SILENCE_SECONDS)
+    rows = _observed_engines()
+    for row in rows:
+        where = _where(row)
+        age = int((now - row.observed_since).total_seconds())
+        if now - row.observed_since > silence:
+            if row.metrics_scrapes == 0 and row.metrics_errors > 0:
+                problems.append(f"{where}: its engine has not answered /metrics for {age} s "
+                                f"({row.metrics_error or 'no answer'}): not started, or not on its port")
+            elif row.messages == 0 and row.prefix_cache_queries > 0:
+                problems.append(f"{where}: the engine served {row.prefix_cache_queries} prompt token(s) but no "
+                                f"KV event reached the agent in {age} s (check the engine's --kv-events-config "
+                                "endpoint against the node's KV events port)")
+        if row.seq_gaps:
+            problems.append(f"{where}: {row.seq_gaps} KV-event message(s) lost (sequence gaps): Store blocks are "
+                            "missing from the agent's ledger")
+        if row.decode_errors:
+            problems.append(f"{where}: {row.decode_errors} malformed KV-event message(s) dropped "
+                            f"({row.last_error or 'no detail'})")
+    passed = not problems
+    if not rows:
+        summary = "no engine instance observed"
+    elif passed:
+        summary = f"{len(rows)} observed engine instance(s), their events complete"
+    else:
+        summary = f"{len(problems)} problem(s) with engine events"
+    return CheckResult("engine_events_flow", "Engines' events reach their agent", "", passed, summary,
+                       _capped(problems))
+
+
+# --- pool capacity ---------------------------------------------------------------------------------------------
+
+
+def check_quota_capacity(now: datetime) -> CheckResult:
+    """Fail when a tenant's effective quota (newest master read-back) is below its requested quota or below its
+    charged bytes; say so when the master was never read back. Only the newest sampling round counts: a tenant
+    missing from it is one the master no longer holds."""
+    from dashboard.telemetry.queries import latest_master_quotas
+
+    samples = latest_master_quotas()
+    if samples:
+        newest = max(sample.ts for sample in samples.values())
+        samples = {tenant_id: sample for tenant_id, sample in samples.items() if sample.ts == newest}
+    problems, fine = [], []
+    for tenant_id, sample in sorted(samples.items()):
+        at = f"(master read-back {sample.ts:%Y-%m-%d %H:%M:%S} UTC)"
+        requested, effective, charged = (sample.requested_quota_bytes, sample.effective_quota_bytes,
+                                         sample.charged_bytes)
+        if effective < requested:
+            problems.append(f"tenant {tenant_id}: effective quota {humanize_bytes(effective)} is below the requested "
+                            f"{humanize_bytes(requested)}: the requested quotas exceed the pool's mounted memory, so "
+                            f"the master scaled them down {at}")
+        if effective < charged:
+            problems.append(f"tenant {tenant_id}: charged {humanize_bytes(charged)} is above its effective quota "
+                            f"{humanize_bytes(effective)}: the master refuses its writes until eviction frees "
+                            f"space {at}")
+        if effective >= requested and effective >= charged:
+            fine.append(f"tenant {tenant_id}: requested {humanize_bytes(requested)}, effective "
+                        f"{humanize_bytes(effective)}, charged {humanize_bytes(charged)} {at}")
+    registry = set(Tenant.objects.values_list("tenant_id", flat=True))
+    unsampled = sorted(registry - set(samples))
+    passed = not problems
+    if not samples:
+        summary = "no read-back from the Mooncake master yet: effective quotas unknown"
+    elif passed:
+        summary = f"{len(samples)} tenant(s) get their requested quota and are charged within it"
+    else:
+        summary = f"{len(problems)} quota problem(s): effective below requested or below charged"
+    details = problems + fine + [f"tenant {tenant_id}: no read-back from the master yet" for tenant_id in unsampled]
+    return CheckResult("quota_capacity", "Quotas fit the pool",
+                       "Applying a Mooncake quota to each logical tenant.", passed, summary, _capped(details))
+
+
+# --- faults: the master and the agents ------------------------------------------------------------------------
+
+
+def check_master_healthy(now: datetime) -> CheckResult:
+    """Fail while the newest master probe (``dashboard.master.health``) could not read the master, when no probe
+    ran for ``3 * KVPOOL_MASTER_PROBE_SECONDS`` (at least 15 s) since the first one, and for
+    ``KVPOOL_MASTER_RESTART_FLAG_SECONDS`` after a detected restart (every object of the pool was lost; the agents'
+    ledgers follow within seconds)."""
+    from django.conf import settings
+
+    from dashboard.master.health import current_health
+
+    row = current_health()
+    interval = settings.CELERY_BEAT_SCHEDULE.get("probe-master", {}).get("schedule", 5)
+    stale_after = timedelta(seconds=max(15, 3 * float(interval)))
+    problems: list[str] = []
+    if row.checked_at is not None and now - row.checked_at > stale_after:
+        problems.append(f"no master probe for {int((now - row.checked_at).total_seconds())} s (is the dashboard's "
+                        "Celery beat running?)")
+    if row.checked_at is not None and not row.up:
+        since = row.down_since or row.checked_at
+        problems.append(f"the master is down since {since:%Y-%m-%d %H:%M:%S} UTC: {row.last_error}")
+    flag = timedelta(seconds=settings.KVPOOL_MASTER_RESTART_FLAG_SECONDS)
+    if row.last_restart_at is not None and now - row.last_restart_at <= flag:
+        problems.append(f"{row.last_restart_reason} at {row.last_restart_at:%Y-%m-%d %H:%M:%S} UTC: every object "
+                        "in the pool was lost; agents drop the lost blocks from their ledgers at their next Store "
+                        "probe")
+    passed = not problems
+    if row.checked_at is None:
+        summary = "the master was not probed yet (the dashboard's Celery beat probes it)"
+    elif passed:
+        summary = (f"master up, {row.key_count} key(s), {humanize_bytes(row.capacity_bytes or 0)} mounted; "
+                   f"{row.restarts} restart(s) seen")
+    else:
+        summary = "; ".join(problems)[:300]
+    return CheckResult("master_healthy", "Master up, no recent restart",
+                       "Mooncake master: a restart without HA loses every cached object.", passed, summary,
+                       _capped(problems))
+
+
+def check_nodes_reporting(now: datetime) -> CheckResult:
+    """Fail for every registered node whose agent sent no heartbeat for ``KVPOOL_HEARTBEAT_SILENCE_SECONDS``
+    (agent down, broker stalled, dashboard worker stopped: its outbox keeps the messages until they go through)."""
+    from django.conf import settings
+
+    from tenants.models import Node
+
+    silence = timedelta(seconds=settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS)
+    states = {s.node_name: s for s in NodeState.objects.all()}
+    problems: list[str] = []
+    nodes = list(Node.objects.order_by("name").values_list("name", flat=True))
+    for name in nodes:
+        state = states.get(name)
+        if state is None or state.heartbeat_at is None:
+            continue  # never heard from: pd_identical says so
+        age = now - state.heartbeat_at
+        if age > silence:
+            problems.append(f"node {name}: no heartbeat for {int(age.total_seconds())} s (agent stopped, or the "
+                            f"broker or the dashboard worker stalled; outbox had {state.outbox_pending} message(s) "
+                            "pending)")
+    passed = not problems
+    summary = (f"{len(nodes)} node(s), every agent heard from within "
+               f"{settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS} s" if passed else f"{len(problems)} silent node(s)")
+    return CheckResult("nodes_reporting", "Agents reporting", "", passed, summary, _capped(problems))
+
+
 CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
     check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
+    check_engines_hash_registered, check_blocks_registered, check_engine_events_flow, check_quota_capacity,
+    check_master_healthy, check_nodes_reporting,
 )
 
 

@@ -7,8 +7,9 @@ module such as ``demo.settings``, ``override_settings``) and at relations betwee
 parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings (``kvpool.W…``) are printed.
 
 =============  ===========================================================================================
-``E001``       a ``KVPOOL_*`` duration or size is missing or not an integer
-``E002``       a ``KVPOOL_*`` duration or size is below its minimum (seconds positive, sizes non-negative)
+``E001``       a ``KVPOOL_*`` duration, size or request limit is missing or not an integer
+``E002``       a ``KVPOOL_*`` duration, size or request limit is below its minimum (seconds positive, sizes
+               non-negative, request bodies at least 64 KiB, JSON depth at least 8)
 ``E003``       rollup ages not increasing: raw-after < minute-after < retention
 ``E004``       ``CELERY_BROKER_URL`` is not a ``redis://``/``rediss://`` URL with a host and a numeric database
 ``E005``       ``KVPOOL_MASTER_ADMIN_URL`` is not ``http(s)://host:port`` (no path, query or fragment)
@@ -20,6 +21,8 @@ parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings 
 ``E011``       ``KVPOOL_MASTER_SYNC`` is not a boolean
 ``E012``       ``KVPOOL_METRICS_TOKEN`` is not a string, or holds whitespace (unusable in a Bearer header)
 ``E013``       a Celery beat period or the broker's ``visibility_timeout`` is not a positive number
+``E014``       ``SECRET_KEY`` is empty or the development key while ``DEBUG`` is off
+``E015``       ``SECURE_PROXY_SSL_HEADER`` is not ``("HTTP_<HEADER>", "<value>")``
 ``W001``       ``KVPOOL_STORE_PROTOCOL`` is neither ``tcp`` nor ``rdma``
 ``W002``       ``KVPOOL_PUSH_EXPIRES_SECONDS`` < ``KVPOOL_REPUSH_AFTER_SECONDS``
 ``W003``       ``KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS`` > ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``
@@ -62,7 +65,12 @@ _INTEGERS: dict[str, int] = {
     "KVPOOL_AGENT_CLOCK_SKEW_SECONDS": 0,
     "KVPOOL_GLOBAL_SEGMENT_SIZE": 0,
     "KVPOOL_LOCAL_BUFFER_SIZE": 0,
+    "KVPOOL_MAX_REQUEST_BYTES": 64 << 10,
+    "KVPOOL_MAX_JSON_DEPTH": 8,
 }
+
+#: Unit of each integer setting in messages, by the end of its name (seconds otherwise).
+_UNITS = {"_SIZE": "bytes", "_BYTES": "bytes", "_DEPTH": "levels"}
 
 #: Ratio settings (checked to lie in (0, 1]); none today.
 _RATIOS: tuple[str, ...] = ()
@@ -92,7 +100,8 @@ def _integer(name: str) -> int | None:
 
 @checks.register(TAG)
 def check_integer_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    """E001/E002: every duration (seconds) and Store size (bytes) is an integer at or above its minimum;
+    """E001/E002: every duration (seconds), Store size (bytes) and request limit (bytes, JSON levels) is an
+    integer at or above its minimum;
     ratios (none today) lie in (0, 1]."""
     errors: list[checks.CheckMessage] = []
     for name, minimum in _INTEGERS.items():
@@ -102,7 +111,7 @@ def check_integer_settings(app_configs=None, **kwargs) -> list[checks.CheckMessa
                 f"{name} must be an integer, not {getattr(settings, name, None)!r}.",
                 hint=_hint_env(name, max(minimum, 1) * 60), obj=name, id="kvpool.E001"))
         elif value < minimum:
-            unit = "bytes" if name.endswith("_SIZE") else "seconds"
+            unit = next((unit for suffix, unit in _UNITS.items() if name.endswith(suffix)), "seconds")
             errors.append(checks.Error(
                 f"{name}={value} is below its minimum of {minimum} {unit}.",
                 hint=f"Use at least {minimum} {unit}.", obj=name, id="kvpool.E002"))
@@ -343,3 +352,29 @@ def check_timing_relations(app_configs=None, **kwargs) -> list[checks.CheckMessa
             hint="While the master does not answer, sampling tasks would queue up faster than they time out.",
             obj="KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", id="kvpool.W006"))
     return warnings
+
+
+@checks.register(TAG)
+def check_production_secrets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E014: outside DEBUG the secret key is a real one (``dashboard.env.env_secret_key`` refuses the environment's;
+    this catches a settings module that sets it directly); E015: the TLS proxy header is a pair Django can use."""
+    from dashboard.env import DEV_SECRET_KEY
+
+    errors: list[checks.CheckMessage] = []
+    key = getattr(settings, "SECRET_KEY", "")
+    if not getattr(settings, "DEBUG", False) and (not isinstance(key, str) or key.strip() in ("", DEV_SECRET_KEY)):
+        errors.append(checks.Error(
+            "SECRET_KEY is empty or the development key, and DEBUG is off.",
+            hint="Set DJANGO_SECRET_KEY to 50+ random characters (python -c 'import secrets; "
+                 "print(secrets.token_urlsafe(50))') and keep it secret.",
+            obj="SECRET_KEY", id="kvpool.E014"))
+    header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if header is not None and not (
+        isinstance(header, tuple) and len(header) == 2 and all(isinstance(part, str) and part for part in header)
+        and header[0].startswith("HTTP_")
+    ):
+        errors.append(checks.Error(
+            f"SECURE_PROXY_SSL_HEADER must be ('HTTP_<HEADER>', '<value>') or None, not {header!r}.",
+            hint='Set DJANGO_SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto: https" (the header your TLS proxy sets).',
+            obj="SECURE_PROXY_SSL_HEADER", id="kvpool.E015"))
+    return errors

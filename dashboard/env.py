@@ -84,3 +84,53 @@ def env_broker(name: str, default: str) -> str:
         return broker_url(raw, schemes=("redis", "rediss"))
     except argparse.ArgumentTypeError as exc:
         raise ImproperlyConfiguredValue(f"{name}: {exc}") from None
+
+
+#: The development key used only with ``DJANGO_DEBUG`` on; outside DEBUG it is refused like an unset key.
+DEV_SECRET_KEY = "insecure-dev-key-change-me"
+
+
+def env_secret_key(name: str, *, debug: bool) -> str:
+    """``$name`` as Django's ``SECRET_KEY``; with ``debug`` on, a development key when unset.
+
+    Raises ImproperlyConfiguredValue outside DEBUG when ``$name`` is unset, blank or the development key: sessions,
+    password-reset links and CSRF tokens signed with a key anyone can read could be forged.
+    """
+    value = os.environ.get(name, "").strip()
+    if value and (debug or value != DEV_SECRET_KEY):
+        return value
+    if debug:
+        return DEV_SECRET_KEY
+    what = "is the development key" if value else "is not set"
+    raise ImproperlyConfiguredValue(
+        f"{name} {what}: outside DJANGO_DEBUG the dashboard needs a secret key of its own (50+ random characters, "
+        f"e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+    )
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """Parse ``$name`` = ``Header-Name: value`` (e.g. ``X-Forwarded-Proto: https``) into Django's
+    ``SECURE_PROXY_SSL_HEADER`` (``("HTTP_X_FORWARDED_PROTO", "https")``); ``None`` when unset or blank.
+
+    Set it only behind a proxy that terminates TLS and always sets (or strips) that header. Raises
+    ImproperlyConfiguredValue when there is no ``:``, or the name or the value is empty or holds spaces.
+    """
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return None
+    header, _, value = (part.strip() for part in raw.partition(":"))
+    if not header or not value or any(char.isspace() for char in header + value) or not header.isascii():
+        raise ImproperlyConfiguredValue(f"{name}={raw!r} is not 'Header-Name: value' (e.g. 'X-Forwarded-Proto: https')")
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
+def env_rate(name: str, default: str) -> str:
+    """Parse ``$name`` as a DRF throttle rate ``N/period``: N a positive integer, period one of ``s``, ``sec``,
+    ``m``, ``min``, ``h``, ``hour``, ``d``, ``day`` (DRF reads only its first letter). Default when unset."""
+    value = env_str(name, default).strip()
+    count, _, period = value.partition("/")
+    if not (count.isascii() and count.isdigit() and int(count) > 0
+            and period in ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")):
+        raise ImproperlyConfiguredValue(f"{name}={value!r} is not a rate like '10/min' (a count, '/', and s, min, "
+                                        "hour or day)")
+    return value

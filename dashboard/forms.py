@@ -77,9 +77,54 @@ class RegistryModelForm(forms.ModelForm):
 
 
 class TenantForm(RegistryModelForm):
+    """A tenant and its requested quota, with the pool's capacity gate (``dashboard.master.capacity``): a change
+    that raises the requested total above the mounted capacity (or while the capacity is unknown) is saved only
+    with ``confirm_overcommit`` ticked; the page then shows every tenant's effective quota before and after, and
+    the confirmation is audited."""
+
+    confirm_overcommit = forms.BooleanField(
+        required=False, label="Save even though other tenants' effective quotas may drop (overcommit)",
+        help_text="Needed when the requested quotas would exceed the pool's mounted memory, or when the master "
+        "cannot say how much is mounted. Recorded in the audit log.")
+
     class Meta:
         model = Tenant
         fields = ("tenant_id", "quota_bytes", "description")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.quota_plan = None
+
+    @property
+    def pool_plan(self):
+        """The plan the page shows: the one of the submitted change, else the pool as it is (read now)."""
+        if self.quota_plan is None:
+            from dashboard.master.capacity import plan_tenant_change
+
+            self.quota_plan = plan_tenant_change(None)
+        return self.quota_plan
+
+    def save_validated(self) -> bool:
+        """``validated_save`` behind the capacity gate; the confirmation's audit entry is written with the save."""
+        from django.db import transaction
+
+        from dashboard.master.capacity import CONFIRM_FIELD, plan_tenant_change, record_confirmation
+
+        plan = self.quota_plan = plan_tenant_change(self.instance, stored=self.instance.stored())
+        if plan.needs_confirmation and not self.cleaned_data.get(CONFIRM_FIELD):
+            self.add_error(CONFIRM_FIELD, plan.message())
+            return False
+        try:
+            with transaction.atomic():
+                validated_save(self.instance)
+                record_confirmation(self.instance, plan)
+        except ValidationError as error:
+            add_validation_error(self, error)
+            return False
+        except IntegrityError:
+            self.add_error(None, CONFLICT_MESSAGE)
+            return False
+        return True
 
 
 class ServedModelForm(RegistryModelForm):
@@ -220,6 +265,28 @@ class DeleteForm(forms.Form):
     """Explicit confirmation of a delete."""
 
     confirm = forms.BooleanField(label="Yes, delete it", required=True)
+
+    def confirms(self, obj) -> bool:
+        """Whether the (valid) form confirms deleting ``obj``; errors go on the form."""
+        return True
+
+
+class ReleaseDeleteForm(DeleteForm):
+    """Delete of a release: its namespace is reserved for good and its keys purged, so the operator also types the
+    namespace (as ``confirm_namespace`` in the REST API). A delete the registry refuses anyway (a served release,
+    instances left) needs only the checkbox, to show the reason."""
+
+    confirm_namespace = forms.CharField(
+        label="Type the release namespace to confirm", max_length=63, required=False,
+        help_text="The namespace stays reserved for good and the tenant's agents purge its keys.")
+
+    def confirms(self, obj) -> bool:
+        if obj.has_served or obj.assignments.exists():
+            return True
+        if self.cleaned_data.get("confirm_namespace", "").strip() != obj.namespace:
+            self.add_error("confirm_namespace", f"Type the release namespace '{obj.namespace}' to confirm the delete.")
+            return False
+        return True
 
 
 #: Cache settings (``tenants.fingerprint.CACHE_SETTING_FIELDS``) the upgrade form can change for the new

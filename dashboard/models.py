@@ -158,7 +158,11 @@ class ConfigAck(models.Model):
 
 
 class Report(models.Model):
-    """Receipt of one occupancy report: makes ``(node, sequence)`` the idempotency key of ingest."""
+    """Receipt of one occupancy report: makes ``(node, sequence)`` the idempotency key of ingest.
+
+    ``unknown_topic_messages`` / ``unknown_topic_blocks``: KV-event messages, and the Store blocks in them, that the
+    node's agent received under the topic of no instance of its document (counters since ``started_at``).
+    """
 
     node_name = models.CharField(max_length=128)
     sequence = models.PositiveBigIntegerField()
@@ -166,6 +170,8 @@ class Report(models.Model):
     started_at = models.DateTimeField()
     applied_version = models.PositiveBigIntegerField(default=0)
     received_at = models.DateTimeField()
+    unknown_topic_messages = models.PositiveBigIntegerField(default=0)
+    unknown_topic_blocks = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -226,6 +232,88 @@ class OccupancySample(models.Model):
     KEY = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group")
 
 
+class InstanceStats(models.Model):
+    """The newest engine facts of one real engine instance, per ``(node_name, instance_id)``: the
+    ``agent.contract.messages.InstanceStats`` row of the newest report that carried it (ingest keeps the row whose
+    ``reported_at`` is the latest, so re-delivered or out-of-order reports never move it back).
+
+    Counters are cumulative since ``agent_started_at`` (the agent's start): KV-event messages and Store blocks with
+    their attribution outcome (``blocks_seen`` = ``attributed`` + ``unknown_salt`` + ``unknown_adapter`` +
+    ``hash_mismatch`` + ``unresolved_parent`` + ``unverifiable``), stream troubles (``decode_errors``,
+    ``seq_gaps``, ``seq_resets``), and the engine's ``/metrics`` in tokens (``prefix_cache_*``: its own prefix
+    cache; ``external_prefix_cache_*``: the Store through its KV connector) and keys per Store operation
+    (``store_keys``).
+    """
+
+    node_name = models.CharField(max_length=128)
+    instance_id = models.CharField(max_length=128)
+    engine = models.CharField(max_length=16, default="vllm")
+    tenant_id = models.CharField(max_length=128, blank=True, default="")
+    served_model_name = models.CharField(max_length=255, blank=True, default="")
+    namespace = models.CharField(max_length=255, blank=True, default="")
+    agent_started_at = models.DateTimeField()
+    reported_at = models.DateTimeField()
+    report_sequence = models.PositiveBigIntegerField(default=0)
+    observed_since = models.DateTimeField()
+    last_event_at = models.DateTimeField(null=True, blank=True)
+    messages = models.BigIntegerField(default=0)
+    events = models.BigIntegerField(default=0)
+    blocks_seen = models.BigIntegerField(default=0)
+    attributed = models.BigIntegerField(default=0)
+    unknown_salt = models.BigIntegerField(default=0)
+    unknown_adapter = models.BigIntegerField(default=0)
+    hash_mismatch = models.BigIntegerField(default=0)
+    unresolved_parent = models.BigIntegerField(default=0)
+    unverifiable = models.BigIntegerField(default=0)
+    decode_errors = models.BigIntegerField(default=0)
+    seq_gaps = models.BigIntegerField(default=0)
+    seq_resets = models.BigIntegerField(default=0)
+    attributed_by_group = models.JSONField(default=dict, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    prefix_cache_queries = models.BigIntegerField(default=0)
+    prefix_cache_hits = models.BigIntegerField(default=0)
+    external_prefix_cache_queries = models.BigIntegerField(default=0)
+    external_prefix_cache_hits = models.BigIntegerField(default=0)
+    store_keys = models.JSONField(default=dict, blank=True)
+    store_failed_keys = models.JSONField(default=dict, blank=True)
+    metrics_scrapes = models.BigIntegerField(default=0)
+    metrics_errors = models.BigIntegerField(default=0)
+    metrics_error = models.TextField(blank=True, default="")
+
+    #: Counter columns (the ``agent.contract.messages.InstanceStats`` integer fields).
+    COUNTERS = ("messages", "events", "blocks_seen", "attributed", "unknown_salt", "unknown_adapter", "hash_mismatch",
+                "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
+                "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+                "external_prefix_cache_hits", "metrics_scrapes", "metrics_errors")
+
+    class Meta:
+        ordering = ["node_name", "instance_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["node_name", "instance_id"], name="dashboard_instancestats_node_instance")
+        ]
+        indexes = [models.Index(fields=["tenant_id", "namespace"], name="dashboard_instancestats_scope")]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} instance {self.instance_id}"
+
+    @property
+    def external_hit_ratio(self) -> float | None:
+        """Store hit tokens / looked-up tokens of the engine's KV connector (None without lookups)."""
+        q = self.external_prefix_cache_queries
+        return self.external_prefix_cache_hits / q if q else None
+
+    @property
+    def prefix_hit_ratio(self) -> float | None:
+        """Hit tokens / queried tokens of the engine's own prefix cache (None without queries)."""
+        q = self.prefix_cache_queries
+        return self.prefix_cache_hits / q if q else None
+
+    @property
+    def unknown_blocks(self) -> int:
+        """Store blocks of the instance that belong to no registered request group or adapter."""
+        return self.unknown_salt + self.unknown_adapter
+
+
 class MasterQuotaSample(models.Model):
     """A tenant's quota state read back from the Mooncake master admin API (0.3.13.post1 field names)."""
 
@@ -268,6 +356,35 @@ class MasterQuotaSync(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} quota sync"
+
+
+class MasterHealth(models.Model):
+    """The Mooncake master as the dashboard's probe last saw it (one row, ``pk=1``; ``dashboard.master.health``).
+
+    ``up`` — the newest probe read the master's Prometheus ``/metrics``; ``key_count`` / ``capacity_bytes`` /
+    ``allocated_bytes`` — ``master_key_count``, ``master_total_capacity_bytes``, ``master_allocated_bytes`` of
+    that probe; ``counters_total`` — the sum of the master's ``master_*_total`` request counters (they only go
+    down when the process restarted); ``restarts`` — restarts detected since this row exists (a counter);
+    ``last_restart_at`` / ``last_restart_reason`` — the newest one.
+    """
+
+    up = models.BooleanField(default=False)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    up_since = models.DateTimeField(null=True, blank=True)
+    down_since = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    key_count = models.BigIntegerField(null=True, blank=True)
+    capacity_bytes = models.BigIntegerField(null=True, blank=True)
+    allocated_bytes = models.BigIntegerField(null=True, blank=True)
+    counters_total = models.FloatField(null=True, blank=True)
+    remounts_total = models.FloatField(null=True, blank=True)
+    restarts = models.IntegerField(default=0)
+    last_restart_at = models.DateTimeField(null=True, blank=True)
+    last_restart_reason = models.TextField(blank=True, default="")
+    key_count_before_restart = models.BigIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"master {'up' if self.up else 'down'} ({self.restarts} restart(s))"
 
 
 

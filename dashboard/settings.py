@@ -5,26 +5,60 @@ real cluster"). Defaults are the single-machine demo: SQLite under ``var/``, Red
 """
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-from dashboard.env import env_bool, env_broker, env_database, env_int, env_list, env_str
+from dashboard.env import (
+    env_bool,
+    env_broker,
+    env_database,
+    env_int,
+    env_list,
+    env_proxy_ssl_header,
+    env_rate,
+    env_secret_key,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("KVPOOL_VAR_DIR", str(BASE_DIR / "var")))
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-dev-key-change-me")
 DEBUG = env_bool("DJANGO_DEBUG", False)
+# Outside DEBUG there is no default: an unset key stops every entry point (manage.py, WSGI, Celery) with one line.
+SECRET_KEY = env_secret_key("DJANGO_SECRET_KEY", debug=DEBUG)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 
+# --- HTTPS (README "Production settings"; `manage.py check --deploy` is clean with all of them set) ----------
+# Off by default: the demo and a first look run over plain HTTP on loopback.
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+# Session and CSRF cookies only over HTTPS.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", False)
+# Behind a proxy that terminates TLS: "X-Forwarded-Proto: https" (the header the proxy sets, and its value).
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("DJANGO_SECURE_PROXY_SSL_HEADER")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# --- Request limits (dashboard.limits), applied before anything parses a body -------------------------------
+# Largest request body (bytes; larger is HTTP 413) and deepest JSON nesting (arrays/objects; deeper is HTTP 400).
+KVPOOL_MAX_REQUEST_BYTES = env_int("KVPOOL_MAX_REQUEST_BYTES", 1 << 20, minimum=64 << 10)
+KVPOOL_MAX_JSON_DEPTH = env_int("KVPOOL_MAX_JSON_DEPTH", 32, minimum=8)
+DATA_UPLOAD_MAX_MEMORY_SIZE = KVPOOL_MAX_REQUEST_BYTES
+
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # django.contrib.admin, for platform admins only (tenants.admin_site).
+    "tenants.admin_site.PlatformAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    # API tokens stored as SHA-512 digests only, with expiry and per-token revocation (README "API tokens").
+    "knox",
+    # Login lockout after repeated wrong passwords (login form and the token endpoint).
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI / Redoc served from static files (works offline, no CDN)
@@ -34,6 +68,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Body size and JSON depth limits, before sessions, CSRF, authentication or any parser (dashboard.limits).
+    "dashboard.limits.RequestLimitsMiddleware",
     # Static files (CSS, vendored Chart.js, Swagger UI) are served by the app itself, DEBUG or not.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -43,6 +79,15 @@ MIDDLEWARE = [
     "tenants.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last: turns a login refused by django-axes (too many wrong passwords) into its lockout page (HTTP 429).
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username + client address before any password is checked (django-axes).
+    "axes.backends.AxesStandaloneBackend",
+    # Passwords and model permissions, under the tenant rules (tenants.access: memberships, platform admins).
+    "tenants.access.TenantAccessBackend",
 ]
 
 ROOT_URLCONF = "dashboard.urls"
@@ -88,7 +133,7 @@ LOGIN_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -98,8 +143,40 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PAGINATION_CLASS": "dashboard.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "dashboard.api.schema.AutoSchema",
+    # Throttles key anonymous clients by address: REMOTE_ADDR, or with N proxies in front the N-th address from the
+    # right of X-Forwarded-For (never a header a client could set alone).
+    "NUM_PROXIES": env_int("KVPOOL_NUM_PROXIES", 0, minimum=0),
+    # POST /api/v1/auth-token/ per client address (dashboard.api.tokens); django-axes locks on top of it.
+    "DEFAULT_THROTTLE_RATES": {"auth-token": env_rate("KVPOOL_AUTH_TOKEN_RATE", "10/min")},
 }
+
+# --- Logins and API tokens (README "Users, tenants and tokens") ---------------------------------------------
+# API tokens (django-rest-knox): only a SHA-512 digest is stored; the token is shown once, when it is created.
+# A token expires after KVPOOL_API_TOKEN_TTL_HOURS; it is revoked by deleting it (API, manage.py, admin).
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(hours=env_int("KVPOOL_API_TOKEN_TTL_HOURS", 30 * 24, minimum=1)),
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTO_REFRESH": False,
+}
+# Wrong passwords (django-axes, login form and token endpoint alike): after KVPOOL_LOGIN_FAILURE_LIMIT failures
+# for one username from one client address, that pair is locked for KVPOOL_LOGIN_COOLOFF_MINUTES, the correct
+# password included (HTTP 429); a success before that resets the count. Locks are rows in the database, so every
+# worker process sees them; `manage.py axes_reset` lifts them.
+AXES_FAILURE_LIMIT = env_int("KVPOOL_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("KVPOOL_LOGIN_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# HTTP 429: JSON under /api/, the page registration/locked_out.html elsewhere.
+AXES_LOCKOUT_CALLABLE = "dashboard.views.accounts.lockout_response"
+# Password reset by e-mail exists only where mail is configured (DJANGO_EMAIL_HOST); elsewhere its pages say so
+# and send nothing (dashboard.views.accounts).
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "")
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "kvpool@localhost")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "KV-cache pool control plane API",
@@ -112,6 +189,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Separate request and response components (read-only fields only in responses, write-only in requests).
+    "COMPONENT_SPLIT_REQUEST": True,
+    # One component per choice set, whatever the field is called (`check --deploy` warns otherwise).
+    "ENUM_NAME_OVERRIDES": {"ReleaseStateEnum": "tenants.choices.ReleaseState"},
+    # Error responses, id ranges and blank query values on every operation (dashboard.api.schema).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "dashboard.api.schema.document_api"],
 }
 
 # --- Celery (broker: Redis) -------------------------------------------------------------------------------
@@ -141,7 +224,12 @@ CELERY_BEAT_SCHEDULE = {
                            "schedule": env_int("KVPOOL_MASTER_SYNC_SECONDS", 60, minimum=1)},
     "sample-master-quotas": {"task": "dashboard.sample_master_quotas",
                              "schedule": env_int("KVPOOL_MASTER_SAMPLE_SECONDS", 15, minimum=1)},
+    # Master up / restarted (dashboard.master.health): detected within this many seconds.
+    "probe-master": {"task": "dashboard.probe_master",
+                     "schedule": env_int("KVPOOL_MASTER_PROBE_SECONDS", 5, minimum=1)},
 }
+# A detected master restart fails the master_healthy check for this long (dashboard.checklist).
+KVPOOL_MASTER_RESTART_FLAG_SECONDS = env_int("KVPOOL_MASTER_RESTART_FLAG_SECONDS", 600, minimum=1)
 # Push: a node whose ack lags its desired version gets the latest document again after this many seconds.
 KVPOOL_REPUSH_AFTER_SECONDS = env_int("KVPOOL_REPUSH_AFTER_SECONDS", 30, minimum=1)
 # A pushed document left unconsumed this long expires in the queue (a re-push sends the newest one).
@@ -172,7 +260,9 @@ KVPOOL_STORE_DEVICE = env_str("KVPOOL_STORE_DEVICE", "")
 KVPOOL_GLOBAL_SEGMENT_SIZE = env_int("KVPOOL_GLOBAL_SEGMENT_SIZE", 4 << 30, minimum=16 << 20)
 KVPOOL_LOCAL_BUFFER_SIZE = env_int("KVPOOL_LOCAL_BUFFER_SIZE", 512 << 20, minimum=1 << 20)
 KVPOOL_ENGINE_CONFIG_DIR = env_str("KVPOOL_ENGINE_CONFIG_DIR", "/etc/kvpool")
-KVPOOL_HEARTBEAT_SILENCE_SECONDS = env_int("KVPOOL_HEARTBEAT_SILENCE_SECONDS", 30, minimum=1)
+# A node without a heartbeat for this long is silent (Checks: nodes_reporting; /metrics: kvpool_node_silent).
+# Agents send one every 5 s by default (--heartbeat-interval): 12 s = two missed, flagged within 15 s.
+KVPOOL_HEARTBEAT_SILENCE_SECONDS = env_int("KVPOOL_HEARTBEAT_SILENCE_SECONDS", 12, minimum=1)
 # Agent messages are accepted this long after the agent signed them, and this far ahead (dashboard.agent_auth).
 KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS = env_int("KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS", 6 * 3600, minimum=60)
 KVPOOL_AGENT_CLOCK_SKEW_SECONDS = env_int("KVPOOL_AGENT_CLOCK_SKEW_SECONDS", 300, minimum=0)

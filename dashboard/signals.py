@@ -13,6 +13,9 @@ master refusal — 409 ``TENANT_NOT_EMPTY``, the tenant still owns objects — r
 ``TenantStillOwnsObjects`` (HTTP 409 in the REST API) instead of leaving the master and the registry apart.
 An unreachable master does not block the delete: the tenant is marked ``pending_delete`` and retried.
 
+Releases: a deleted release's namespace is reserved by the registry (``tenants.models.ReservedNamespace``); after
+the commit the tenant's agents are asked to purge its keys (``dashboard.rollout.purge.request_reserved_purge``).
+
 Senders are given as lazy ``"app_label.Model"`` strings, so this module imports no registry model at load.
 """
 from __future__ import annotations
@@ -151,6 +154,35 @@ def release_saved(sender, instance, **kwargs):
     schedule_push(_node_names(assignments__release=instance))
 
 
+@receiver(post_delete, sender="tenants.Release", dispatch_uid="kvpool-purge-deleted-release")
+def release_deleted(sender, instance, **kwargs):
+    """A confirmed delete reserved the release's namespace (``tenants.models.ReservedNamespace``, written by the
+    registry's ``pre_delete`` receiver); once the delete commits, ask the tenant's agents to purge its keys."""
+    from tenants.models import ReservedNamespace
+
+    # The namespace it had when deleted, and any it left earlier (a rename) that no purge covered yet.
+    reservations = list(ReservedNamespace.objects.filter(release_pk=instance.pk, purge_id=""))
+    if not reservations:
+        return
+
+    from tenants.audit import audit_context, current_context
+
+    deleter = current_context()  # the purge request is audited under whoever confirmed the delete
+
+    def purge() -> None:
+        from dashboard.rollout.purge import request_reserved_purge
+
+        with audit_context(deleter.actor_repr, request_id=deleter.request_id or None, user=deleter.user,
+                           request=deleter.request):
+            for reservation in reservations:
+                try:
+                    request_reserved_purge(reservation)
+                except Exception as exc:  # never into the request: the namespace stays reserved, keys get evicted
+                    log.error("could not request the purge of deleted release namespace %s: %s", reservation, exc)
+
+    transaction.on_commit(purge, robust=True)
+
+
 @receiver(post_save, sender="tenants.RequestGroup", dispatch_uid="kvpool-push-group-save")
 @receiver(pre_delete, sender="tenants.RequestGroup", dispatch_uid="kvpool-push-group-delete")
 def request_group_changed(sender, instance, **kwargs):
@@ -188,14 +220,16 @@ def node_saved(sender, instance, created, **kwargs):
 
 @receiver(post_delete, sender="tenants.Node", dispatch_uid="kvpool-node-deleted-state")
 def node_deleted(sender, instance, **kwargs):
-    """Forget the deleted node's telemetry ``NodeState`` (push/ack/heartbeat bookkeeping).
+    """Forget the deleted node's telemetry ``NodeState`` (push/ack/heartbeat bookkeeping) and the newest facts of its
+    engine instances (``InstanceStats``).
 
-    Without it ``/metrics`` would keep exporting ``kvpool_node_silent``/``behind`` for the node and the overview
-    would list it as "not registered — silent" for ever. History rows (acks, reports, occupancy samples, refused
-    messages, config versions) stay: they roll up and expire on their own schedule.
+    Without it ``/metrics`` would keep exporting ``kvpool_node_silent``/``behind`` (and ``kvpool_engine_*``) for the
+    node and the overview would list it as "not registered — silent" for ever. History rows (acks, reports,
+    occupancy samples, refused messages, config versions) stay: they roll up and expire on their own schedule.
     """
-    from dashboard.models import NodeState
+    from dashboard.models import InstanceStats, NodeState
 
+    InstanceStats.objects.filter(node_name=instance.name).delete()
     deleted, _ = NodeState.objects.filter(node_name=instance.name).delete()
     if deleted:
         log.info("node %s deleted from the registry: its telemetry state is forgotten", instance.name)

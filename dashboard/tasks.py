@@ -3,7 +3,7 @@
 Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
 ``dashboard.telemetry.drain``). Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,
-sample_master_quotas.
+sample_master_quotas, probe_master.
 """
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ from dashboard.rollout.purge import purge_result  # noqa: F401  (registers the t
 log = logging.getLogger("kvpool.dashboard.tasks")
 
 
-@app.task(name="dashboard.ingest", ignore_result=True, bind=True)
+#: An ingest task that finds the database unreachable is retried this often (every 1, 2, 4, 8, then 10 s: about
+#: 10 minutes), so a database restart loses no agent message.
+INGEST_DB_RETRIES = 64
+
+
+@app.task(name="dashboard.ingest", ignore_result=True, bind=True, max_retries=INGEST_DB_RETRIES)
 def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
     """Verify and store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
 
@@ -28,8 +33,21 @@ def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
     Run by a worker from the ``dashboard.ingest`` queue, it also takes the ingest tasks waiting behind it and
     stores everything in one transaction (``dashboard.telemetry.drain``); the result then counts all of them and
     ``tasks`` says how many tasks were stored. Called directly or eagerly it stores only ``messages``.
-    Arguments that are not a list are logged and dropped (counted as ``invalid``).
+    Arguments that are not a list are logged and dropped (counted as ``invalid``). While the database is unreachable
+    (``OperationalError``, ``InterfaceError``: nothing was stored) the task is sent again with a backoff, up to
+    ``INGEST_DB_RETRIES`` times (storing is idempotent per ``(node, sequence)``).
     """
+    from django.db import InterfaceError, OperationalError
+
+    try:
+        return _ingest(self, messages)
+    except (OperationalError, InterfaceError) as exc:  # Celery's Django fixup drops the broken connection
+        log.warning("ingest: database unavailable (%s); task %s retried (attempt %d)", exc, self.request.id,
+                    self.request.retries + 1)
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 10)) from None
+
+
+def _ingest(self: Any, messages: Any) -> dict[str, int]:
     from dashboard.telemetry.agent_auth import count_refused
     from dashboard.telemetry.ingest import IngestResult
     from dashboard.telemetry.ingest import ingest as run
@@ -92,3 +110,17 @@ def sample_master_quotas() -> int:
     except MasterUnavailable as exc:
         log.warning("master quota sampling skipped: %s", exc)
         return 0
+
+
+@app.task(name="dashboard.probe_master", ignore_result=True)
+def probe_master() -> dict[str, Any]:
+    """Periodic: read the master's ``/metrics``, record up/down and detect a restart
+    (``dashboard.master.health``); after a restart, push the registry's quotas to the new master at once."""
+    from django.conf import settings
+
+    from dashboard.master.health import probe_master as run
+
+    row, restart = run()
+    if restart and settings.KVPOOL_MASTER_SYNC:
+        sync_master_quotas.delay()
+    return {"up": row.up, "restarted": bool(restart), "restarts": row.restarts}

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
+from html import unescape as html_unescape
 from typing import Any
 
 
@@ -28,7 +29,7 @@ class RestClient:
 
     Args:
         base_url: ``http://127.0.0.1:8000`` (no trailing slash needed).
-        token: the DRF token (``None`` for :meth:`obtain_token` only).
+        token: an API token (django-rest-knox; ``None`` for :meth:`obtain_token` only).
         timeout: seconds per request.
     """
 
@@ -133,6 +134,26 @@ class BrowserSession:
         if status != 200 or 'name="password"' in html:
             raise ApiError(f"login as {username!r} was refused (HTTP {status})", status)
 
+    def post_form(self, path: str, fields: Mapping[str, Any]) -> tuple[int, str, list[tuple[str, str]]]:
+        """POST a page's form (``fields`` plus the CSRF token of the session's cookie), following the redirect.
+
+        Returns ``(status, html, messages)``: the final page's status and HTML, and the messages it shows as
+        ``(level, text)`` (``success``, ``error``, ...). Unchecked checkboxes are simply left out of ``fields``.
+
+        Raises:
+            ApiError: the server did not answer, or the session has no CSRF cookie.
+        """
+        token = next((cookie.value for cookie in self._jar if cookie.name == "csrftoken"), None)
+        if token is None:
+            raise ApiError(f"POST {path}: the session has no csrftoken cookie")
+        form = urllib.parse.urlencode({**{k: v for k, v in fields.items() if v is not None},
+                                       "csrfmiddlewaretoken": token}).encode()
+        status, html = self._open(path, form, {"Referer": f"{self.base_url}{path}",
+                                               "Content-Type": "application/x-www-form-urlencoded"})
+        found = [(level.split()[-1] if level.split() else "", _unescape(text.strip()))
+                 for level, text in re.findall(r'<li class="([^"]*)">(.*?)</li>', _messages_block(html), re.S)]
+        return status, html, found
+
     def get_json(self, path: str) -> Any:
         """GET a JSON view of the pages (e.g. ``/checks/data.json``).
 
@@ -146,3 +167,13 @@ class BrowserSession:
             return json.loads(body)
         except ValueError:
             raise ApiError(f"GET {path}: not JSON: {body[:200]!r}", status) from None
+
+
+def _messages_block(html: str) -> str:
+    """The ``<ul class="messages">`` list of a page (``templates/base.html``), "" when it shows none."""
+    match = re.search(r'<ul class="messages">(.*?)</ul>', html, re.S)
+    return match.group(1) if match else ""
+
+
+def _unescape(text: str) -> str:
+    return html_unescape(re.sub(r"<[^>]+>", "", text))

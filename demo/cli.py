@@ -1,7 +1,7 @@
 """``python -m demo``: the whole system on one machine, replaying the FAST'25 trace through real services.
 
     python -m demo [--once] [--requests N] [--speed X] [--port P] [--screenshot PATH] [--trace PATH]
-                   [--segment-mib M] [--var-dir D] [--redis-url URL | --private-redis]
+                   [--segment-mib M] [--var-dir D] [--redis-url URL | --private-redis] [--engine simulator|vllm]
 
 Starts (each in its own process group, logs under ``<var-dir>/logs/``): Redis (the one answering on
 127.0.0.1:6379, else ``redis-server`` on a free port), a multi-tenant ``mooncake_master`` with eviction on free
@@ -22,6 +22,9 @@ per-namespace summary from the REST API, runs the checks below and exits 0 only 
 * the misconfigured instance got zero hits and the dashboard's checks flag its namespace;
 * the Store filled to the point of eviction;
 * namespaces never shared blocks across releases, request groups or tenants (``demo.probe``).
+
+``--engine vllm`` runs real vLLM instances instead of the agents' engine simulator: see
+``demo.engine_demo`` (its own walk and checks; same services, options and shutdown).
 
 Ctrl-C (or SIGTERM) stops every process the demo started, also after an error, then deletes the demo's queue keys
 from a Redis it did not start (on the shared one: every node queue and kombu binding in database 11 only).
@@ -60,6 +63,10 @@ DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.cont
 #: (``_kombu.binding.*``, ``_kombu.binding_permanent.*``, ``_kombu.binding_deadlines``).
 DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
 AGENT_COMMAND = [sys.executable, "-m", "agent", "run"]
+#: ``--engine`` values: the engine simulator in the agents, or real vLLM instances (``demo.engine_demo``).
+ENGINES = ("simulator", "vllm")
+#: Trace conversations the ``--engine vllm`` run sends by default (``demo.engine_demo.DEFAULT_CONVERSATIONS``).
+ENGINE_CONVERSATIONS = 12
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,12 +93,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=positive_int, default=16, help="most requests per workload batch (default 16)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds to wait for the agents to finish the replay (default 300)")
+    p.add_argument("--engine", choices=ENGINES, default="simulator",
+                   help="simulator (default): the agents play the engines (--simulate-engines); vllm: real vLLM "
+                   "instances (CPU build, tiny model) started from the directories the agents write, "
+                   "see docs/demo.md; --requests is then the number of trace conversations (default "
+                   f"{ENGINE_CONVERSATIONS}) and --speed, --batch, --timeout, --segment-mib do not apply")
     args = p.parse_args(argv)
     if args.segment_mib < 16:
         p.error("--segment-mib: Mooncake 0.3.13.post1 needs at least 16 MiB per segment")
     if not Path(args.trace).is_file():
         p.error(f"--trace: {args.trace} is not a file (the FAST'25 trace; default {DEFAULT_TRACE})")
-    if args.once and args.requests is None:
+    if args.once and args.requests is None and args.engine == "simulator":
         args.requests = ONCE_REQUESTS
     return args
 
@@ -353,7 +365,8 @@ class Demo:
                 overrides = self.var / f"{node}-launch.json"
                 overrides.write_text(json.dumps(launch_overrides(), indent=2) + "\n")
                 argv += ["--launch-overrides", str(overrides)]
-            self.agents[node] = self.sup.start(Service(f"agent {node}", argv, env, self.logs / f"agent-{node}.log"))
+            self.agents[node] = self.sup.start(Service(f"agent {node}", argv, env, self.logs / f"agent-{node}.log",
+                                                       restart=True))  # a dead agent is restarted (demo.procs)
         for node, service in self.agents.items():
             service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"agent {node} to be ready")
         self.say("agents node-a (prefill) and node-b (decode) running")
@@ -667,7 +680,12 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m demo``."""
     args = parse_args(argv)
-    demo = Demo(args)
+    if args.engine == "vllm":
+        from demo.engine_demo import EngineDemo
+
+        demo: Demo = EngineDemo(args)
+    else:
+        demo = Demo(args)
     # Ctrl-C also when started from a shell that ignores SIGINT for background jobs
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     status = 1

@@ -15,9 +15,10 @@ instances started from rendered instance directories.
   (:class:`EngineError` names the log otherwise). :class:`EngineInstance` sends completions (token-id prompts,
   ``cache_salt``, temperature 0), measures time to first token, reads ``/metrics``, and stops the server (a
   signal to the API server's pid, which shuts its engine core down; SIGKILL of the group only as a last resort).
-* :func:`trace_prompts` — token-id prompts from the FAST'25 trace (``agent.sim.trace``): every ``hash_id`` is
-  one block of ``block_tokens`` tokens drawn from a generator seeded by the id, so requests that share a prefix
-  of ids share the same token prefix (and vLLM block hashes when ``block_tokens`` is the block size).
+* :func:`trace_prompts` / :func:`request_prompt` — token-id prompts of the first requests / of one request of
+  the FAST'25 trace (``agent.sim.trace``): every ``hash_id`` is one block of ``block_tokens`` tokens drawn from a
+  generator seeded by the id, so requests that share a prefix of ids share the same token prefix (and vLLM block
+  hashes when ``block_tokens`` is the block size).
 
 No Django import at module level (only :func:`register_tiny_release` / :func:`render_launches` need it).
 """
@@ -410,34 +411,45 @@ def block_tokens_for(hash_id: int, block_tokens: int = 32, vocab: int = TINY_VOC
 def trace_prompts(path: str | os.PathLike[str] = DEFAULT_TRACE, block_tokens: int = 32, max_tokens: int = 16, *,
                   max_model_len: int = MAX_MODEL_LEN, limit: int | None = None, vocab: int = TINY_VOCAB,
                   trace_block_tokens: int = TRACE_BLOCK_TOKENS) -> list[list[int]]:
-    """Token-id prompts of the first ``limit`` requests (all when None) of a FAST'25 trace.
-
-    Each ``hash_id`` becomes one block of ``block_tokens`` ids (:func:`block_tokens_for`); the last block is cut
-    in proportion to the trace's partial last block (``input_length`` over blocks of ``trace_block_tokens``), so
-    requests sharing a prefix of ids share a token prefix, block-aligned. Prompts are cut to
-    ``max_model_len - max_tokens`` tokens so the completion fits the model length.
-    """
+    """Token-id prompts of the first ``limit`` requests (all when None) of a FAST'25 trace
+    (:func:`request_prompt` of each)."""
     from agent.sim.trace import iter_trace
 
-    if block_tokens < 1 or max_model_len - max_tokens < 1:
-        raise ValueError("block_tokens must be >= 1 and max_tokens below max_model_len")
-    budget = max_model_len - max_tokens
     prompts: list[list[int]] = []
     for request in iter_trace(path, block_tokens=trace_block_tokens):
         if limit is not None and len(prompts) >= limit:
             break
-        ids = request.hash_ids
-        tokens: list[int] = []
-        for hash_id in ids[:-1]:
-            if len(tokens) >= budget:
-                break
-            tokens.extend(block_tokens_for(hash_id, block_tokens, vocab))
-        if len(tokens) < budget:
-            rest = request.input_length - (len(ids) - 1) * trace_block_tokens
-            last = max(1, min(block_tokens, math.ceil(rest * block_tokens / trace_block_tokens)))
-            tokens.extend(block_tokens_for(ids[-1], block_tokens, vocab)[:last])
-        prompts.append(tokens[:budget])
+        prompts.append(request_prompt(request, block_tokens, max_tokens, max_model_len=max_model_len, vocab=vocab,
+                                      trace_block_tokens=trace_block_tokens))
     return prompts
+
+
+def request_prompt(request: Any, block_tokens: int = 32, max_tokens: int = 16, *, max_model_len: int = MAX_MODEL_LEN,
+                   vocab: int = TINY_VOCAB, trace_block_tokens: int = TRACE_BLOCK_TOKENS) -> list[int]:
+    """The token-id prompt of one FAST'25 trace request (an ``agent.sim.trace.TraceRequest``).
+
+    Each ``hash_id`` becomes one block of ``block_tokens`` ids (:func:`block_tokens_for`); the last block is cut
+    in proportion to the trace's partial last block (``input_length`` over blocks of ``trace_block_tokens``), so
+    requests sharing a prefix of ids share a token prefix, block-aligned. The prompt is cut to
+    ``max_model_len - max_tokens`` tokens so the completion fits the model length.
+
+    Raises:
+        ValueError: ``block_tokens`` < 1 or ``max_tokens`` not below ``max_model_len``.
+    """
+    if block_tokens < 1 or max_model_len - max_tokens < 1:
+        raise ValueError("block_tokens must be >= 1 and max_tokens below max_model_len")
+    budget = max_model_len - max_tokens
+    ids = request.hash_ids
+    tokens: list[int] = []
+    for hash_id in ids[:-1]:
+        if len(tokens) >= budget:
+            break
+        tokens.extend(block_tokens_for(hash_id, block_tokens, vocab))
+    if len(tokens) < budget:
+        rest = request.input_length - (len(ids) - 1) * trace_block_tokens
+        last = max(1, min(block_tokens, math.ceil(rest * block_tokens / trace_block_tokens)))
+        tokens.extend(block_tokens_for(ids[-1], block_tokens, vocab)[:last])
+    return tokens[:budget]
 
 
 def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> list[int]:
@@ -449,8 +461,7 @@ def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> list[int]:
 __all__ = [
     "EngineError", "EngineInstance", "TinyDeployment", "block_tokens_for", "ensure_engine_env", "ensure_tiny_model",
     "metric_sum", "parse_metrics", "random_prompt", "register_tiny_release", "render_launches", "render_target",
-    "start_instance",
-    "trace_prompts",
+    "request_prompt", "start_instance", "trace_prompts",
 ]
 
 

@@ -5,6 +5,10 @@ Every service the demo starts (Redis, the Django server, the Celery worker, the 
 reaches the demo alone and the demo decides the order of shutdown) and with ``PR_SET_PDEATHSIG`` = SIGTERM on
 Linux, so a demo that dies without cleaning up (SIGKILL) still takes its children with it. :meth:`Service.stop`
 sends SIGTERM to the whole group, waits, then SIGKILLs the group: no orphans.
+
+A service started with ``restart=True`` (the agents) is restarted by :meth:`Supervisor.check_all` when it dies, as
+an init system would (at most ``MAX_RESTARTS`` times within ``RESTART_WINDOW_S``; then the demo stops with its log
+tail). An agent resumes from its state directory: its outbox still holds every report it had not delivered.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
+#: A restartable service that dies more than this often within ``RESTART_WINDOW_S`` stops the demo.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
 
 
 class DemoError(RuntimeError):
@@ -42,11 +49,14 @@ class Service:
         env: its complete environment.
         log_path: file receiving its stdout and stderr (appended).
         cwd: working directory (the repository root by default).
+        restart: :meth:`Supervisor.check_all` restarts it when it exits (instead of failing the demo).
     """
 
     def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
-                 cwd: Path = ROOT) -> None:
+                 cwd: Path = ROOT, *, restart: bool = False) -> None:
         self.name = name
+        self.restart = restart
+        self.restarts: list[float] = []  # time.monotonic() of each restart
         self.argv = list(argv)
         self.env = dict(env)
         self.log_path = Path(log_path)
@@ -153,9 +163,21 @@ class Supervisor:
         """Also run ``stop`` at :meth:`stop_all` (for things that are not a :class:`Service`, e.g. the master)."""
         self._stoppers.append((name, stop))
 
-    def check_all(self) -> None:
-        """Raise :class:`DemoError` for the first service that exited."""
+    def check_all(self, report: Callable[[str], None] = lambda line: print(f"supervisor: {line}", flush=True)) -> None:
+        """Restart every exited ``restart=True`` service (``report`` gets one line each); raise
+        :class:`DemoError` for the first other service that exited, or one that keeps dying (``MAX_RESTARTS``)."""
         for service in self.services:
+            if service.restart and service.proc is not None and service.proc.poll() is not None:
+                now = time.monotonic()
+                service.restarts = [t for t in service.restarts if now - t < RESTART_WINDOW_S]
+                if len(service.restarts) < MAX_RESTARTS:
+                    status = service.proc.returncode
+                    _signal_group(service.proc.pid, signal.SIGKILL)  # whatever it left in its group
+                    service.restarts.append(now)
+                    service.start()
+                    report(f"{service.name} exited with status {status}; restarted it (pid {service.pid}, "
+                           f"{len(service.restarts)} restart(s) in {RESTART_WINDOW_S:.0f}s)")
+                    continue
             service.check()
 
     def stop_all(self, report: Callable[[str], None] = lambda _: None) -> list[str]:

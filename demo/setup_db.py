@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
+
+    from dashboard.api.tokens import create_token
 
     call_command("migrate", interactive=False, verbosity=0)
     user_model = get_user_model()
@@ -38,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     user.is_staff = user.is_superuser = True
     user.set_password(args.password)
     user.save()
-    token, _ = Token.objects.get_or_create(user=user)
-    print(json.dumps({"username": user.username, "token": token.key}))
+    _, token = create_token(user)  # a new API token each run: only its digest is stored
+    print(json.dumps({"username": user.username, "token": token}))
     return 0
 
 

@@ -10,9 +10,11 @@ from tenants.models import (
     Node,
     Release,
     RequestGroup,
+    ReservedNamespace,
     ReservedSalt,
     ServedModel,
     Tenant,
+    TenantMembership,
 )  # fmt: skip
 from tenants.quota import format_quota
 
@@ -118,3 +120,25 @@ class ReservedSaltAdmin(ReadOnlyAdmin):
 
     list_display = ("cache_salt", "group_name", "tenant_id", "created_at")
     search_fields = ("cache_salt", "group_name", "tenant_id")
+
+
+@admin.register(ReservedNamespace)
+class ReservedNamespaceAdmin(ReadOnlyAdmin):
+    """Namespaces of deleted or renamed releases: read only, never deleted (deleting one would allow its reuse
+    while the old release's keys may still be in the Store)."""
+
+    list_display = ("namespace", "served_model_name", "tenant_id", "reason", "release_state", "purge_id", "created_at")
+    list_filter = ("reason", "release_state")
+    search_fields = ("namespace", "served_model_name", "vllm_model_name", "tenant_id")
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(admin.ModelAdmin):
+    """Who holds which role in which tenant (``tenants.access``); the platform admin flag itself is the permission
+    "Platform admin" (``tenants.platform_admin``) on the user or group pages."""
+
+    list_display = ("user", "tenant", "role", "created_at")
+    list_filter = ("role", "tenant")
+    search_fields = ("user__username", "tenant__tenant_id")
+    autocomplete_fields = ("user",)
+    readonly_fields = ("created_at", "updated_at")

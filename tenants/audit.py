@@ -9,6 +9,8 @@
 ``register(model)`` connects the receivers for a model; ``TenantsConfig.ready`` registers the registry
 models, other apps register theirs the same way. Entries are written in the same transaction as the change,
 so a rolled-back change leaves no entry. An update that changes nothing but ``updated_at`` writes nothing.
+Each entry records the tenant the object belongs to (``AuditEntry.tenant_pk``, ``tenants.access.tenant_pk_of``):
+the tenant's members see it.
 """
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def _object_type(instance) -> str:
 
 
 def _write(instance, action: str, before: dict | None, after: dict | None) -> None:
+    from tenants.access import tenant_pk_of
     from tenants.models import AuditEntry
 
     context = current_context()
@@ -92,6 +95,7 @@ def _write(instance, action: str, before: dict | None, after: dict | None) -> No
         before=before,
         after=after,
         request_id=context.request_id,
+        tenant_pk=tenant_pk_of(instance),
     )
 
 

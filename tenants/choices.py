@@ -105,3 +105,12 @@ class AuditAction(models.TextChoices):
     CREATE = "create", "Create"
     UPDATE = "update", "Update"
     DELETE = "delete", "Delete"
+
+
+class TenantRole(models.TextChoices):
+    """A user's role in one tenant (``tenants.models.TenantMembership``); what each may do is
+    ``tenants.access.ROLE_PERMISSIONS``. Roles are ordered: each grants everything the one before it does."""
+
+    VIEWER = "viewer", "Viewer (reads the tenant's objects, telemetry and audit entries)"
+    OPERATOR = "operator", "Operator (viewer + creates and changes models, releases, request groups, instances)"
+    ADMIN = "admin", "Admin (operator + deletes, purges, changes the tenant's description)"

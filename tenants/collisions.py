@@ -93,3 +93,52 @@ def check_model_vllm_collisions(model: ServedModel) -> None:
     )
     if other is not None:
         raise ValidationError({"model_path": _collision_message(model, other)})
+
+
+def _reserved_message(reservation, namespace: str) -> str:
+    when = f"{reservation.created_at:%Y-%m-%d}" if reservation.created_at else "earlier"
+    verb = "was deleted" if reservation.reason == "deleted" else "moved away from it"
+    return (
+        f"Namespace '{namespace}' is reserved: release '{reservation.namespace}' of served model "
+        f"'{reservation.served_model_name}' (tenant '{reservation.tenant_id}', {reservation.release_state}) {verb} "
+        f"on {when}, and its KV cache entries may still be in the Store under this namespace; a release with other "
+        "weights or settings here would read them. Namespaces stay reserved forever: choose a new namespace."
+    )
+
+
+def check_release_reserved_namespace(release: Release) -> None:
+    """Refuse a release namespace reserved by a deleted or renamed release of the same model key (tenant, served
+    model name, vLLM model name or SGLang key component): ``tenants.models.ReservedNamespace``."""
+    from tenants.models.reserved_namespace import reservation_for
+
+    model = release.model
+    reservation = reservation_for(model.tenant.tenant_id, release.namespace, model.served_model_name,
+                                  model.vllm_model_name)
+    if reservation is not None:
+        raise ValidationError({"namespace": _reserved_message(reservation, release.namespace)}, code="reserved")
+
+
+def check_model_reserved_namespaces(model: ServedModel, tenant_id: str, field: str) -> None:
+    """Refuse a served model change (``field``: its name, path or tenant) that would put one of its releases'
+    namespaces on reserved keys (``tenant_id``: the Mooncake tenant id the model would have)."""
+    from tenants.models import Release
+    from tenants.models.reserved_namespace import reservation_for
+
+    if model.pk is None:
+        return
+    for release_pk, namespace in Release.objects.filter(model_id=model.pk).values_list("pk", "namespace"):
+        reservation = reservation_for(tenant_id, namespace, model.served_model_name, model.vllm_model_name,
+                                      exclude_release_pk=release_pk)
+        if reservation is not None:
+            raise ValidationError({field: _reserved_message(reservation, namespace)}, code="reserved")
+
+
+def check_tenant_reserved_namespaces(tenant) -> None:
+    """Refuse a ``tenant_id`` change that would put one of the tenant's release namespaces on keys reserved under
+    the new id (error on ``tenant_id``)."""
+    from tenants.models import ServedModel
+
+    if tenant.pk is None:
+        return
+    for model in ServedModel.objects.filter(tenant_id=tenant.pk):
+        check_model_reserved_namespaces(model, tenant.tenant_id, "tenant_id")

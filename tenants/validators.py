@@ -400,6 +400,38 @@ def validate_adapters(value: object) -> None:
         seen.add(name)
 
 
+#: JSON Schema ``pattern`` of each name rule, for the API schema (``dashboard.api.schema``): ECMA 262 syntax that
+#: Python's ``re`` reads the same way. Exact where the rule is a regular expression (namespaces, node and request
+#: group names, versions, tokens, host names); elsewhere the part of the rule a pattern can say, which the rule
+#: then narrows (``hash_seed`` at most 4294967295, no invisible Unicode characters, distinct GPU ids).
+SCHEMA_PATTERNS = {
+    validate_tenant_id: r"^[^_\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$",
+    validate_release_namespace: f"^{_DNS_LABEL_RE.pattern}$",
+    validate_dns_label: f"^{_DNS_LABEL_RE.pattern}$",
+    validate_served_model_name: r"^[^\s@\u0000-\u001f\u007f-\u009f]+$",
+    validate_hash_seed: f"^(?:{_HASH_SEED_RE.pattern})$",
+    validate_version: f"^{_VERSION_RE.pattern}$",
+    validate_token: f"^{_TOKEN_RE.pattern}$",
+    validate_no_whitespace: r"^[^\s\u0000-\u001f\u007f-\u009f]*$",
+    validate_hostname: f"^(?:{_HOSTNAME_RE.pattern})$",
+    validate_gpu_ids: r"^(?:[0-9]+(?:,[0-9]+)*)?$",
+}
+
+
+#: Longest free text (the ``description`` of every registry object), in characters: ``RegistryModel.clean_fields``
+#: refuses longer text, so the API, the admin and the page forms all do; the API schema says ``maxLength: 4000``.
+MAX_TEXT_LENGTH = 4000
+
+
+def validate_text_length(value: object) -> None:
+    """Free text (a ``description``): at most ``MAX_TEXT_LENGTH`` characters."""
+    if isinstance(value, str) and len(value) > MAX_TEXT_LENGTH:
+        raise ValidationError(
+            f"Ensure this field has no more than {MAX_TEXT_LENGTH} characters (it has {len(value)}).",
+            code="max_length",
+        )
+
+
 #: Largest primary key the registry's tables hold (a signed 64-bit ``BigAutoField``).
 MAX_OBJECT_ID = 2**63 - 1
 

@@ -17,10 +17,13 @@ sending time) and ``signature`` (HMAC-SHA256 with the node's signing secret over
 outbox, and are stamped and signed at each delivery attempt; the dashboard refuses unsigned ones.
 
 Every message has ``schema``, its kind's version (``SCHEMA_VERSION``; ``REPORT_SCHEMA_VERSION`` for reports, which
-became 2 when occupancy rows were renamed ``scopes`` with a ``request_group`` field); a receiver refuses a schema
-it does not know with a clear error instead of guessing (the dashboard still reads schema-1 reports, through
-``dashboard.telemetry.compat``). Models refuse unknown fields (``extra="forbid"``), so a typo in a
-producer fails loudly on receipt. Sizes are bytes, times are UTC ISO-8601 strings on the wire.
+became 2 when occupancy rows were renamed ``scopes`` with a ``request_group`` field, and gained per-instance engine
+facts, ``instances``; ``DOCUMENT_SCHEMA_VERSION`` for config documents, which became 2 when they started to carry
+each instance's launch spec and the node's own settings); a receiver refuses a schema it does not know with a
+clear error instead of guessing (the dashboard still reads schema-1 reports, through
+``dashboard.telemetry.compat``; the agent still applies schema-1 documents, ``DOCUMENT_SCHEMAS``). Models refuse
+unknown fields (``extra="forbid"``), so a typo in a producer fails loudly on receipt. Sizes are bytes, times are
+UTC ISO-8601 strings on the wire.
 
 The config document carries only integers, strings, booleans and lists/objects of them (no floats), so its
 canonical JSON encoding is the same from any encoder (see ``agent.contract.signing``).
@@ -39,15 +42,23 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from agent.contract import signing
 from agent.contract.scope import CacheScope
 
-#: ``schema`` of every message kind but the report.
+#: ``schema`` of every message kind but the report and the config document.
 SCHEMA_VERSION = 1
-#: ``schema`` of ``Report``: 2 since its rows are ``scopes`` (``ScopeOccupancy``, with ``request_group``).
+#: ``schema`` of ``Report``: 2 since its rows are ``scopes`` (``ScopeOccupancy``, with ``request_group``); schema 2
+#: also carries ``instances`` (``InstanceStats``) and the node's unknown-topic counts.
 REPORT_SCHEMA_VERSION = 2
+#: ``schema`` the dashboard writes into a ``ConfigDocument``: 2 since instances carry their ``launch``
+#: (``LaunchSpec``) and the document the node's ``node_settings`` (``NodeSettings``).
+DOCUMENT_SCHEMA_VERSION = 2
+#: Document schemas an agent applies. A schema-1 document (no launch specs, no node settings) still applies;
+#: an agent that knows only schema 1 refuses a schema-2 document as ``unsupported_schema`` (upgrade agents first).
+DOCUMENT_SCHEMAS = (1, 2)
 
 #: Celery task the agent runs for each pushed document (one positional argument: the document dict).
 APPLY_CONFIG_TASK = "agent.apply_config"
@@ -88,15 +99,19 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: The ``schema`` this side speaks for the message kind (a subclass with its own version overrides both).
+    #: The ``schema`` this side writes for the message kind (a subclass with its own version overrides both).
     schema_version: ClassVar[int] = SCHEMA_VERSION
+    #: The schemas this side reads (empty: ``schema_version`` only).
+    accepted_schemas: ClassVar[tuple[int, ...]] = ()
     schema_: int = Field(SCHEMA_VERSION, alias="schema")
 
     @field_validator("schema_")
     @classmethod
     def _known_schema(cls, value: int) -> int:
-        if value != cls.schema_version:
-            raise ValueError(f"unsupported schema {value} (this side speaks schema {cls.schema_version})")
+        accepted = cls.accepted_schemas or (cls.schema_version,)
+        if value not in accepted:
+            speaks = " and ".join(str(v) for v in accepted)
+            raise ValueError(f"unsupported schema {value} (this side speaks schema {speaks})")
         return value
 
     def to_wire(self) -> dict[str, Any]:
@@ -264,6 +279,119 @@ class Ranks(BaseModel):
         return [self.tp_rank]
 
 
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Files the node agent writes itself into every instance directory (``agent.node.instance_dirs``); a launch's
+#: own ``files`` may not use these names.
+INSTANCE_DIR_FILES = ("launch.json", "env", "launch.sh")
+
+
+class LaunchSpec(BaseModel):
+    """What a node needs to start one engine instance, independent of where its directory lives: the one
+    definition the registry renders (``tenants.rendering.RenderedConfig.launch_spec()``), the config document
+    carries (``InstanceSpec.launch``) and the agent writes (``agent.node.instance_dirs``).
+
+    * ``instance_id`` — the instance's id (``InstanceSpec.instance_id``, the assignment's pk): also the instance
+      directory's name and the vLLM KV-events topic. No ``/``, no NUL, not starting with ``.``.
+    * ``argv`` — the command; ``argv[0] == "python"`` stands for the engine environment's interpreter.
+    * ``env`` — variables to set (plain strings, never shell syntax).
+    * ``file_env`` — variables whose value is the absolute path of one of ``files`` in the instance directory
+      (``{"MOONCAKE_CONFIG_PATH": "mooncake.json"}``); the node fills them in when it writes the directory.
+    * ``files`` — file name (no ``/``, not hidden, not one of ``INSTANCE_DIR_FILES``) -> text content.
+
+    ``to_dict()`` / ``from_dict()`` give the JSON form. Raises ``ValueError`` (pydantic's ``ValidationError``)
+    naming what is wrong.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str
+    argv: tuple[str, ...] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    file_env: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str) -> str:
+        if not value or "/" in value or "\0" in value or value.startswith("."):
+            raise ValueError(f"invalid instance id {value!r} (a non-empty name without '/', not starting with '.')")
+        return value
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            if "\0" in arg:
+                raise ValueError(f"argument {arg!r} contains a NUL byte")
+        return value
+
+    @field_validator("env", "file_env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not _ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"invalid environment variable name {name!r}")
+            if "\0" in text:
+                raise ValueError(f"{name} contains a NUL byte")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not name or "/" in name or "\0" in name or name.startswith(".") or name in INSTANCE_DIR_FILES:
+                raise ValueError(f"invalid instance file name {name!r} (no '/', not hidden, not one of "
+                                 f"{', '.join(INSTANCE_DIR_FILES)})")
+        return value
+
+    @model_validator(mode="after")
+    def _file_env_names_files(self) -> LaunchSpec:
+        for var, name in self.file_env.items():
+            if name not in self.files:
+                raise ValueError(f"{var} names {name!r}, which is not one of the instance's files")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"instance_id", "argv" (list), "env", "file_env", "files"}``."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
+        """From the JSON form (``env``, ``file_env``, ``files`` optional)."""
+        return cls.model_validate(dict(data))
+
+
+#: ``NodeSettings.store_mode`` values (``tenants.choices.StoreMode``).
+STORE_MODES = ("embedded", "standalone-store")
+
+
+class NodeSettings(BaseModel):
+    """What the node agent itself runs for the node's engines (the registry's ``Node`` launch settings).
+
+    * ``kv_events_port`` — the agent binds ``tcp://127.0.0.1:<kv_events_port>`` (one ZMQ SUB socket); every vLLM
+      instance of the node connects there and publishes under its instance id as topic.
+    * ``store_mode`` — ``embedded`` (each engine mounts its own segment) or ``standalone-store`` (the agent runs
+      the node's one ``mooncake_client``, which mounts the node's memory; engines mount none).
+    * ``store_client_argv`` — that client's command line as ``tenants.rendering.render_store_client`` renders it
+      (``mooncake_client --host=… --port=… --global_segment_size=…``; Mooncake 0.3.13.post1 flags); required in
+      ``standalone-store`` mode, absent in ``embedded`` mode.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kv_events_port: Annotated[int, Field(ge=1, le=65535)]
+    store_mode: Literal["embedded", "standalone-store"] = "embedded"
+    store_client_argv: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _client_iff_standalone(self) -> NodeSettings:
+        if self.store_mode == "standalone-store" and not self.store_client_argv:
+            raise ValueError("store_client_argv: required in standalone-store mode")
+        if self.store_mode == "embedded" and self.store_client_argv is not None:
+            raise ValueError("store_client_argv: only a standalone-store node runs a store client")
+        return self
+
+
 class InstanceSpec(BaseModel):
     """One engine instance on the node and the cache namespace it reads and writes.
 
@@ -273,6 +401,8 @@ class InstanceSpec(BaseModel):
     ``xxhash_cbor``; SGLang releases use ``sha256``), ``hash_seed`` the release's ``PYTHONHASHSEED``.
     ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` the release's budget (``None`` = none),
     ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on the node.
+    ``launch`` (document schema 2) is how the node starts the instance (its ``instance_id`` is the instance's);
+    ``None`` in schema-1 documents.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -296,6 +426,14 @@ class InstanceSpec(BaseModel):
     ranks: Ranks = Field(default_factory=Ranks)
     request_groups: list[RequestGroupSpec] = Field(default_factory=list)
     budget_bytes: NonNegative | None = None
+    launch: LaunchSpec | None = None
+
+    @model_validator(mode="after")
+    def _launch_is_this_instance(self) -> InstanceSpec:
+        if self.launch is not None and self.launch.instance_id != self.instance_id:
+            raise ValueError(f"launch.instance_id {self.launch.instance_id!r} is not the instance's id "
+                             f"{self.instance_id!r}")
+        return self
 
 
 class ConfigDocument(Message):
@@ -304,15 +442,33 @@ class ConfigDocument(Message):
     ``version`` grows by one for each change of content for this node (the dashboard keeps the counter in its
     database); the agent refuses a version below the one it applied (``stale``). ``issued_at`` is when the
     version was created. ``signature`` = HMAC-SHA256 over the canonical encoding (``agent.contract.signing``).
+
+    ``schema`` is ``DOCUMENT_SCHEMA_VERSION`` (2) as the dashboard writes it; schema 1 (no ``node_settings``, no
+    instance ``launch``) is still read. ``node_settings`` (schema 2) says what the agent runs for the node's
+    engines; ``None`` in a schema-1 document (then the agent starts no engine observer and no store client).
     """
 
+    schema_version: ClassVar[int] = DOCUMENT_SCHEMA_VERSION
+    accepted_schemas: ClassVar[tuple[int, ...]] = DOCUMENT_SCHEMAS
+    schema_: int = Field(DOCUMENT_SCHEMA_VERSION, alias="schema")
     kind: Literal["config"] = "config"
     node: NodeName
     version: Annotated[int, Field(ge=1)]
     issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
     store: StoreEndpoints
     instances: list[InstanceSpec] = Field(default_factory=list)
+    node_settings: NodeSettings | None = None
     signature: str = ""
+
+    @model_validator(mode="after")
+    def _schema_1_has_no_launches(self) -> ConfigDocument:
+        if self.schema_ == 1:
+            if self.node_settings is not None:
+                raise ValueError("node_settings: needs document schema 2")
+            for instance in self.instances:
+                if instance.launch is not None:
+                    raise ValueError(f"instances: launch of instance {instance.instance_id} needs document schema 2")
+        return self
 
     @field_validator("instances")
     @classmethod
@@ -391,8 +547,74 @@ class ScopeOccupancy(BaseModel):
         return CacheScope(self.tenant_id, self.served_model_name, self.namespace, self.request_group)
 
 
+class InstanceStats(BaseModel):
+    """What the agent observed of one real engine instance of its applied document (report schema 2).
+
+    Identity: ``instance_id`` (the document's), ``engine`` and the instance's release scope (``tenant_id``,
+    ``served_model_name``, ``namespace``). ``observed_since`` is when the agent began observing it (its first
+    apply, or the agent's start); ``last_event_at`` when its newest KV-event message arrived (None: none yet).
+
+    KV events (vLLM 0.32.0/0.33.0 ``ZmqEventPublisher``; ``agent.engines.vllm.attribution.AttributionCounters``),
+    counters since the agent started: ``messages``, ``events``; Store blocks ``blocks_seen`` = ``attributed`` +
+    ``unknown_salt`` + ``unknown_adapter`` + ``hash_mismatch`` + ``unresolved_parent`` + ``unverifiable``;
+    ``attributed_by_group`` (request group name -> attributed blocks); stream troubles ``decode_errors``
+    (malformed messages dropped), ``seq_gaps`` (messages lost per the sequence numbers), ``seq_resets``
+    (publisher restarts); ``last_error``.
+
+    ``/metrics`` (``agent.engines.vllm.metrics``), increases since the agent started, in **tokens**:
+    ``prefix_cache_queries``/``prefix_cache_hits`` (the engine's own prefix cache),
+    ``external_prefix_cache_queries``/``external_prefix_cache_hits`` (the KV connector: the Store);
+    ``store_keys``/``store_failed_keys`` — keys per Mooncake Store operation (``lookup_exists``, ``load_get``,
+    ``save_exists``, ``save_put``, …); ``metrics_scrapes``/``metrics_errors`` (failed scrapes) and
+    ``metrics_error`` (the newest failure).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    engine: Literal["vllm", "sglang"] = "vllm"
+    tenant_id: str = ""
+    served_model_name: str = ""
+    namespace: str = ""
+    observed_since: datetime
+    last_event_at: datetime | None = None
+    messages: NonNegative = 0
+    events: NonNegative = 0
+    blocks_seen: NonNegative = 0
+    attributed: NonNegative = 0
+    unknown_salt: NonNegative = 0
+    unknown_adapter: NonNegative = 0
+    hash_mismatch: NonNegative = 0
+    unresolved_parent: NonNegative = 0
+    unverifiable: NonNegative = 0
+    decode_errors: NonNegative = 0
+    seq_gaps: NonNegative = 0
+    seq_resets: NonNegative = 0
+    attributed_by_group: dict[str, NonNegative] = Field(default_factory=dict)
+    last_error: str = ""
+    prefix_cache_queries: NonNegative = 0
+    prefix_cache_hits: NonNegative = 0
+    external_prefix_cache_queries: NonNegative = 0
+    external_prefix_cache_hits: NonNegative = 0
+    store_keys: dict[str, NonNegative] = Field(default_factory=dict)
+    store_failed_keys: dict[str, NonNegative] = Field(default_factory=dict)
+    metrics_scrapes: NonNegative = 0
+    metrics_errors: NonNegative = 0
+    metrics_error: str = ""
+
+    #: The Store-block outcomes whose sum is ``blocks_seen``.
+    OUTCOMES: ClassVar[tuple[str, ...]] = ("attributed", "unknown_salt", "unknown_adapter", "hash_mismatch",
+                                           "unresolved_parent", "unverifiable")
+
+
 class Report(AgentMessage):
-    """Occupancy report: one ledger snapshot, a row per cache scope. Stored once per ``(node, sequence)``."""
+    """Occupancy report: one ledger snapshot, a row per cache scope. Stored once per ``(node, sequence)``.
+
+    Schema 2 also carries ``instances`` (``InstanceStats``, one per real engine instance the agent observes) and
+    the node's KV-event messages/Store blocks under topics of no instance of the applied document
+    (``unknown_topic_messages``/``unknown_topic_blocks``: an engine the registry does not know writes into the
+    pool), counters since the agent started.
+    """
 
     schema_version: ClassVar[int] = REPORT_SCHEMA_VERSION
     schema_: int = Field(REPORT_SCHEMA_VERSION, alias="schema")
@@ -402,6 +624,9 @@ class Report(AgentMessage):
     started_at: datetime
     applied_version: NonNegative = 0
     scopes: list[ScopeOccupancy] = Field(default_factory=list)
+    instances: list[InstanceStats] = Field(default_factory=list)
+    unknown_topic_messages: NonNegative = 0
+    unknown_topic_blocks: NonNegative = 0
 
 
 class Heartbeat(AgentMessage):

@@ -12,7 +12,7 @@
  * only knows how a token id is encoded:
  *   message = head || parent || mid || enc(token) for each token of the block || post
  *   head[frame_at : frame_at + 8] = little-endian length of the message after it (pickle protocol >= 4 FRAME)
- * Token encodings (each byte-identical to the Python encoder, checked by tests/agent/test_hashing_native.py):
+ * Token encodings (each byte-identical to the Python encoder, checked by tests/agent/datapath/test_hashing_native.py):
  *   ENC_PICKLE: pickle BININT1 (0x4b, 1 byte) below 256, BININT2 (0x4d, 2 bytes LE) below 65536, else BININT
  *               (0x4a, 4 bytes LE) below 2**31: CPython's save_long for non-negative ints of 32-bit range.
  *   ENC_CBOR:   RFC 8949 preferred (canonical) unsigned int, as cbor2: the value itself below 24, else

@@ -241,6 +241,37 @@ def connector_remover(connector: Any) -> RemoveFn:
 
 
 _HAS_LEASE = -706  # OBJECT_HAS_LEASE (Mooncake 0.3.13.post1): another client is reading the object
+_NOT_FOUND = -704  # OBJECT_NOT_FOUND: already gone (evicted by the master, or removed by someone else)
+
+
+def store_remover(store: Any, ledger: Ledger) -> RemoveFn:
+    """A :data:`RemoveFn` straight over a Store client (``agent.datapath.store.StoreClient``), for blocks no
+    connector of this process wrote (a real engine's, see ``agent.node.engines``): ``batch_remove`` of exactly the
+    blocks' keys (every object of a block in one call), **never** ``force=True``, then
+    ``ledger.record_removed`` of the blocks that went (already absent, -704, counts as gone). A block under a
+    read lease (-706) stays present in the ledger and is tried again at the next enforcement; any other negative
+    code raises ``StoreError`` after the ledger recorded what did go."""
+    from agent.datapath.errors import store_error
+
+    def remove(keyspace: KeySpace, block_hashes: list[bytes]) -> int:
+        if not block_hashes:
+            return 0
+        keys = keyspace.keys(block_hashes)
+        codes = store.remove(keys, force=False)
+        per = keyspace.objects_per_block
+        failures: list[tuple[str, int]] = []
+        gone_blocks: set[int] = set()
+        for n, (key, code) in enumerate(zip(keys, codes)):
+            if code == 0 or code == _NOT_FOUND:
+                gone_blocks.add(n // per)
+            elif code != _HAS_LEASE:
+                failures.append((key, code))
+        freed = ledger.record_removed(keyspace, [h for i, h in enumerate(block_hashes) if i in gone_blocks])
+        if failures:
+            raise store_error("remove", failures, tenant_id=store.tenant_id)
+        return freed
+
+    return remove
 
 
 def _scopes(scopes: CacheScope | KeySpace | Iterable[CacheScope]) -> list[CacheScope]:
@@ -258,4 +289,4 @@ def _depth(table: ScopeTable, entry: BlockEntry) -> int:
     return depth
 
 
-__all__ = ["BudgetEnforcer", "RemoveFn", "connector_remover"]
+__all__ = ["BudgetEnforcer", "RemoveFn", "connector_remover", "store_remover"]

@@ -410,6 +410,20 @@ class Ledger:
                         t.notify("access", e)
         return hits
 
+    def record_hits(self, scope: KeySpace | CacheScope, hit_blocks: int, miss_blocks: int) -> None:
+        """Add lookups the node saw only as counts (a real engine's own lookups, from its ``/metrics``, see
+        ``agent.node.engines``) to a scope's ``hit_blocks`` / ``miss_blocks``; no block is touched.
+
+        Raises:
+            ValueError: a negative count (the counters only grow).
+        """
+        if hit_blocks < 0 or miss_blocks < 0:
+            raise ValueError(f"hit_blocks and miss_blocks must not be negative, got {hit_blocks}, {miss_blocks}")
+        with self.lock:
+            t = self.table(scope)
+            t.hit_blocks += hit_blocks
+            t.miss_blocks += miss_blocks
+
     def observe(self, ks: KeySpace, block_hashes: Sequence[bytes], present: Sequence[bool]) -> None:
         """Apply the store's existence answers for known blocks (no hit/miss accounting): a block believed
         present but absent counts as evicted by the master; a known absent block found present again is kept

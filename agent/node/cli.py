@@ -1,19 +1,32 @@
 """Command line of the node agent (no Django): ``kvpool-agent`` once installed, ``python -m agent`` in a checkout.
 
-    kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D]
-                        [--report-interval S] [--heartbeat-interval S] [--pool solo|threads]
-                        [--outbox-max N] [--loglevel LEVEL] [--simulate-engines [--launch-overrides F]]
+    kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D] [--instance-root D]
+                        [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
+                        [--metrics-interval S] [--pool solo|threads] [--outbox-max N] [--loglevel LEVEL]
+                        [--simulate-engines [--launch-overrides F]]
 
 The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
 agent refuses to start without one (it could not verify any document). The state directory (default
 ``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
 outbox of undelivered reports across restarts.
 
+Real engines (``agent.node.engines.NodeEngines``): on every applied document the agent writes
+``<instance-root>/<instance_id>/`` (``launch.sh``, ``env``, ``launch.json``, ``mooncake.json``; default
+``<state-dir>/instances``) for each instance's launch spec — an engine launcher needs nothing but that directory
+(systemd: ``EnvironmentFile=<dir>/env``, ``ExecStart=<dir>/launch.sh``; a pod: an init step running
+``launch.sh``) —, runs the node's ``mooncake_client`` in ``standalone-store`` mode, binds
+``tcp://127.0.0.1:<kv_events_port>`` for the vLLM instances' KV events and attributes their Store writes into
+its ledger, scrapes their ``/metrics`` every ``--metrics-interval`` seconds, holds releases and request groups
+under their budgets, and every ``--reconcile-interval`` seconds checks the ledger against the Store (between those,
+a few blocks per tenant every 5 s: a restarted master's lost objects leave the ledger within seconds).
+
 ``--simulate-engines`` (demo and tests, where no engine runs) also plays the engine instances of the applied
 document against the Store: it mounts this node's segment when a document is applied and runs workload batches
 (task ``agent.run_workload``, see ``agent.sim.workload``), appending one JSON line per batch to
 ``workload-results.jsonl`` in the state directory; ``--launch-overrides`` gives engines hand-typed launch
-values that differ from their release (a misconfiguration, on purpose).
+values that differ from their release (a misconfiguration, on purpose). The simulator then is the node's engines:
+the agent still writes the instance directories, but runs no store client, no observer and no engine maintenance;
+the simulator reconciles its ledger with the Store every 2 s, also between batches.
 """
 from __future__ import annotations
 
@@ -23,7 +36,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from agent.node.cli_args import broker_url, positive_float, positive_int
 
@@ -53,9 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
     run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
     run.add_argument("--state-dir", help="directory for the applied document and the outbox")
+    run.add_argument("--instance-root", metavar="DIR",
+                     help="directory of the instance directories (<instance_id>/launch.sh, env, ...) the agent "
+                          "writes for each applied document (default <state-dir>/instances)")
     run.add_argument("--report-interval", type=positive_float, default=10.0, help="seconds between reports")
     run.add_argument("--heartbeat-interval", type=positive_float, default=5.0,
                      help="seconds between heartbeats")
+    run.add_argument("--reconcile-interval", type=positive_float, default=30.0,
+                     help="seconds between checks of engine-written blocks against the Store (default 30; each "
+                          "check leases the checked objects for the master's --default_kv_lease_ttl, during "
+                          "which budget removals skip them: keep it well above that TTL)")
+    run.add_argument("--metrics-interval", type=positive_float, default=5.0,
+                     help="seconds between scrapes of each vLLM instance's /metrics (default 5)")
     run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
     run.add_argument("--outbox-max", type=positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
@@ -142,11 +164,14 @@ def run(args: argparse.Namespace) -> int:
         _usage_error(f"{'--state-dir' if args.state_dir else 'state directory'}: {problem}")
     ledger = Ledger()
     simulator = _simulator(args, ledger, state_dir)
-    hooks = {"snapshot": simulator.snapshot, "on_apply": simulator.on_apply} if simulator else {}
+    engines = _engines(args, ledger, state_dir, observe=simulator is None)
+    hooks: dict[str, Any] = {"snapshot": simulator.snapshot} if simulator else {}
+    on_apply = ([simulator.on_apply] if simulator else []) + [engines.on_apply]
     try:
         daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
-                        outbox_max=args.outbox_max, ledger=ledger, **hooks)
+                        outbox_max=args.outbox_max, ledger=ledger, on_apply=on_apply,
+                        report_fields=engines.report_fields, **hooks)
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
     except OSError as exc:  # e.g. a read-only file already in the state directory
@@ -158,18 +183,37 @@ def run(args: argparse.Namespace) -> int:
         from agent.sim.workload import register_workload_task
 
         register_workload_task(app, simulator)
-        if daemon.current is not None:  # resumed from the state directory: bind its instances now
-            simulator.on_apply(daemon.current)
+    if daemon.current is not None:  # resumed from the state directory: bind its instances, observe its engines
+        daemon.run_hooks(daemon.current)
+    engines.start()
+    if simulator is not None:
+        simulator.start_maintenance()
     daemon.start()
     try:
         status = run_worker(app, args.node, pool=args.pool, loglevel=args.loglevel)
     finally:
         daemon.stop()
+        engines.close()
         if simulator is not None:
             simulator.close()
     if status:
         log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
     return status
+
+
+def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool):
+    """The node's :class:`agent.node.engines.NodeEngines` (instance directories under ``--instance-root``; with
+    ``observe``, also the store client, the engine observer and the maintenance)."""
+    from agent.node.engines import NodeEngines, tune_gc
+
+    root = Path(args.instance_root) if args.instance_root else state_dir / "instances"
+    problem = check_state_dir(root)
+    if problem:
+        _usage_error(f"--instance-root: {problem}" if args.instance_root else f"instance directory root: {problem}")
+    if observe:
+        tune_gc()  # attribution of engine writes allocates per block (agent.node.engines.ENGINE_GC_THRESHOLD)
+    return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
+                       reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

@@ -3,7 +3,8 @@
 ``Daemon.handle_document`` is what the Celery task ``agent.apply_config`` runs for each received document:
 
 1. verify the HMAC signature over the document exactly as received (``unsigned`` / ``bad_signature``);
-2. validate it against ``agent.contract.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``), check it is
+2. validate it against ``agent.contract.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``: schemas 1
+   and 2 apply, ``agent.contract.messages.DOCUMENT_SCHEMAS``), check it is
    addressed to this node (``wrong_node``) and newer than the applied one (``stale`` /
    ``version_conflict``; a re-delivery of the applied version with the same digest is acked again);
 3. build the new bindings — per instance, made by ``binder``; by default the connector's frozen
@@ -11,16 +12,19 @@
    ``AppliedConfig``; persist the document (``applied.json`` in the state directory, written to a temporary
    file, fsynced and renamed, so the last applied version survives restarts and older documents stay refused);
    a binder or disk failure rejects the document (``apply_failed``) and keeps the old config;
-4. swap ``Daemon.current`` — a single reference assignment, atomic for readers — then call ``on_apply``.
+4. swap ``Daemon.current`` — a single reference assignment, atomic for readers — then call the ``on_apply``
+   hooks in order (the engine simulator, then ``agent.node.engines.NodeEngines``: instance directories, the node's
+   store client, the engine observer); one failing hook is logged and the next still runs.
 
 Between batches, never during one: a connector reads ``daemon.current`` (or, through ``on_apply``, gets its
 ``KVConnector.keyspace`` replaced) and ``KVConnector`` reads its key space **once** at the start of a batch,
 keeping that object for the whole batch; a swap during the batch changes what the *next* batch sees. Nothing
 is mutated, so old objects stay valid for as long as anyone holds them.
 
-Each outcome becomes an ``Ack`` in the outbox. A background thread appends a ``Report`` (the ledger snapshot)
-every ``report_interval`` seconds, sends a ``Heartbeat`` every ``heartbeat_interval`` seconds, and delivers
-the outbox whenever the broker takes it (see ``agent.node.outbox``).
+Each outcome becomes an ``Ack`` in the outbox. A background thread appends a ``Report`` (the ledger snapshot, plus
+the ``report_fields`` source's per-instance engine facts) every ``report_interval`` seconds, sends a ``Heartbeat``
+every ``heartbeat_interval`` seconds, and delivers the outbox whenever the broker takes it (see
+``agent.node.outbox``).
 
 Everything the daemon sends is signed **at send time** (``_send``: ``agent.contract.signing.sign_message`` with the
 node's secret, ``signed_at`` = now), the outbox's backlog included: the dashboard refuses unsigned, tampered,
@@ -35,7 +39,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,7 +48,7 @@ from typing import Any
 
 from agent.contract import signing
 from agent.contract.messages import (
-    SCHEMA_VERSION,
+    DOCUMENT_SCHEMAS,
     Ack,
     ConfigDocument,
     Heartbeat,
@@ -66,6 +70,9 @@ Binder = Callable[[InstanceSpec], Any]
 SnapshotSource = Callable[[], Iterable[Mapping[str, Any]]]
 #: Hands a batch of JSON messages to the broker; raises when the broker does not take them.
 Publisher = Callable[[list[dict[str, Any]]], None]
+#: Returns extra ``Report`` fields for the next report (``instances``, ``unknown_topic_messages``,
+#: ``unknown_topic_blocks``; see ``agent.node.engines.NodeEngines.report_fields``).
+ReportFields = Callable[[], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -128,7 +135,9 @@ class Daemon:
         ledger: the node's ``agent.datapath.ledger.Ledger`` that in-process connectors record into (``self.ledger``).
         on_apply: called with the new ``AppliedConfig`` right after each swap, e.g. to set
             ``KVConnector.keyspace`` (itself one reference assignment; a batch in flight keeps the key space
-            it started with). Its exceptions are logged; the document stays applied.
+            it started with); a sequence of such hooks is called in order. Their exceptions are logged (each hook
+            on its own, so a failing one does not skip the next); the document stays applied.
+        report_fields: extra fields of every ``Report`` (per-instance engine facts), read when it is built.
         report_interval / heartbeat_interval: seconds between reports / heartbeats.
         outbox_max: most undelivered messages kept on disk.
     """
@@ -143,7 +152,8 @@ class Daemon:
         binder: Binder = keyspace_binder,
         snapshot: SnapshotSource | None = None,
         ledger: Any | None = None,
-        on_apply: Callable[[AppliedConfig], None] | None = None,
+        on_apply: Callable[[AppliedConfig], None] | Sequence[Callable[[AppliedConfig], None]] | None = None,
+        report_fields: ReportFields | None = None,
         report_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         outbox_max: int = DEFAULT_MAX_MESSAGES,
@@ -161,7 +171,9 @@ class Daemon:
         self._binder = binder
         self.ledger = ledger
         self._snapshot = snapshot if snapshot is not None else (ledger.snapshot if ledger is not None else None)
-        self._on_apply = on_apply
+        self._on_apply: list[Callable[[AppliedConfig], None]] = (
+            [] if on_apply is None else [on_apply] if callable(on_apply) else list(on_apply))
+        self._report_fields = report_fields
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
         self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max,
@@ -259,8 +271,9 @@ class Daemon:
         return ack
 
     def _validate(self, raw: Mapping[str, Any]) -> ConfigDocument:
-        if raw.get("schema") != SCHEMA_VERSION:
-            raise Rejected("unsupported_schema", f"schema {raw.get('schema')!r} is not {SCHEMA_VERSION}")
+        if raw.get("schema") not in DOCUMENT_SCHEMAS:
+            raise Rejected("unsupported_schema", f"schema {raw.get('schema')!r} is not one of "
+                                                 f"{', '.join(map(str, DOCUMENT_SCHEMAS))}")
         try:
             document = parse_document(raw)
         except MessageError as exc:
@@ -288,12 +301,18 @@ class Daemon:
             log.exception("node %s: applying version %d failed", self.node, document.version)
             raise Rejected("apply_failed", f"{type(exc).__name__}: {exc}") from None
         self.current = new
-        if self._on_apply is not None:
-            try:
-                self._on_apply(new)
-            except Exception:  # the swap happened; a failing hook must not make the ack lie
-                log.exception("node %s: on_apply hook failed for version %d", self.node, new.version)
+        self.run_hooks(new)
         return True
+
+    def run_hooks(self, applied: AppliedConfig) -> None:
+        """Call every ``on_apply`` hook with ``applied`` in order (also what the command line does at start for a
+        document resumed from the state directory); a hook's exception is logged and the next hook still runs."""
+        for hook in self._on_apply:
+            try:
+                hook(applied)
+            except Exception:  # the swap happened; a failing hook must not make the ack lie
+                log.exception("node %s: on_apply hook %s failed for version %d", self.node,
+                              getattr(hook, "__qualname__", hook), applied.version)
 
     def _queue_ack(self, status: str, version: int | None, digest: str | None, reason: str,
                    error: str) -> dict[str, Any]:
@@ -331,11 +350,13 @@ class Daemon:
         return [ScopeOccupancy.model_validate(entry).model_dump() for entry in entries.values()]
 
     def report_now(self) -> int:
-        """Append one occupancy report to the outbox; returns its sequence."""
+        """Append one occupancy report to the outbox (with the ``report_fields`` source's fields); returns its
+        sequence."""
+        extra = dict(self._report_fields()) if self._report_fields is not None else {}
         scopes = self.occupancy()
         return self.outbox.add(lambda sequence: Report(
             node=self.node, sequence=sequence, sent_at=utcnow(), started_at=self.started_at,
-            applied_version=self.applied_version, scopes=scopes).to_wire())
+            applied_version=self.applied_version, scopes=scopes, **extra).to_wire())
 
     def heartbeat_now(self) -> bool:
         """Send one heartbeat directly (never buffered); returns whether the broker took it."""

@@ -200,8 +200,11 @@ class MasterProcess:
             args.append(f"--client_ttl={self.client_ttl}")
         return args + self.extra_args
 
-    def start(self, attempts: int = 3) -> MasterProcess:
+    def start(self, attempts: int = 3, *, keep_ports: bool = False) -> MasterProcess:
         """Start the master and wait until it serves; retries on fresh ports when a port was taken meanwhile.
+
+        ``keep_ports``: start on the ports of the previous run (a restart the clients can find again; no retry on
+        other ports).
 
         Raises:
             MasterError: it exited or did not become ready in ``startup_timeout`` seconds (log tail attached).
@@ -212,10 +215,13 @@ class MasterProcess:
             self.workdir = (Path(tempfile.mkdtemp(prefix="mooncake-master-")) if self._own_workdir
                             else Path(self._workdir_arg))  # type: ignore[arg-type]
             self.workdir.mkdir(parents=True, exist_ok=True)
-        self.quota_file.write_text(self._policy_text)
+        if not (keep_ports and self.quota_file.exists()):  # a restarted master reloads the policy it persisted
+            self.quota_file.write_text(self._policy_text)
         last: Exception | None = None
-        for _ in range(attempts):
-            self.rpc_port, self.metadata_port, self.metrics_port = free_ports(3, self.host)
+        reuse = keep_ports and bool(self.rpc_port)
+        for _ in range(1 if reuse else attempts):
+            if not reuse:
+                self.rpc_port, self.metadata_port, self.metrics_port = free_ports(3, self.host)
             self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (the master's stdout; closed by stop())
             self.proc = subprocess.Popen(self.command(), stdout=self._log_file, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -280,6 +286,21 @@ class MasterProcess:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def kill(self) -> None:
+        """SIGKILL the master (a crash: no cleanup); the workdir and ports stay for ``start(keep_ports=True)``."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def restart(self, *, kill: bool = True) -> MasterProcess:
+        """Kill (or stop) the master and start a new, empty one on the same ports; waits until it serves."""
+        self.kill() if kill else self._terminate()
+        return self.start(keep_ports=True)
 
     def stop(self) -> None:
         """Stop the master (SIGTERM, then SIGKILL after 5 s) and remove a temporary workdir."""

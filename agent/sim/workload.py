@@ -380,6 +380,8 @@ class EngineSimulator:
         self._store_opener = store_opener
         self._applied: _Applied | None = None
         self._batch_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._maintenance: threading.Thread | None = None
         self._state_lock = threading.Lock()
         self._in_flight: Counter[CacheScope] = Counter()
         # (store endpoints, instance id, tenant, layout) -> (cache, connector)
@@ -739,10 +741,42 @@ class EngineSimulator:
             except Exception:  # telemetry only: the next round retries
                 log.warning("node %s: reconciling tenant %s failed", self.node, client.tenant_id, exc_info=True)
 
+    def maintain(self) -> None:
+        """Reconcile between batches, so an idle node's ledger follows the Store too (a master restart loses every
+        object: the sampled blocks are gone and the reconcile checks every block). Skipped while a batch runs
+        (it reconciles at its end)."""
+        if not self._batch_lock.acquire(blocking=False):
+            return
+        try:
+            if self._applied is not None:
+                self._maybe_reconcile()
+        finally:
+            self._batch_lock.release()
+
+    def start_maintenance(self) -> None:
+        """Call :meth:`maintain` every ``reconcile_seconds`` from a daemon thread until :meth:`close`."""
+        if not self.reconcile_seconds or self._maintenance is not None:
+            return
+
+        def loop() -> None:
+            while not self._closing.wait(self.reconcile_seconds):
+                try:
+                    self.maintain()
+                except Exception:  # telemetry only: the next round retries
+                    log.warning("node %s: simulator maintenance failed", self.node, exc_info=True)
+
+        self._maintenance = threading.Thread(target=loop, name=f"sim-maintenance-{self.node}", daemon=True)
+        self._maintenance.start()
+
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Unregister the caches and close every store client (their segment leaves the pool)."""
+        """Stop the maintenance thread, unregister the caches and close every store client (their segment leaves
+        the pool)."""
+        self._closing.set()
+        if self._maintenance is not None:
+            self._maintenance.join(timeout=30)
+            self._maintenance = None
         with self._batch_lock:
             for _cache, connector in self._engines.values():
                 try:

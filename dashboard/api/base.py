@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import ProtectedError
+from django.http import Http404
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.validators import UniqueTogetherValidator, UniqueValidator
 
 from dashboard.api.fields import ByteSizeSerializerField
 from dashboard.api.filtersets import StrictOrderingFilter
-from dashboard.api.permissions import RegistryModelPermissions
+from dashboard.api.permissions import RegistryModelPermissions, check_object_write
+from tenants.access import scope
 from tenants.fields import ByteSizeField
 from tenants.services import validated_save
-from tenants.validators import MAX_OBJECT_ID, parse_object_id
+from tenants.validators import MAX_OBJECT_ID, MAX_TEXT_LENGTH, parse_object_id
 
 
 class Conflict(exceptions.APIException):
@@ -58,6 +60,8 @@ class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
 
     DRF's ``PrimaryKeyRelatedField`` hands the value to the ORM, which truncates ``1.5`` (or ``"1.9"``, ``true``)
     to ``1`` and silently picks another object; this field refuses such values with HTTP 400 naming the field.
+    Only objects the requesting user may see are taken (``tenants.access.scope``): another tenant's id is "does not
+    exist", as an id no object has.
     """
 
     default_error_messages = {
@@ -73,11 +77,18 @@ class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
             self.fail("does_not_exist", pk_value=data)
         return super().to_internal_value(object_id)
 
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        request = self.context.get("request")
+        return scope(queryset, request.user) if request is not None and queryset is not None else queryset
+
 
 class ValidatedModelSerializer(serializers.ModelSerializer):
     """Model serializer whose writes go through ``full_clean()`` and a transaction (see module docstring).
 
-    Foreign keys are ``StrictPrimaryKeyRelatedField`` (integers only, no silent truncation of ``1.5``).
+    Foreign keys are ``StrictPrimaryKeyRelatedField`` (integers only, no silent truncation of ``1.5``); free text
+    (a ``TextField`` without ``max_length``: every ``description``) takes at most ``MAX_TEXT_LENGTH`` characters,
+    the cap ``RegistryModel.clean_fields`` applies, so the schema documents it as ``maxLength``.
     """
 
     serializer_related_field = StrictPrimaryKeyRelatedField
@@ -85,6 +96,12 @@ class ValidatedModelSerializer(serializers.ModelSerializer):
         **serializers.ModelSerializer.serializer_field_mapping,
         ByteSizeField: ByteSizeSerializerField,
     }
+
+    def build_standard_field(self, field_name, model_field):
+        field_class, kwargs = super().build_standard_field(field_name, model_field)
+        if isinstance(model_field, models.TextField) and model_field.max_length is None and model_field.editable:
+            kwargs["max_length"] = MAX_TEXT_LENGTH
+        return field_class, kwargs
 
     def get_fields(self):
         fields = super().get_fields()
@@ -121,16 +138,51 @@ def protected_message(instance, error: ProtectedError) -> str:
     return f"'{instance}' is still referenced by {' and '.join(kinds)} ({names}); remove them first."
 
 
-class RegistryViewSet(viewsets.ModelViewSet):
+class ObjectIdLookupMixin:
+    """Detail routes (``/{id}/``) of a viewset take the id the way every id parameter is taken
+    (``tenants.validators.parse_object_id``): ASCII digits in ``[1, 2**63 - 1]``. Anything else (``١``, ``+1``,
+    ``01x``, an id past 64 bits) is HTTP 404 before any query, as an id no object has is: the ORM would otherwise
+    turn ``١`` into object 1."""
+
+    def get_object(self):
+        lookup = self.lookup_url_kwarg or self.lookup_field
+        if lookup in self.kwargs and parse_object_id(self.kwargs[lookup]) is None:
+            name = self.get_queryset().model._meta.verbose_name
+            raise Http404(f"No {name} has the id {self.kwargs[lookup][:40]!r}.")
+        return super().get_object()
+
+
+class TenantScopedMixin:
+    """``get_queryset`` narrowed to the rows the user may see (``tenants.access.scope``): another tenant's object
+    is not listed, and its detail route is HTTP 404 as for an id no object has."""
+
+    def get_queryset(self):
+        return scope(super().get_queryset(), self.request.user)
+
+
+class RegistryViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ModelViewSet):
     """CRUD viewset of a registry model.
 
-    Reads for any authenticated user, writes with the model's add/change/delete permission
-    (``RegistryModelPermissions``); an invalid filter or ``ordering`` value is a 400 naming the parameter;
-    deletes run in a transaction and a refused delete answers 409 with the reason.
+    Reads for any authenticated user, scoped to the user's tenants (``TenantScopedMixin``); writes with the
+    model's add/change/delete permission in the object's tenant (``RegistryModelPermissions``), checked again on
+    the object as it would be saved, so that nothing is created in or moved into a tenant the user may not write;
+    an invalid filter or ``ordering`` value is a 400 naming the parameter; deletes run in a transaction and a
+    refused delete answers 409 with the reason; ids in the path follow ``ObjectIdLookupMixin``.
     """
 
     permission_classes = [RegistryModelPermissions]
     filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
+
+    def perform_create(self, serializer):
+        model = serializer.Meta.model
+        check_object_write(self.request, model, proposed_object(model, serializer.validated_data))
+        serializer.save()
+
+    def perform_update(self, serializer):
+        instance = serializer.instance
+        check_object_write(self.request, type(instance),
+                           proposed_object(type(instance), serializer.validated_data, instance))
+        serializer.save()
 
     def perform_destroy(self, instance):
         try:
@@ -138,3 +190,15 @@ class RegistryViewSet(viewsets.ModelViewSet):
                 instance.delete()
         except ProtectedError as error:
             raise Conflict(protected_message(instance, error)) from None
+
+
+def proposed_object(model, data: dict, stored=None):
+    """An unsaved ``model`` object: ``stored``'s field values (when given) with the model fields of ``data`` (a
+    serializer's ``validated_data``) over them — what a write would save, to check permissions on."""
+    names = {field.name for field in model._meta.concrete_fields}
+    values = {field.attname: getattr(stored, field.attname) for field in model._meta.concrete_fields} if stored else {}
+    proposed = model(**values)
+    for name, value in data.items():
+        if name in names:
+            setattr(proposed, name, value)
+    return proposed

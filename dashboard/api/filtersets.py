@@ -10,6 +10,8 @@ means no filter.
 from __future__ import annotations
 
 import django_filters as filters
+from django_filters.fields import MultipleChoiceField
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.filters import OrderingFilter
 
@@ -18,8 +20,17 @@ from dashboard.api.params import (
     StrictIsoDateTimeFilter,
     StrictModelChoiceFilter,
 )
-from dashboard.models import MasterQuotaSample, NodeState, OccupancySample
-from tenants.choices import AuditAction, Engine, HashAlgo, InstanceRole, NodeDevice, ReleaseState, StoreMode
+from dashboard.models import InstanceStats, MasterQuotaSample, NodeState, OccupancySample
+from tenants.choices import (
+    AuditAction,
+    Engine,
+    HashAlgo,
+    InstanceRole,
+    NodeDevice,
+    ReleaseState,
+    StoreMode,
+    TenantRole,
+)
 from tenants.models import (
     AuditEntry,
     InstanceAssignment,
@@ -28,9 +39,11 @@ from tenants.models import (
     RequestGroup,
     ServedModel,
     Tenant,
+    TenantMembership,
 )
 
 
+@extend_schema_field({"type": "string", "enum": ["true", "false"]})
 class StrictBooleanFilter(filters.TypedChoiceFilter):
     """A boolean query parameter, ``true`` or ``false`` (any other value is a 400 naming the parameter).
 
@@ -45,6 +58,20 @@ class StrictBooleanFilter(filters.TypedChoiceFilter):
         kwargs.setdefault("coerce", lambda value: value == "true")
         kwargs.setdefault("error_messages", {"invalid_choice": "'%(value)s' is not a boolean: use true or false."})
         super().__init__(*args, **kwargs)
+
+
+class BlankIgnoringMultipleChoiceField(MultipleChoiceField):
+    """django-filter's multiple-choice field, reading blank values as absent (``?state=`` lists everything, as a
+    blank value of any other parameter does) instead of refusing them as a choice."""
+
+    def to_python(self, value):
+        return [item for item in super().to_python(value) if item != ""]
+
+
+class StrictMultipleChoiceFilter(filters.MultipleChoiceFilter):
+    """A repeatable choice parameter (``?state=warming&state=serving``); blank values are ignored."""
+
+    field_class = BlankIgnoringMultipleChoiceField
 
 
 class StrictOrderingFilter(OrderingFilter):
@@ -88,7 +115,7 @@ class ReleaseFilterSet(StrictFilterSet):
     tenant = StrictModelChoiceFilter(field_name="model__tenant", queryset=Tenant.objects.all())
     tenant_id = filters.CharFilter(field_name="model__tenant__tenant_id")
     served_model_name = filters.CharFilter(field_name="model__served_model_name")
-    state = filters.MultipleChoiceFilter(choices=ReleaseState.choices)
+    state = StrictMultipleChoiceFilter(choices=ReleaseState.choices)
     engine = filters.ChoiceFilter(choices=Engine.choices)
     hash_algo = filters.ChoiceFilter(choices=HashAlgo.choices)
     has_served = StrictBooleanFilter(field_name="first_served_at", lookup_expr="isnull", exclude=True)
@@ -131,6 +158,18 @@ class InstanceAssignmentFilterSet(StrictFilterSet):
     class Meta:
         model = InstanceAssignment
         fields = {"node": ["exact"], "release": ["exact"]}
+
+
+class TenantMembershipFilterSet(StrictFilterSet):
+    """By tenant (``tenant`` = pk, ``tenant_id`` = Mooncake name), user (``user`` = pk, ``username``) and role."""
+
+    tenant_id = filters.CharFilter(field_name="tenant__tenant_id")
+    username = filters.CharFilter(field_name="user__username")
+    role = filters.ChoiceFilter(choices=TenantRole.choices)
+
+    class Meta:
+        model = TenantMembership
+        fields = {"tenant": ["exact"], "user": ["exact"]}
 
 
 class AuditEntryFilterSet(StrictFilterSet):
@@ -211,3 +250,31 @@ class MasterQuotaSampleFilterSet(StrictFilterSet):
     class Meta:
         model = MasterQuotaSample
         fields = ["tenant_id"]
+
+
+#: ``?engine=`` of instance stats.
+STATS_ENGINES = ("vllm", "sglang")
+
+
+class InstanceStatsFilterSet(StrictFilterSet):
+    """By node (``?node=`` = node name), instance id, tenant, model, release namespace, ``?engine=vllm|sglang``,
+    time of the report (``since`` inclusive, ``until`` exclusive, ISO 8601) and ``?trouble=true`` (instances with
+    hash mismatches, unknown salts or adapters, lost or malformed event messages)."""
+
+    node = filters.CharFilter(field_name="node_name")
+    engine = filters.ChoiceFilter(choices=[(name, name) for name in STATS_ENGINES],
+                                  error_messages=_one_of(STATS_ENGINES))
+    since = StrictIsoDateTimeFilter(field_name="reported_at", lookup_expr="gte")
+    until = StrictIsoDateTimeFilter(field_name="reported_at", lookup_expr="lt")
+    trouble = StrictBooleanFilter(method="filter_trouble")
+
+    class Meta:
+        model = InstanceStats
+        fields = ["instance_id", "tenant_id", "served_model_name", "namespace"]
+
+    def filter_trouble(self, queryset, name: str, value: bool):
+        from django.db.models import Q
+
+        bad = (Q(hash_mismatch__gt=0) | Q(unknown_salt__gt=0) | Q(unknown_adapter__gt=0) | Q(seq_gaps__gt=0)
+               | Q(decode_errors__gt=0))
+        return queryset.filter(bad) if value else queryset.exclude(bad)

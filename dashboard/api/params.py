@@ -19,6 +19,7 @@ from django_filters.fields import IsoDateTimeField, ModelChoiceField
 from django_filters.filterset import FILTER_FOR_DBFIELD_DEFAULTS
 from rest_framework.exceptions import ValidationError as ApiValidationError
 
+from tenants.access import scope
 from tenants.validators import MAX_OBJECT_ID, parse_object_id
 
 #: Message of an id parameter that is not ASCII digits in ``[1, MAX_OBJECT_ID]``.
@@ -45,9 +46,17 @@ class StrictModelChoiceField(ModelChoiceField):
 
 
 class StrictModelChoiceFilter(filters.ModelChoiceFilter):
-    """``?<relation>=<id>``: the related object with that id (see ``StrictModelChoiceField``)."""
+    """``?<relation>=<id>``: the related object with that id (see ``StrictModelChoiceField``), among the objects the
+    requesting user may see (``tenants.access.scope``): another tenant's id is "Select a valid choice", as an id no
+    object has."""
 
     field_class = StrictModelChoiceField
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if queryset is None:
+            return None
+        return scope(queryset, getattr(request, "user", None)) if request is not None else queryset.none()
 
 
 class StrictIsoDateTimeField(IsoDateTimeField):

@@ -14,8 +14,10 @@ from tenants.models import (
     Node,
     Release,
     RequestGroup,
+    ReservedNamespace,
     ServedModel,
     Tenant,
+    TenantMembership,
 )
 from tenants.quota import format_quota
 from tenants.validators import validate_adapters
@@ -24,20 +26,114 @@ _TIMESTAMPS = ("created_at", "updated_at")
 
 
 class TenantSerializer(ValidatedModelSerializer):
-    """A Mooncake tenant; ``quota_bytes`` accepts ``8MB``-style strings and is returned in bytes."""
+    """A Mooncake tenant; ``quota_bytes`` (the requested quota) accepts ``8MB``-style strings and is returned in
+    bytes; ``effective_quota_bytes`` and ``charged_bytes`` are the newest read-back from the master.
+
+    A write that raises the requested total above the pool's mounted capacity (or while the capacity is unknown)
+    is refused with HTTP 400 on ``confirm_overcommit`` unless that is ``true`` (``dashboard.master.capacity``);
+    a confirmed overcommit is audited.
+    """
 
     quota = serializers.SerializerMethodField(help_text="quota_bytes in the master's policy notation, e.g. '8MB'.")
     budgeted_bytes = serializers.SerializerMethodField(help_text="Sum of the budgets given out inside the quota.")
+    effective_quota_bytes = serializers.SerializerMethodField(
+        help_text="Quota the master applies now (requested quota scaled down to the mounted capacity), from the "
+        "newest master read-back; null before the first one.")
+    charged_bytes = serializers.SerializerMethodField(
+        help_text="Bytes the master charges the tenant now, from the newest master read-back; null before the "
+        "first one.")
+    confirm_overcommit = serializers.BooleanField(
+        write_only=True, required=False, default=False,
+        help_text="Save even though the requested quotas then exceed the pool's mounted capacity (or the capacity "
+        "is unknown): other tenants' effective quotas may drop. Audited.")
 
     class Meta:
         model = Tenant
-        fields = ("id", "tenant_id", "quota_bytes", "quota", "budgeted_bytes", "description", *_TIMESTAMPS)
+        fields = ("id", "tenant_id", "quota_bytes", "quota", "effective_quota_bytes", "charged_bytes",
+                  "budgeted_bytes", "description", "confirm_overcommit", *_TIMESTAMPS)
 
     def get_quota(self, obj: Tenant) -> str:
         return format_quota(obj.quota_bytes)
 
     def get_budgeted_bytes(self, obj: Tenant) -> int:
         return budgets.budgeted_bytes(obj)
+
+    def _master_sample(self, obj: Tenant):
+        if "master_quotas" not in self.context:
+            from dashboard.telemetry.queries import latest_master_quotas
+
+            self.context["master_quotas"] = latest_master_quotas()
+        return self.context["master_quotas"].get(obj.tenant_id)
+
+    def get_effective_quota_bytes(self, obj: Tenant) -> int | None:
+        sample = self._master_sample(obj)
+        return sample.effective_quota_bytes if sample is not None else None
+
+    def get_charged_bytes(self, obj: Tenant) -> int | None:
+        sample = self._master_sample(obj)
+        return sample.charged_bytes if sample is not None else None
+
+    def create(self, validated_data):
+        confirmed = validated_data.pop("confirm_overcommit", False)
+        return self._save_checked(Tenant(**validated_data), confirmed)
+
+    def update(self, instance, validated_data):
+        confirmed = validated_data.pop("confirm_overcommit", False)
+        for name, value in validated_data.items():
+            setattr(instance, name, value)
+        return self._save_checked(instance, confirmed)
+
+    def _save_checked(self, tenant: Tenant, confirmed: bool) -> Tenant:
+        """Model rules first (a bad field is named as usual), then the capacity gate, then the save with the
+        audit entry of a confirmed overcommit in its transaction."""
+        from django.core.exceptions import ValidationError as DjangoValidationError
+        from django.db import transaction
+
+        from dashboard.api.base import drf_detail, save_or_400
+        from dashboard.master.capacity import check_tenant_change, record_confirmation
+
+        try:
+            tenant.full_clean()
+            plan = check_tenant_change(tenant, confirmed=confirmed)
+        except DjangoValidationError as error:
+            raise serializers.ValidationError(drf_detail(error)) from None
+        with transaction.atomic():
+            saved = save_or_400(tenant)
+            record_confirmation(saved, plan)
+        return saved
+
+
+class QuotaPlanRequestSerializer(serializers.Serializer):
+    """Input of ``POST /tenants/quota-plan/``: the tenant as it would be saved (``id`` for an existing one)."""
+
+    id = serializers.IntegerField(required=False, min_value=1, help_text="Existing tenant being changed.")
+    tenant_id = serializers.CharField(max_length=255)
+    quota_bytes = ByteSizeSerializerField()
+
+
+class QuotaPlanRowSerializer(serializers.Serializer):
+    """One tenant of a quota plan (bytes; effective values null while the capacity is unknown)."""
+
+    tenant_id = serializers.CharField()
+    requested_before_bytes = serializers.IntegerField(allow_null=True)
+    requested_after_bytes = serializers.IntegerField(allow_null=True)
+    effective_before_bytes = serializers.IntegerField(allow_null=True)
+    effective_after_bytes = serializers.IntegerField(allow_null=True)
+    changed = serializers.BooleanField()
+    lowered = serializers.BooleanField()
+
+
+class QuotaPlanSerializer(serializers.Serializer):
+    """What a quota change does to every tenant's effective quota (``tenants.capacity.QuotaPlan``)."""
+
+    capacity_bytes = serializers.IntegerField(allow_null=True, help_text="Mounted capacity; null when unknown.")
+    capacity_error = serializers.CharField(help_text="Why the capacity is unknown (empty when known).")
+    requested_before_bytes = serializers.IntegerField()
+    requested_after_bytes = serializers.IntegerField()
+    overcommitted = serializers.BooleanField()
+    needs_confirmation = serializers.BooleanField()
+    reasons = serializers.ListField(child=serializers.CharField())
+    tenants = QuotaPlanRowSerializer(many=True)
 
 
 class ServedModelSerializer(ValidatedModelSerializer):
@@ -166,6 +262,16 @@ class InstanceAssignmentSerializer(ValidatedModelSerializer):
         )  # fmt: skip
 
 
+class ReservedNamespaceSerializer(serializers.ModelSerializer):
+    """A release namespace reserved for good (its release was deleted or moved away), read only."""
+
+    class Meta:
+        model = ReservedNamespace
+        fields = ("id", "tenant_id", "served_model_name", "vllm_model_name", "namespace", "engine", "fingerprint",
+                  "release_state", "release_pk", "reason", "purge_id", "created_at")
+        read_only_fields = fields
+
+
 class AuditEntrySerializer(serializers.ModelSerializer):
     """A read-only audit log entry."""
 
@@ -215,3 +321,14 @@ class ReleaseConfigSerializer(serializers.Serializer):
     namespace = serializers.CharField()
     fingerprint = serializers.CharField()
     instances = RenderedConfigSerializer(many=True)
+
+
+class TenantMembershipSerializer(ValidatedModelSerializer):
+    """A user's ``role`` (viewer, operator, admin) in a tenant; ``username`` and ``tenant_id`` echo the ids."""
+
+    username = serializers.CharField(source="user.get_username", read_only=True)
+    tenant_id = serializers.CharField(source="tenant.tenant_id", read_only=True)
+
+    class Meta:
+        model = TenantMembership
+        fields = ("id", "user", "username", "tenant", "tenant_id", "role", *_TIMESTAMPS)

@@ -1,9 +1,8 @@
 """Routes of the REST API; each resource registers its viewset on the router."""
 from django.urls import path
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
-from dashboard.api import views
+from dashboard.api import tokens, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -12,10 +11,14 @@ router.register("releases", views.ReleaseViewSet, basename="release")
 router.register("request-groups", views.RequestGroupViewSet, basename="requestgroup")
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("assignments", views.InstanceAssignmentViewSet, basename="instanceassignment")
+router.register("reserved-namespaces", views.ReservedNamespaceViewSet, basename="reservednamespace")
 router.register("audit", views.AuditEntryViewSet, basename="auditentry")
+router.register("memberships", views.TenantMembershipViewSet, basename="tenantmembership")
 
 urlpatterns = [
-    # POST username + password -> {"token": ...} (same token as `manage.py drf_create_token USER`).
-    path("auth-token/", obtain_auth_token, name="api-auth-token"),
+    # POST username + password -> {"token": ...}, shown once (like `manage.py create_api_token USER`).
+    path("auth-token/", tokens.ObtainToken.as_view(), name="api-auth-token"),
+    path("tokens/", tokens.TokenList.as_view(), name="api-tokens"),
+    path("tokens/<str:token_key>/", tokens.TokenRevoke.as_view(), name="api-token"),
     *router.urls,
 ]

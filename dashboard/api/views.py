@@ -4,24 +4,28 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import permissions, serializers, status, viewsets
+from rest_framework import exceptions, permissions, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from dashboard.api import filtersets
 from dashboard.api import serializers as s
-from dashboard.api.base import RegistryViewSet, drf_detail
+from dashboard.api.base import Conflict, ObjectIdLookupMixin, RegistryViewSet, TenantScopedMixin, drf_detail
 from dashboard.api.filtersets import StrictOrderingFilter
-from dashboard.api.permissions import CanHandleNodeSecret
+from dashboard.api.permissions import CanHandleNodeSecret, IsPlatformAdmin, RegistryModelPermissions
+from tenants.access import platform_fields_changed
 from tenants.models import (
     AuditEntry,
     InstanceAssignment,
     Node,
     Release,
     RequestGroup,
+    ReservedNamespace,
     ServedModel,
     Tenant,
+    TenantMembership,
 )
+from tenants.models.reserved_namespace import delete_consequences
 from tenants.rendering import (
     RenderTarget,
     render_assignment,
@@ -40,10 +44,43 @@ class TenantViewSet(RegistryViewSet):
     filterset_class = filtersets.TenantFilterSet
     ordering_fields = ("tenant_id", "quota_bytes", "created_at")
 
+    def perform_update(self, serializer):
+        changed = platform_fields_changed(self.request.user, serializer.instance, serializer.validated_data)
+        if changed:
+            raise exceptions.PermissionDenied(
+                f"changing a tenant's {' or '.join(changed)} is a platform admin's action (the quota is a share of "
+                "the pool every tenant draws on); a tenant admin may change its description.")
+        super().perform_update(serializer)
+
+    @extend_schema(parameters=[s.QuotaPlanRequestSerializer], responses=s.QuotaPlanSerializer)
+    @action(detail=False, methods=["get"], url_path="quota-plan",
+            permission_classes=[permissions.IsAuthenticated, IsPlatformAdmin])
+    def quota_plan(self, request):
+        """What saving a tenant would do to every tenant's effective quota, before it is saved: ``?tenant_id=
+        &quota_bytes=`` (and ``id=`` for an existing tenant); without parameters, the pool as it is. The mounted
+        capacity is read from the master now; when it is unknown the plan says so (``capacity_bytes`` null).
+        Platform admins only: the plan lists every tenant."""
+        from dashboard.master.capacity import plan_tenant_change
+
+        params = {name: value for name, value in request.query_params.items() if value != ""}
+        if not params:
+            return Response(plan_tenant_change(None).as_dict())
+        data = s.QuotaPlanRequestSerializer(data=params)
+        data.is_valid(raise_exception=True)
+        stored = None
+        if "id" in data.validated_data:
+            stored = Tenant.objects.filter(pk=data.validated_data["id"]).first()
+            if stored is None:
+                raise serializers.ValidationError({"id": [f"No tenant has the id {data.validated_data['id']}."]})
+        tenant = Tenant(pk=stored.pk if stored else None, tenant_id=data.validated_data["tenant_id"],
+                        quota_bytes=data.validated_data["quota_bytes"])
+        return Response(plan_tenant_change(tenant, stored=stored).as_dict())
+
     @extend_schema(responses=s.RenderedConfigSerializer)
-    @action(detail=False, methods=["get"], url_path="master-config")
+    @action(detail=False, methods=["get"], url_path="master-config",
+            permission_classes=[permissions.IsAuthenticated, IsPlatformAdmin])
     def master_config(self, request):
-        """The ``mooncake_master`` command line and ``tenant_quotas.yaml`` for all tenants."""
+        """The ``mooncake_master`` command line and ``tenant_quotas.yaml`` for all tenants (platform admins only)."""
         return Response(render_master(Tenant.objects.all(), RenderTarget.from_settings()).to_dict())
 
 
@@ -64,6 +101,31 @@ class ReleaseViewSet(RegistryViewSet):
     filterset_class = filtersets.ReleaseFilterSet
     ordering_fields = ("namespace", "state", "created_at", "first_served_at")
 
+    @extend_schema(parameters=[OpenApiParameter(
+        "confirm_namespace", str, description="The release's namespace, typed again: confirms that the namespace "
+        "is reserved for good and its keys purged. Without it the delete answers 409 saying what it would do.")])
+    def destroy(self, request, *args, **kwargs):
+        """Delete a release that never served and has no instances: only with ``confirm_namespace`` (409 without
+        it); its namespace stays reserved for good (``tenants.models.ReservedNamespace``) and the tenant's agents
+        are asked to purge its keys after the commit. A served release, or one with instances, answers 409 with
+        the reason."""
+        return super().destroy(request, *args, **kwargs)
+
+    def perform_destroy(self, instance):
+        if instance.has_served or instance.assignments.exists():
+            return super().perform_destroy(instance)  # refused: 409 with the reason (served / instances left)
+        confirm = self.request.query_params.get("confirm_namespace")
+        if confirm is None and isinstance(self.request.data, dict):
+            confirm = self.request.data.get("confirm_namespace")
+        if confirm in (None, ""):
+            raise Conflict(f"{delete_consequences(instance)} Repeat the request with "
+                           f"confirm_namespace={instance.namespace} to delete it, or retire the release instead "
+                           "(a retired release keeps its namespace and can be purged from its page).")
+        if confirm != instance.namespace:
+            raise serializers.ValidationError({"confirm_namespace": [
+                f"Must be the release namespace '{instance.namespace}' to confirm the delete."]})
+        return super().perform_destroy(instance)
+
     @extend_schema(
         parameters=[
             OpenApiParameter(
@@ -77,8 +139,8 @@ class ReleaseViewSet(RegistryViewSet):
         """Rendered engine configuration: every instance of the release, or ``?assignment=ID`` only."""
         release = self.get_object()
         endpoints = RenderTarget.from_settings()
-        raw = request.query_params.get("assignment")
-        if raw is not None:
+        raw = request.query_params.get("assignment", "")
+        if raw != "":  # blank is absent, as for every query parameter (dashboard.api.params)
             assignment_id = parse_object_id(raw)
             if assignment_id is None:
                 raise serializers.ValidationError(
@@ -138,8 +200,8 @@ class NodeViewSet(RegistryViewSet):
     @action(detail=True, methods=["get", "post"],
             permission_classes=[permissions.IsAuthenticated, CanHandleNodeSecret])
     def secret(self, request, pk=None):
-        """Staff only: ``GET`` returns the node's signing secret; ``POST`` (staff with ``tenants.change_node``)
-        rotates it and returns the new one."""
+        """Staff platform admins only: ``GET`` returns the node's signing secret; ``POST`` (with
+        ``tenants.change_node``) rotates it and returns the new one."""
         node = self.get_object()
         secret = node.rotate_secret() if request.method == "POST" else node.signing_secret
         response = Response({"node": node.name, "signing_secret": secret})
@@ -156,11 +218,33 @@ class InstanceAssignmentViewSet(RegistryViewSet):
     ordering_fields = ("port", "created_at")
 
 
-class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
-    """The audit log (read only, for every authenticated user)."""
+class ReservedNamespaceViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ReadOnlyModelViewSet):
+    """Namespaces of deleted or renamed releases, reserved for good (read only): no release of the same model key
+    in the tenant may use one again. Scoped to the user's tenants (by tenant name)."""
+
+    queryset = ReservedNamespace.objects.all()
+    filter_backends = [StrictOrderingFilter]
+    serializer_class = s.ReservedNamespaceSerializer
+    ordering_fields = ("created_at", "namespace")
+
+
+class AuditEntryViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ReadOnlyModelViewSet):
+    """The audit log (read only): a platform admin sees every entry, anyone else the entries about their tenants
+    (``AuditEntry.tenant_pk``)."""
 
     queryset = AuditEntry.objects.select_related("actor")
     filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
     serializer_class = s.AuditEntrySerializer
     filterset_class = filtersets.AuditEntryFilterSet
     ordering_fields = ("timestamp",)
+
+
+class TenantMembershipViewSet(RegistryViewSet):
+    """Who holds which role in which tenant (``tenants.models.TenantMembership``). Platform admins only; writes
+    need ``tenants.add/change/delete_tenantmembership`` too."""
+
+    queryset = TenantMembership.objects.select_related("user", "tenant")
+    serializer_class = s.TenantMembershipSerializer
+    filterset_class = filtersets.TenantMembershipFilterSet
+    permission_classes = [permissions.IsAuthenticated, IsPlatformAdmin, RegistryModelPermissions]
+    ordering_fields = ("created_at", "role")

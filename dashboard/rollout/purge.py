@@ -12,6 +12,10 @@ answers with task ``dashboard.purge_result`` (queue ``dashboard.control``), whic
 stores as another audit entry (``dashboard.purgeresult``, actor ``agent:<node>``, ``after`` = node, removed
 count, error). ``purge_status`` reads both back; the audit log is the record, so no extra table is needed.
 
+A confirmed delete of a release purges the namespace it leaves the same way (``request_reserved_purge``, called
+after the commit by ``dashboard.signals``): the namespace is reserved forever (``tenants.models.ReservedNamespace``),
+so the purge never meets a later release; its request and results are audited under the deleted release's id.
+
 The Celery task is defined here; a worker registers it when it imports this module (``dashboard/tasks.py``
 should ``from dashboard.rollout.purge import purge_result``).
 """
@@ -41,7 +45,7 @@ from agent.contract.messages import (
 from dashboard.celery import app
 from tenants.audit import current_context
 from tenants.choices import AuditAction, Engine, ReleaseState
-from tenants.models import AuditEntry, Node, Release
+from tenants.models import AuditEntry, Node, Release, ReservedNamespace, Tenant
 
 log = logging.getLogger("kvpool.dashboard.purge")
 
@@ -65,18 +69,51 @@ def purge_nodes(release: Release) -> list[Node]:
                 .distinct().order_by("name"))
 
 
-def _write_entry(object_type: str, release: Release, purge_id: str, after: dict[str, Any],
+def _write_entry(object_type: str, object_id: str, object_repr: str, purge_id: str, after: dict[str, Any],
                  actor_repr: str | None = None) -> AuditEntry:
     context = current_context()
     user, context_actor = context.resolve_actor()
+    # The tenant whose members see the entry: named by a request, the request's for a result.
+    tenant_pk = (Tenant.objects.filter(tenant_id=after["tenant_id"]).values_list("pk", flat=True).first()
+                 if after.get("tenant_id") else
+                 AuditEntry.objects.filter(object_type=REQUEST_TYPE, request_id=purge_id)
+                 .values_list("tenant_pk", flat=True).first())
     return AuditEntry.objects.create(
         actor=user if actor_repr is None else None, actor_repr=(actor_repr or context_actor)[:255],
         action=AuditAction.CREATE if object_type == REQUEST_TYPE else AuditAction.DELETE,
-        object_type=object_type, object_id=str(release.pk),
-        object_repr=f"{release.model.tenant.tenant_id}/{release.model.served_model_name}/{release.namespace} "
-                    "keys"[:255],
-        before=None, after=after, request_id=purge_id,
+        object_type=object_type, object_id=object_id, object_repr=object_repr[:255],
+        before=None, after=after, request_id=purge_id, tenant_pk=tenant_pk,
     )
+
+
+def _keys_repr(tenant_id: str, served_model_name: str, namespace: str) -> str:
+    return f"{tenant_id}/{served_model_name}/{namespace} keys"
+
+
+def _send(purge_id: str, object_id: str, object_repr: str, nodes: list[Node], fields: dict[str, Any]) -> None:
+    """Audit the request (``fields`` + the nodes asked), then send one signed ``PurgeRequest`` per node; a node the
+    broker does not reach is recorded as a failed result."""
+    issued_at = timezone.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with transaction.atomic():
+        _write_entry(REQUEST_TYPE, object_id, object_repr, purge_id, {
+            "purge_id": purge_id, **fields, "nodes": [node.name for node in nodes], "issued_at": issued_at})
+    for node in nodes:
+        request = PurgeRequest(purge_id=purge_id, node=node.name, tenant_id=fields["tenant_id"],
+                               engine=fields["engine"], namespace=fields["namespace"], model=fields["model"],
+                               served_model_name=fields["served_model_name"], issued_at=issued_at)
+        try:
+            app.send_task(PURGE_TASK, args=[signed_request(request, node.signing_secret)],
+                          queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
+                          retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
+                                        "interval_max": 0.5})
+        except Exception as exc:  # broker down: record it as this node's answer
+            log.error("purge %s: could not send to node %s: %s", purge_id, node.name, exc)
+            _write_entry(RESULT_TYPE, object_id, object_repr, purge_id,
+                         {"purge_id": purge_id, "node": node.name, "removed": 0,
+                          "error": f"not sent: {type(exc).__name__}: {exc}"[:2000]},
+                         actor_repr="system")
+    log.info("purge %s of %s requested from nodes %s (regex %s)", purge_id, fields["namespace"],
+             [n.name for n in nodes], fields["regex"])
 
 
 def request_purge(release: Release, *, confirm: str) -> str:
@@ -101,33 +138,41 @@ def request_purge(release: Release, *, confirm: str) -> str:
             f"No node runs an instance of tenant '{release.model.tenant.tenant_id}', so no agent can remove the "
             f"keys of '{release.namespace}'. They leave the Store through normal eviction.")
     model = key_model(release)
-    regex = release_keys_regex(release.engine, release.namespace, model)
+    tenant_id, served_model_name = release.model.tenant.tenant_id, release.model.served_model_name
     purge_id = uuid.uuid4().hex
-    issued_at = timezone.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    with transaction.atomic():
-        _write_entry(REQUEST_TYPE, release, purge_id, {
-            "purge_id": purge_id, "release": release.pk, "tenant_id": release.model.tenant.tenant_id,
-            "served_model_name": release.model.served_model_name, "namespace": release.namespace,
-            "engine": release.engine, "model": model, "regex": regex, "nodes": [node.name for node in nodes],
-            "issued_at": issued_at,
-        })
-    for node in nodes:
-        request = PurgeRequest(purge_id=purge_id, node=node.name, tenant_id=release.model.tenant.tenant_id,
-                               engine=release.engine, namespace=release.namespace, model=model,
-                               served_model_name=release.model.served_model_name, issued_at=issued_at)
-        try:
-            app.send_task(PURGE_TASK, args=[signed_request(request, node.signing_secret)],
-                          queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
-                          retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
-                                        "interval_max": 0.5})
-        except Exception as exc:  # broker down: record it as this node's answer
-            log.error("purge %s: could not send to node %s: %s", purge_id, node.name, exc)
-            _write_entry(RESULT_TYPE, release, purge_id,
-                         {"purge_id": purge_id, "node": node.name, "removed": 0,
-                          "error": f"not sent: {type(exc).__name__}: {exc}"[:2000]},
-                         actor_repr="system")
-    log.info("purge %s of %s requested from nodes %s (regex %s)", purge_id, release.namespace,
-             [n.name for n in nodes], regex)
+    _send(purge_id, str(release.pk), _keys_repr(tenant_id, served_model_name, release.namespace), nodes, {
+        "release": release.pk, "tenant_id": tenant_id, "served_model_name": served_model_name,
+        "namespace": release.namespace, "engine": release.engine, "model": model,
+        "regex": release_keys_regex(release.engine, release.namespace, model)})
+    return purge_id
+
+
+def request_reserved_purge(reservation: ReservedNamespace) -> str:
+    """Ask the agents of the reservation's tenant to remove the keys of a deleted release's namespace (the
+    release's delete was confirmed and audited; its namespace stays reserved forever, so this purge can never
+    reach a later release). Returns the purge id and stores it on the reservation; "" when no node runs an
+    instance of the tenant (the keys then leave the Store through normal eviction) or the regex cannot be built.
+    """
+    nodes = list(Node.objects.filter(assignments__release__model__tenant__tenant_id=reservation.tenant_id)
+                 .distinct().order_by("name"))
+    model = reservation.vllm_model_name if reservation.engine == Engine.VLLM else reservation.served_model_name
+    try:
+        regex = release_keys_regex(reservation.engine, reservation.namespace, model)
+    except ValueError as exc:
+        log.error("no purge for reserved namespace %s: %s", reservation, exc)
+        return ""
+    if not nodes:
+        log.info("no node runs an instance of tenant %s: the keys of deleted release %s leave through eviction",
+                 reservation.tenant_id, reservation.namespace)
+        return ""
+    purge_id = uuid.uuid4().hex
+    _send(purge_id, str(reservation.release_pk),
+          _keys_repr(reservation.tenant_id, reservation.served_model_name, reservation.namespace), nodes, {
+              "release": reservation.release_pk, "reserved_namespace": reservation.pk, "reason": "release deleted",
+              "tenant_id": reservation.tenant_id, "served_model_name": reservation.served_model_name,
+              "namespace": reservation.namespace, "engine": reservation.engine, "model": model, "regex": regex})
+    reservation.purge_id = purge_id
+    reservation.save(update_fields=["purge_id", "updated_at"])
     return purge_id
 
 
@@ -150,10 +195,8 @@ def record_purge_result(raw: Any) -> bool:
         if AuditEntry.objects.filter(object_type=RESULT_TYPE, request_id=result.purge_id,
                                      after__node=result.node).exists():
             return False
-        release = Release.objects.select_related("model__tenant").filter(pk=int(request.object_id)).first()
-        if release is None:
-            return False
-        _write_entry(RESULT_TYPE, release, result.purge_id,
+        # The release may be gone (a confirmed delete purges the namespace it leaves): the request entry names it.
+        _write_entry(RESULT_TYPE, request.object_id, request.object_repr, result.purge_id,
                      {"purge_id": result.purge_id, "node": result.node, "removed": result.removed,
                       "error": result.error, "sent_at": result.sent_at.isoformat()},
                      actor_repr=f"agent:{result.node}")
@@ -234,12 +277,13 @@ def purge_status(purge_id: str) -> PurgeStatus | None:
     return _status(request, results)
 
 
-def purges_for_release(release: Release) -> list[PurgeStatus]:
-    """Every purge requested for ``release``, newest first."""
-    requests = list(AuditEntry.objects.filter(object_type=REQUEST_TYPE, object_id=str(release.pk))
+def purges_for_release(release: Release | ReservedNamespace) -> list[PurgeStatus]:
+    """Every purge requested for ``release`` (or for the deleted release a reservation names), newest first."""
+    object_id = str(release.release_pk if isinstance(release, ReservedNamespace) else release.pk)
+    requests = list(AuditEntry.objects.filter(object_type=REQUEST_TYPE, object_id=object_id)
                     .order_by("-timestamp", "-pk"))
     results: dict[str, list[AuditEntry]] = {}
-    entries = AuditEntry.objects.filter(object_type=RESULT_TYPE, object_id=str(release.pk)).order_by("timestamp", "pk")
+    entries = AuditEntry.objects.filter(object_type=RESULT_TYPE, object_id=object_id).order_by("timestamp", "pk")
     for entry in entries:
         results.setdefault(entry.request_id, []).append(entry)
     return [_status(request, results.get(request.request_id, [])) for request in requests]

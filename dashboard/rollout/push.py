@@ -1,10 +1,14 @@
 """Config documents: render from the registry, version, sign, send to ``agent.<node>``; drift per node.
 
-* ``render_contents(nodes)`` — per node, the document without ``version``/``issued_at``/``signature``: store endpoints
-  (``tenants.rendering.RenderTarget.from_settings().store_endpoints()``) and one
-  ``agent.contract.messages.InstanceSpec`` per ``InstanceAssignment`` of the node (release namespace, state, KV
-  layout, hash algo + seed, ranks, the tenant's request groups with salts, budgets), ordered by port. Validated
-  through the shared schema, so the dashboard never sends what the agent would refuse as ``invalid``.
+* ``render_contents(nodes)`` — per node, the document (schema ``DOCUMENT_SCHEMA_VERSION``) without
+  ``version``/``issued_at``/``signature``: store endpoints
+  (``tenants.rendering.RenderTarget.from_settings().store_endpoints()``), the node's ``node_settings``
+  (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
+  ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
+  ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
+  request groups with salts, budgets, and its ``launch``: ``render_assignment(...).launch_spec()``), ordered by
+  port. Validated through the shared schema, so the dashboard never sends what the agent would refuse as
+  ``invalid``.
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
@@ -30,10 +34,12 @@ from django.utils import timezone
 from agent.contract import signing
 from agent.contract.messages import (
     APPLY_CONFIG_TASK,
-    SCHEMA_VERSION,
+    DOCUMENT_SCHEMA_VERSION,
     InstanceSpec,
     KVLayout,
+    LaunchSpec,
     LoraAdapterSpec,
+    NodeSettings,
     Ranks,
     RequestGroupSpec,
     node_queue,
@@ -46,10 +52,27 @@ log = logging.getLogger("kvpool.dashboard.push")
 VOLATILE_FIELDS = ("version", "issued_at", "signature")
 
 
-def _store_endpoints() -> dict[str, Any]:
+def _render_target():
     from tenants.rendering import RenderTarget
 
-    return RenderTarget.from_settings().store_endpoints().model_dump(mode="json")
+    return RenderTarget.from_settings()
+
+
+def _node_settings(node, target) -> NodeSettings:
+    """What the node's agent runs for its engines: the KV-events port, the store mode and, in standalone-store
+    mode, the ``mooncake_client`` command line (``tenants.rendering.render_store_client``)."""
+    from tenants.rendering import render_store_client
+
+    client = render_store_client(node, target)
+    return NodeSettings(kv_events_port=node.kv_events_port, store_mode=node.store_mode,
+                        store_client_argv=tuple(client.argv) if client is not None else None)
+
+
+def _launch(assignment, target) -> LaunchSpec:
+    """The instance's launch relative to its instance directory (``RenderedConfig.launch_spec()``)."""
+    from tenants.rendering import render_assignment
+
+    return render_assignment(assignment, target).launch_spec()
 
 
 def _instance(assignment, groups: list[RequestGroupSpec]) -> InstanceSpec:
@@ -100,19 +123,21 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     nodes = list(nodes)
     by_node: dict[int, list] = {node.pk: [] for node in nodes}
     for assignment in (InstanceAssignment.objects.filter(node__in=nodes)
-                       .select_related("release__model__tenant").order_by("node_id", "port", "pk")):
+                       .select_related("node", "release__model__tenant").order_by("node_id", "port", "pk")):
         by_node[assignment.node_id].append(assignment)
     tenant_pks = {a.release.model.tenant_id for items in by_node.values() for a in items}
     groups: dict[int, list[RequestGroupSpec]] = {pk: [] for pk in tenant_pks}
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(
             RequestGroupSpec(name=group.name, cache_salt=group.cache_salt, budget_bytes=group.budget_bytes))
-    store = _store_endpoints()
+    target = _render_target()
+    store = target.store_endpoints().model_dump(mode="json")
     return {
         node.name: {
-            "schema": SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
-            "instances": [_instance(a, groups[a.release.model.tenant_id]).model_dump(mode="json")
-                          for a in by_node[node.pk]],
+            "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
+            "instances": [{**_instance(a, groups[a.release.model.tenant_id]).model_dump(mode="json"),
+                           "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
+            "node_settings": _node_settings(node, target).model_dump(mode="json"),
         }
         for node in nodes
     }

@@ -76,6 +76,17 @@ class TenantQuota:
         return self.effective_bytes if self.effective_bytes is not None else self.requested_bytes
 
     @property
+    def scaled_down(self) -> bool:
+        """The master applies less than the registry requests (the pool is overcommitted: ``tenants.capacity``)."""
+        return self.effective_bytes is not None and self.effective_bytes < self.requested_bytes
+
+    @property
+    def charged_above_effective(self) -> bool:
+        """The master charges the tenant more than its effective quota (its writes are refused)."""
+        return (self.effective_bytes is not None and self.charged_bytes is not None
+                and self.charged_bytes > self.effective_bytes)
+
+    @property
     def source(self) -> str:
         if self.effective_bytes is None:
             return "requested quota (no read-back from the Mooncake master yet)"

@@ -12,7 +12,10 @@ transaction:
 * reports — the receipt row ``(node, sequence)`` is inserted with ``ON CONFLICT DO NOTHING RETURNING`` (SQLite
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
   workers racing) is stored once; samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
-  ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update);
+  ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update); the
+  engine facts of new reports (``Report.instances``) go into ``InstanceStats``, one row per ``(node, instance)``,
+  with one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE reported_at <= excluded.reported_at``, so a re-delivered
+  or older report never moves a row back;
 * acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)``, then one conditional UPDATE
   per new ack (all sent as one pipelined ``executemany``) moves its node's state forward (versions never move
   back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and folded once);
@@ -35,14 +38,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agent.contract.messages import Ack, Heartbeat, MessageError, Report, parse_ingest
-from dashboard.models import ConfigAck, NodeState, OccupancySample
+from dashboard.models import ConfigAck, InstanceStats, NodeState, OccupancySample
 from dashboard.models import Report as ReportReceipt
 from dashboard.telemetry import compat
 from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
 
 log = logging.getLogger("kvpool.dashboard.ingest")
 
-#: Rows per INSERT statement for receipts and acks (6 / 10 parameters each; below SQLite's 32766 variables).
+#: Rows per INSERT statement for receipts and acks (8 / 10 parameters each; below SQLite's 32766 variables).
 RECEIPT_CHUNK = 1000
 #: Rows per INSERT statement for samples.
 SAMPLE_BATCH = 2000
@@ -59,6 +62,7 @@ class IngestResult:
     reports: int = 0
     duplicate_reports: int = 0
     samples: int = 0
+    instance_stats: int = 0
     acks: int = 0
     duplicate_acks: int = 0
     heartbeats: int = 0
@@ -71,6 +75,7 @@ class IngestResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready counts (the task's return value)."""
         return {"reports": self.reports, "duplicate_reports": self.duplicate_reports, "samples": self.samples,
+                "instance_stats": self.instance_stats,
                 "acks": self.acks, "duplicate_acks": self.duplicate_acks, "heartbeats": self.heartbeats,
                 "invalid": self.invalid, "rejected": dict(self.rejected)}
 
@@ -129,10 +134,14 @@ def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestRes
     return result
 
 
+_RECEIPT_COLUMNS = ("node_name", "sequence", "sent_at", "started_at", "applied_version", "received_at",
+                    "unknown_topic_messages", "unknown_topic_blocks")
+
+
 def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
     """Insert receipt rows, returning the ``(node_name, sequence)`` pairs that were new."""
     table = connection.ops.quote_name(ReportReceipt._meta.db_table)
-    columns = ("node_name", "sequence", "sent_at", "started_at", "applied_version", "received_at")
+    columns = _RECEIPT_COLUMNS
     column_sql = ", ".join(connection.ops.quote_name(name) for name in columns)
     inserted: set[tuple[str, int]] = set()
     fields = [ReportReceipt._meta.get_field(name) for name in columns]
@@ -181,7 +190,8 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     unique: dict[tuple[str, int], Report] = {}
     for report in reports:
         unique.setdefault((report.node, report.sequence), report)
-    rows = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now) for r in unique.values()]
+    rows = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now, r.unknown_topic_messages,
+             r.unknown_topic_blocks) for r in unique.values()]
     new_keys = _insert_receipts(rows)
     result.duplicate_reports += len(reports) - len(new_keys)
     result.duplicate_nodes.update(r.node for r in reports)
@@ -196,6 +206,58 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     _insert_samples(samples)
     result.reports += len(new_keys)
     result.samples += len(samples)
+    result.instance_stats += _upsert_instance_stats([unique[key] for key in new_keys if unique[key].instances])
+
+
+_STATS_COLUMNS = ("node_name", "instance_id", "engine", "tenant_id", "served_model_name", "namespace",
+                  "agent_started_at", "reported_at", "report_sequence", "observed_since", "last_event_at",
+                  "messages", "events", "blocks_seen", "attributed", "unknown_salt", "unknown_adapter",
+                  "hash_mismatch", "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
+                  "attributed_by_group", "last_error", "prefix_cache_queries", "prefix_cache_hits",
+                  "external_prefix_cache_queries", "external_prefix_cache_hits", "store_keys", "store_failed_keys",
+                  "metrics_scrapes", "metrics_errors", "metrics_error")
+#: Rows per upsert statement (34 parameters each).
+STATS_CHUNK = 500
+
+
+def _upsert_instance_stats(reports: Sequence[Report]) -> int:
+    """Write the ``instances`` of new reports into ``InstanceStats``: per ``(node, instance)`` the row of the
+    newest report (by ``sent_at``) in the batch, upserted only over an older row. Returns the rows inserted or
+    updated."""
+    newest: dict[tuple[str, str], tuple[Report, Any]] = {}
+    for report in reports:
+        for stats in report.instances:
+            key = (report.node, stats.instance_id)
+            held = newest.get(key)
+            if held is None or (report.sent_at, report.sequence) > (held[0].sent_at, held[0].sequence):
+                newest[key] = (report, stats)
+    if not newest:
+        return 0
+    ops = connection.ops
+    meta = InstanceStats._meta
+    fields = [meta.get_field(name) for name in _STATS_COLUMNS]
+    table = ops.quote_name(meta.db_table)
+    column_sql = ", ".join(ops.quote_name(name) for name in _STATS_COLUMNS)
+    updates = ", ".join(f"{ops.quote_name(name)} = excluded.{ops.quote_name(name)}"
+                        for name in _STATS_COLUMNS if name not in ("node_name", "instance_id"))
+    rows = []
+    for (node, _iid), (report, stats) in sorted(newest.items()):
+        values = {**stats.model_dump(include=set(_STATS_COLUMNS)), "node_name": node,
+                  "agent_started_at": report.started_at, "reported_at": report.sent_at,
+                  "report_sequence": report.sequence}
+        rows.append([field.get_db_prep_save(values[field.name], connection) for field in fields])
+    written = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), STATS_CHUNK):
+            chunk = rows[start:start + STATS_CHUNK]
+            placeholders = ", ".join(["(" + ", ".join(["%s"] * len(fields)) + ")"] * len(chunk))
+            cursor.execute(
+                f"INSERT INTO {table} ({column_sql}) VALUES {placeholders} "
+                f"ON CONFLICT ({ops.quote_name('node_name')}, {ops.quote_name('instance_id')}) DO UPDATE SET "
+                f"{updates} WHERE {table}.{ops.quote_name('reported_at')} <= excluded.{ops.quote_name('reported_at')}",
+                [value for row in chunk for value in row])
+            written += max(cursor.rowcount, 0)  # inserted + updated rows (an older report updates none)
+    return written
 
 
 _HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",

@@ -13,8 +13,24 @@ Families (labels):
   ``kvpool_tenant_quota_bytes`` (tenant_id) — the registry's quota
   ``kvpool_master_tenant_quota_{requested,effective,charged}_bytes``, ``..._admission_closed``,
   ``..._over_quota`` (tenant_id) — newest read-back from the master
+  ``kvpool_tenant_quota_scaled_down`` / ``kvpool_tenant_quota_effective_below_charged`` (tenant_id) — 1 when the
+      newest read-back has effective < requested / effective < charged; ``kvpool_pool_requested_quota_bytes`` (sum
+      of the registry's quotas), ``kvpool_pool_effective_quota_bytes`` (sum of the newest effective quotas)
   ``kvpool_node_config_{desired,acked}_version``, ``kvpool_node_{behind,silent,digest_mismatch}``,
   ``kvpool_node_heartbeat_age_seconds``, ``kvpool_node_outbox_pending`` (node)
+  ``kvpool_engine_store_blocks_total`` (tenant_id, served_model_name, namespace, instance_id, node, outcome:
+      attributed, unknown_salt, unknown_adapter, hash_mismatch, unresolved_parent, unverifiable) and, with the same
+      labels but ``outcome``, ``kvpool_engine_kv_event_{messages,seq_gaps,decode_errors}_total``,
+      ``kvpool_engine_{prefix_cache,external_prefix_cache}_{queries,hits}_tokens_total``,
+      ``kvpool_engine_metrics_scrape_errors_total``, ``kvpool_engine_external_hit_ratio``,
+      ``kvpool_engine_last_event_age_seconds`` — real engine instances (``InstanceStats`` reported within the window;
+      counters since each agent started)
+  ``kvpool_node_engine_unknown_topic_blocks_total`` (node) — Store blocks from engines of no instance of the node's
+      config (newest report)
+  ``kvpool_master_up``, ``kvpool_master_restarts_total``, ``kvpool_master_last_restart_timestamp_seconds``,
+      ``kvpool_master_key_count``, ``kvpool_master_capacity_bytes`` (no labels) — the master probe
+      (``dashboard.master.health``); up is 0 when the newest probe failed or is older than 3 probe intervals
+  Series of tenants and nodes deleted from the registry are not exported.
   ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
       duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same)
@@ -37,6 +53,8 @@ from agent.contract.scope import CacheScope
 from dashboard.models import MasterQuotaSample, NodeState, OccupancySample, Report
 
 NS_LABELS = list(CacheScope._fields)
+#: Labels of the per-engine-instance families.
+ENGINE_LABELS = ("tenant_id", "served_model_name", "namespace", "instance_id", "node")
 
 
 def latest_samples() -> list[OccupancySample]:
@@ -51,6 +69,13 @@ def latest_samples() -> list[OccupancySample]:
     return [row for row in rows if newest.get(row.node_name) == row.ts]
 
 
+def _registry_tenants() -> set[str]:
+    """Tenant ids in the registry: series of deleted tenants are not exported."""
+    from tenants.models import Tenant
+
+    return set(Tenant.objects.values_list("tenant_id", flat=True))
+
+
 def _ratio(hits: int, misses: int) -> float:
     return hits / (hits + misses) if hits + misses else 0.0
 
@@ -59,10 +84,100 @@ class KVPoolCollector:
     """Collector reading telemetry rows at scrape time (see the module docstring)."""
 
     def collect(self):
+        yield from self._master()
         yield from self._occupancy()
         yield from self._quotas()
         yield from self._nodes()
         yield self._rejections()
+        yield from self._engines()
+
+    def _master(self):
+        """The master probe (``dashboard.master.health``): up, restarts, keys and mounted bytes."""
+        from dashboard.master.health import current_health
+
+        row = current_health()
+        interval = settings.CELERY_BEAT_SCHEDULE.get("probe-master", {}).get("schedule", 5)
+        fresh = row.checked_at is not None and (timezone.now() - row.checked_at).total_seconds() <= max(
+            15.0, 3 * float(interval))
+        up = GaugeMetricFamily("kvpool_master_up", "1 when the newest probe (within 3 probe intervals) read the "
+                               "Mooncake master's /metrics", labels=[])
+        up.add_metric([], int(bool(row.up and fresh)))
+        restarts = CounterMetricFamily("kvpool_master_restarts", "Master restarts detected by the dashboard's probe "
+                                       "(the master's request counters went back)", labels=[])
+        restarts.add_metric([], row.restarts)
+        yield from (up, restarts)
+        since = GaugeMetricFamily("kvpool_master_last_restart_timestamp_seconds", "Unix time of the newest detected "
+                                  "master restart", labels=[])
+        if row.last_restart_at is not None:
+            since.add_metric([], row.last_restart_at.timestamp())
+        keys = GaugeMetricFamily("kvpool_master_key_count", "master_key_count at the newest successful probe",
+                                 labels=[])
+        capacity = GaugeMetricFamily("kvpool_master_capacity_bytes", "master_total_capacity_bytes at the newest "
+                                     "successful probe", labels=[])
+        if row.key_count is not None:
+            keys.add_metric([], row.key_count)
+            capacity.add_metric([], row.capacity_bytes or 0)
+        yield from (since, keys, capacity)
+
+    def _engines(self):
+        """Per real engine instance (``InstanceStats`` reported within the window) and per node (newest report)."""
+        from dashboard.models import InstanceStats
+
+        since = timezone.now() - timedelta(seconds=settings.KVPOOL_METRICS_WINDOW_SECONDS)
+        tenants = _registry_tenants()
+        rows = [row for row in InstanceStats.objects.filter(reported_at__gte=since).order_by("node_name", "instance_id")
+                if not row.tenant_id or row.tenant_id in tenants]
+        labels = [*ENGINE_LABELS]
+        blocks = CounterMetricFamily("kvpool_engine_store_blocks", "Store blocks the engine wrote, by attribution "
+                                     "outcome, since its agent started", labels=[*labels, "outcome"])
+        counters = {
+            "messages": CounterMetricFamily("kvpool_engine_kv_event_messages", "KV-event messages received",
+                                            labels=labels),
+            "seq_gaps": CounterMetricFamily("kvpool_engine_kv_event_seq_gaps", "KV-event messages lost (sequence "
+                                            "gaps)", labels=labels),
+            "decode_errors": CounterMetricFamily("kvpool_engine_kv_event_decode_errors", "Malformed KV-event "
+                                                 "messages dropped", labels=labels),
+            "prefix_cache_queries": CounterMetricFamily("kvpool_engine_prefix_cache_queries_tokens", "Tokens looked "
+                                                        "up in the engine's own prefix cache", labels=labels),
+            "prefix_cache_hits": CounterMetricFamily("kvpool_engine_prefix_cache_hits_tokens", "Tokens found in the "
+                                                     "engine's own prefix cache", labels=labels),
+            "external_prefix_cache_queries": CounterMetricFamily(
+                "kvpool_engine_external_prefix_cache_queries_tokens", "Tokens the engine looked up in the Store",
+                labels=labels),
+            "external_prefix_cache_hits": CounterMetricFamily(
+                "kvpool_engine_external_prefix_cache_hits_tokens", "Tokens the engine found in the Store",
+                labels=labels),
+            "metrics_errors": CounterMetricFamily("kvpool_engine_metrics_scrape_errors", "Failed scrapes of the "
+                                                  "engine's /metrics by its agent", labels=labels),
+        }
+        ratio = GaugeMetricFamily("kvpool_engine_external_hit_ratio", "Store hit tokens / looked-up tokens of the "
+                                  "engine's KV connector (0 without lookups)", labels=labels)
+        age = GaugeMetricFamily("kvpool_engine_last_event_age_seconds", "Seconds since the engine's newest KV event "
+                                "reached its agent (at the agent's newest report)", labels=labels)
+        for row in rows:
+            values = [row.tenant_id, row.served_model_name, row.namespace, row.instance_id, row.node_name]
+            for outcome in ("attributed", "unknown_salt", "unknown_adapter", "hash_mismatch", "unresolved_parent",
+                            "unverifiable"):
+                blocks.add_metric([*values, outcome], getattr(row, outcome))
+            for name, family in counters.items():
+                family.add_metric(values, getattr(row, name))
+            ratio.add_metric(values, row.external_hit_ratio or 0.0)
+            if row.last_event_at is not None:
+                age.add_metric(values, max(0.0, (row.reported_at - row.last_event_at).total_seconds()))
+        yield blocks
+        yield from counters.values()
+        yield from (ratio, age)
+        unknown = CounterMetricFamily("kvpool_node_engine_unknown_topic_blocks", "Store blocks in KV events of no "
+                                      "instance of the node's config, since its agent started", labels=["node"])
+        from tenants.models import Node
+
+        known = Node.objects.values("name")  # a node deleted from the registry drops out
+        newest = dict(Report.objects.filter(sent_at__gte=since, node_name__in=known).values("node_name")
+                      .annotate(ts=Max("sent_at")).values_list("node_name", "ts"))
+        for receipt in Report.objects.filter(sent_at__in=set(newest.values())).order_by("node_name"):
+            if newest.get(receipt.node_name) == receipt.sent_at:
+                unknown.add_metric([receipt.node_name], receipt.unknown_topic_blocks)
+        yield unknown
 
     def _rejections(self) -> CounterMetricFamily:
         from dashboard.telemetry.agent_auth import rejection_series
@@ -78,7 +193,10 @@ class KVPoolCollector:
         fields = ("bytes", "blocks", "orphaned_bytes", "in_flight_requests", *OccupancySample.COUNTERS)
         per_ns: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
         per_tenant: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
+        tenants = _registry_tenants()
         for row in latest_samples():
+            if row.tenant_id not in tenants:  # a deleted tenant's series leave with it
+                continue
             key = CacheScope(row.tenant_id, row.served_model_name, row.namespace, row.request_group)
             for name in fields:
                 per_ns[key][name] += getattr(row, name)
@@ -127,7 +245,8 @@ class KVPoolCollector:
         for tenant_id, quota_bytes in Tenant.objects.values_list("tenant_id", "quota_bytes").order_by("tenant_id"):
             quota.add_metric([tenant_id], quota_bytes)
         yield quota
-        newest = MasterQuotaSample.objects.values("tenant_id").annotate(ts=Max("ts"))
+        tenants = _registry_tenants()
+        newest = MasterQuotaSample.objects.filter(tenant_id__in=tenants).values("tenant_id").annotate(ts=Max("ts"))
         pairs = {(row["tenant_id"], row["ts"]) for row in newest}
         rows = [row for row in MasterQuotaSample.objects.filter(ts__in={ts for _, ts in pairs})
                 if (row.tenant_id, row.ts) in pairs]
@@ -143,6 +262,31 @@ class KVPoolCollector:
             families["admission_closed"].add_metric([row.tenant_id], int(row.admission_closed))
             families["over_quota"].add_metric([row.tenant_id], int(row.over_quota))
         yield from families.values()
+        yield from self._capacity(rows)
+
+    def _capacity(self, rows: list[MasterQuotaSample]):
+        """Pool-wide quota sums and per-tenant flags of the newest master sampling round (``tenants.capacity``)."""
+        from tenants.models import Tenant
+
+        newest = max((row.ts for row in rows), default=None)
+        current = sorted((row for row in rows if row.ts == newest), key=lambda r: r.tenant_id)
+        requested = GaugeMetricFamily("kvpool_pool_requested_quota_bytes",
+                                      "Sum of the quotas the registry requests for its tenants")
+        requested.add_metric([], sum(Tenant.objects.values_list("quota_bytes", flat=True)))
+        effective = GaugeMetricFamily("kvpool_pool_effective_quota_bytes",
+                                      "Sum of the effective quotas of the newest master read-back (equals the "
+                                      "mounted capacity while the pool is overcommitted)")
+        effective.add_metric([], sum(row.effective_quota_bytes for row in current))
+        scaled = GaugeMetricFamily("kvpool_tenant_quota_scaled_down",
+                                   "1 when the tenant's effective quota is below its requested quota (the requested "
+                                   "quotas exceed the mounted capacity)", labels=["tenant_id"])
+        below = GaugeMetricFamily("kvpool_tenant_quota_effective_below_charged",
+                                  "1 when the tenant is charged more than its effective quota (writes refused)",
+                                  labels=["tenant_id"])
+        for row in current:
+            scaled.add_metric([row.tenant_id], int(row.effective_quota_bytes < row.requested_quota_bytes))
+            below.add_metric([row.tenant_id], int(row.effective_quota_bytes < row.charged_bytes))
+        yield from (requested, effective, scaled, below)
 
     def _nodes(self):
         from dashboard.rollout.push import drift
@@ -152,7 +296,9 @@ class KVPoolCollector:
         families = {name: GaugeMetricFamily(f"kvpool_node_{name}", f"Node {name.replace('_', ' ')}",
                                             labels=["node"]) for name in names}
         now = timezone.now()
-        for state in NodeState.objects.all():
+        from tenants.models import Node
+
+        for state in NodeState.objects.filter(node_name__in=Node.objects.values("name")):  # deleted nodes drop out
             flags = drift(state, now)
             labels = [state.node_name]
             families["config_desired_version"].add_metric(labels, state.desired_version)

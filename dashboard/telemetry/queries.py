@@ -44,12 +44,17 @@ CURRENT_WINDOW_SECONDS = 15 * 60
 
 @dataclass(frozen=True)
 class OccupancyFilter:
-    """Which samples to include (the fields of ``CacheScope``); an empty string means "all"."""
+    """Which samples to include (the fields of ``CacheScope``); an empty string means "all".
+
+    ``tenant_ids``: the Mooncake tenant ids the viewer may see (``tenants.access.visible_tenant_ids``); ``None``
+    means every tenant. It is not a query parameter (``as_params`` leaves it out).
+    """
 
     tenant_id: str = ""
     served_model_name: str = ""
     namespace: str = ""
     request_group: str = ""
+    tenant_ids: frozenset[str] | None = None
 
     def apply(self, queryset):
         """``queryset`` of ``OccupancySample`` narrowed to this filter."""
@@ -57,6 +62,8 @@ class OccupancyFilter:
             value = getattr(self, name)
             if value:
                 queryset = queryset.filter(**{name: value})
+        if self.tenant_ids is not None:
+            queryset = queryset.filter(tenant_id__in=sorted(self.tenant_ids))
         return queryset
 
     def as_params(self) -> dict[str, str]:

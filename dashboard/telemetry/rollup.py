@@ -8,8 +8,9 @@ folded, and source rows are read and deleted by id in chunks inside one transact
 that arrives while a rollup runs is never lost; a late sample for a bucket already rolled up is merged into
 the existing row on the next run. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``,
 master quota samples older than ``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than
-the 1-minute horizon (a duplicate delivered later than that would be stored again), and config versions
-older than the retention except each node's newest.
+the 1-minute horizon (a duplicate delivered later than that would be stored again), engine facts
+(``InstanceStats``) no report refreshed within that horizon, and config versions older than the retention except
+each node's newest.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from django.utils import timezone
 from dashboard.models import (
     ConfigAck,
     ConfigVersion,
+    InstanceStats,
     MasterQuotaSample,
     OccupancySample,
     Report,
@@ -135,6 +137,8 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
     counts["hour_deleted"] = OccupancySample.objects.filter(level=Level.HOUR, ts__lt=retention_cutoff).delete()[0]
     counts["receipts_deleted"] = Report.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
     counts["acks_deleted"] = ConfigAck.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
+    # engine facts no report refreshed since the receipts of that time went (the instance or its agent is gone)
+    counts["instance_stats_deleted"] = InstanceStats.objects.filter(reported_at__lt=minute_cutoff).delete()[0]
     counts["master_samples_deleted"] = MasterQuotaSample.objects.filter(
         ts__lt=now - timedelta(seconds=settings.KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS)).delete()[0]
     newest = ConfigVersion.objects.values("node_name").annotate(newest=Max("version"))

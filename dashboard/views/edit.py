@@ -3,8 +3,11 @@
 Forms are ``dashboard.forms`` ModelForms: the models' ``clean()`` rules with the API's messages, saved through
 ``validated_save``; the audit middleware records each change under the logged-in user. Each page needs the
 model permission the API needs for the same write (``add``/``change``/``delete``; HTTP 403 without it, even for a
-GET of the form). A delete the registry refuses (a protected reference, a served release, a tenant the master
-still holds objects for) shows the same reason the API answers with HTTP 409.
+GET of the form), under the tenant rules of ``tenants.access``: another tenant's object is HTTP 404, its choices
+(tenant, model, release) are not offered, and a submitted object is checked in the tenant it would be saved in. A
+user who is not a platform admin cannot change a tenant's ``tenant_id`` or quota (those fields are disabled).
+A delete the registry refuses (a protected reference, a served release, a tenant the master still holds objects
+for) shows the same reason the API answers with HTTP 409.
 """
 from __future__ import annotations
 
@@ -24,7 +27,8 @@ from django.urls import reverse
 from dashboard import forms as ui_forms
 from dashboard.api.base import protected_message
 from dashboard.signals import TenantStillOwnsObjects
-from dashboard.views.base import model_permission, permission_denied
+from dashboard.views.base import model_permission, permission_denied, visible
+from tenants.access import PLATFORM_TENANT_FIELDS, is_platform_admin, scope
 from tenants.models import (
     InstanceAssignment,
     Node,
@@ -33,6 +37,7 @@ from tenants.models import (
     ServedModel,
     Tenant,
 )
+from tenants.models.reserved_namespace import delete_consequences
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,32 @@ def _prefill(kind: Kind, request: HttpRequest) -> dict[str, str]:
     return {name: request.GET[name] for name in kind.prefill if request.GET.get(name, "").isdigit()}
 
 
+def _scoped(form: forms.ModelForm, request: HttpRequest) -> forms.ModelForm:
+    """``form`` offering only the related objects the user may see; a tenant's platform fields disabled (their
+    stored value kept) for a user who is not a platform admin."""
+    for field in form.fields.values():
+        if isinstance(field, forms.ModelChoiceField):
+            field.queryset = scope(field.queryset, request.user)
+    if isinstance(form.instance, Tenant) and not is_platform_admin(request.user):
+        for name in PLATFORM_TENANT_FIELDS:
+            if name in form.fields:
+                form.fields[name].disabled = True
+                form.fields[name].help_text = "Only a platform admin may change it."
+    return form
+
+
+def _refused_target(request: HttpRequest, spec: Kind, action: str, form: forms.ModelForm) -> HttpResponse | None:
+    """The 403 page when the submitted object (``form.instance``, validated) would land in a tenant where the user
+    may not ``action`` it; ``None`` when allowed."""
+    return permission_denied(request, [model_permission(spec.model, action)],
+                             f"{'create' if action == 'add' else 'save'} {spec.label} '{form.instance}'", form.instance)
+
+
+def _render(request: HttpRequest, context: dict, status: int) -> HttpResponse:
+    context["show_quota_plan"] = is_platform_admin(request.user)  # the plan lists every tenant
+    return render(request, "ui/form.html", context, status=status)
+
+
 @login_required
 def create(request: HttpRequest, kind: str) -> HttpResponse:
     spec = KINDS[kind]
@@ -89,29 +120,34 @@ def create(request: HttpRequest, kind: str) -> HttpResponse:
     if denied:
         return denied
     if request.method == "POST":
-        form = spec.form_class(request.POST)
-        if form.is_valid() and form.save_validated():
-            messages.success(request, f"Created {spec.label} '{form.instance}'.")
-            return redirect(spec.after_save(form.instance))
+        form = _scoped(spec.form_class(request.POST), request)
+        if form.is_valid():
+            refused = _refused_target(request, spec, "add", form)
+            if refused:
+                return refused
+            if form.save_validated():
+                messages.success(request, f"Created {spec.label} '{form.instance}'.")
+                return redirect(spec.after_save(form.instance))
         status = 400
     else:
-        form = spec.form_class(initial=_prefill(spec, request))
+        form = _scoped(spec.form_class(initial=_prefill(spec, request)), request)
         status = 200
-    return render(request, "ui/form.html", {"form": form, "kind": spec, "title": f"New {spec.label}"},
-                  status=status)
+    return _render(request, {"form": form, "kind": spec, "title": f"New {spec.label}"}, status)
 
 
 @login_required
 def edit(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
     spec = KINDS[kind]
-    obj = get_object_or_404(spec.model, pk=pk)
+    obj = get_object_or_404(visible(request, spec.model), pk=pk)
     # The bound form writes the submitted values into ``obj``: name the page after the stored object.
     title = f"Edit {spec.label} '{obj}'"
-    denied = permission_denied(request, [model_permission(spec.model, "change")], f"edit {spec.label} '{obj}'")
+    denied = permission_denied(request, [model_permission(spec.model, "change")], f"edit {spec.label} '{obj}'", obj)
     if denied:
         return denied
     if request.method == "POST":
-        form = spec.form_class(request.POST, instance=obj)
+        form = _scoped(spec.form_class(request.POST, instance=obj), request)
+        if form.is_valid() and (refused := _refused_target(request, spec, "change", form)):
+            return refused
         if form.is_valid() and form.save_validated():
             if form.has_changed():
                 messages.success(request, f"Saved {spec.label} '{form.instance}'.")
@@ -120,23 +156,24 @@ def edit(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
             return redirect(spec.after_save(form.instance))
         status = 400
     else:
-        form = spec.form_class(instance=obj)
+        form = _scoped(spec.form_class(instance=obj), request)
         status = 200
-    return render(request, "ui/form.html", {"form": form, "kind": spec, "object": obj, "title": title},
-                  status=status)
+    return _render(request, {"form": form, "kind": spec, "object": obj, "title": title}, status)
 
 
 @login_required
 def delete(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
     spec = KINDS[kind]
-    obj = get_object_or_404(spec.model, pk=pk)
-    denied = permission_denied(request, [model_permission(spec.model, "delete")], f"delete {spec.label} '{obj}'")
+    obj = get_object_or_404(visible(request, spec.model), pk=pk)
+    denied = permission_denied(request, [model_permission(spec.model, "delete")], f"delete {spec.label} '{obj}'",
+                               obj)
     if denied:
         return denied
     status = 200
+    form_class = ui_forms.ReleaseDeleteForm if isinstance(obj, Release) else ui_forms.DeleteForm
     if request.method == "POST":
-        form = ui_forms.DeleteForm(request.POST)
-        if form.is_valid():
+        form = form_class(request.POST)
+        if form.is_valid() and form.confirms(obj):
             target = spec.after_delete(obj)
             name = str(obj)
             try:
@@ -151,6 +188,7 @@ def delete(request: HttpRequest, kind: str, pk: int) -> HttpResponse:
                 return redirect(target)
         status = 400
     else:
-        form = ui_forms.DeleteForm()
-    return render(request, "ui/delete.html", {"form": form, "kind": spec, "object": obj,
+        form = form_class()
+    consequences = delete_consequences(obj) if isinstance(obj, Release) else ""
+    return render(request, "ui/delete.html", {"form": form, "kind": spec, "object": obj, "consequences": consequences,
                                                "title": f"Delete {spec.label} '{obj}'"}, status=status)

@@ -3,7 +3,8 @@ filters by tenant / served model / release namespace / request group, and the sa
 
 The chart is drawn in the browser by the vendored Chart.js from ``occupancy/data.json`` (same query
 parameters); the page's tables are rendered from the same ``queries.occupancy_series`` result, so the chart
-and the tables show identical numbers.
+and the tables show identical numbers. Both show only the tenants the user may see (``tenants.access``): the
+filters carry them (``OccupancyFilter.tenant_ids``), and the drop-downs offer only their names.
 """
 from __future__ import annotations
 
@@ -28,16 +29,19 @@ from dashboard.views.base import (
     occupancy_filter,
     window_param,
 )
+from tenants.access import visible_tenants
 from tenants.models import Release, RequestGroup, ServedModel, Tenant
 
 
-def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = ()) -> dict[str, list[str]]:
-    """Values offered by the filter drop-downs: registry names (narrowed by the filters above them) and the
-    releases' scopes ``seen`` in the telemetry of the window."""
+def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = (), user=None) -> dict[str, list[str]]:
+    """Values offered by the filter drop-downs: registry names of the tenants ``user`` may see (narrowed by the
+    filters above them) and the releases' scopes ``seen`` in the telemetry of the window (already limited to
+    those tenants by ``filters.tenant_ids``)."""
     seen = list(seen)
-    models = ServedModel.objects.all()
-    releases = Release.objects.all()
-    groups = RequestGroup.objects.all()
+    tenants = visible_tenants(user) if user is not None else Tenant.objects.all()
+    models = ServedModel.objects.filter(tenant__in=tenants)
+    releases = Release.objects.filter(model__tenant__in=tenants)
+    groups = RequestGroup.objects.filter(tenant__in=tenants)
     if filters.tenant_id:
         models = models.filter(tenant__tenant_id=filters.tenant_id)
         releases = releases.filter(model__tenant__tenant_id=filters.tenant_id)
@@ -50,7 +54,7 @@ def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = ()) ->
         return sorted(values | ({selected} if selected else set()))
 
     return {
-        "tenants": names(Tenant.objects.all(), "tenant_id", filters.tenant_id, (s.tenant_id for s in seen)),
+        "tenants": names(tenants, "tenant_id", filters.tenant_id, (s.tenant_id for s in seen)),
         "models": names(models, "served_model_name", filters.served_model_name, (s.served_model_name for s in seen)),
         "releases": names(releases, "namespace", filters.namespace, (s.namespace for s in seen)),
         "groups": names(groups, "name", filters.request_group, ()),
@@ -67,7 +71,8 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
         window, status, error = DEFAULT_WINDOW, 400, str(exc)
     filters = occupancy_filter(request)
     series = occupancy_series(window, filters)
-    unfiltered = occupancy_series(window, OccupancyFilter()) if filters != OccupancyFilter() else series
+    everything = OccupancyFilter(tenant_ids=filters.tenant_ids)
+    unfiltered = occupancy_series(window, everything) if filters != everything else series
     params = {"window": window, **filters.as_params()}
     rows = [
         {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total}
@@ -75,7 +80,7 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
     ]
     context = {
         "series": series, "filters": filters, "window": window,
-        "choices": filter_choices(filters, [s.key for s in unfiltered.series]),
+        "choices": filter_choices(filters, [s.key for s in unfiltered.series], request.user),
         "windows": WINDOW_LABELS, "rows": rows, "error": error,
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }

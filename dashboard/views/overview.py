@@ -1,4 +1,7 @@
-"""Overview page: Store capacity and use, per-tenant quota gauges, nodes with drift flags, latest warnings."""
+"""Overview page: Store capacity and use, per-tenant quota gauges, nodes with drift flags, latest warnings.
+
+A user who is not a platform admin sees the tenants they are a member of (``tenants.access``), every node's drift
+flags without its error texts, and no checklist or refused agent messages (platform admins' matters)."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +29,7 @@ from dashboard.telemetry.queries import (
     tenant_bytes,
 )
 from tenants import budgets
+from tenants.access import is_platform_admin, scope, visible_tenants
 from tenants.models import Node, Tenant
 
 log = logging.getLogger("kvpool.dashboard.views")
@@ -95,9 +99,11 @@ class Notice:
     message: str
 
 
-def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> list[Notice]:
+def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks, user=None) -> list[Notice]:
     """Newest first: node drift, agent messages refused for a node-side reason in the last hour, master quota
-    flags and sync errors, failing checks."""
+    flags and sync errors, failing checks. For a ``user`` who is not a platform admin: node drift without the
+    error texts (they may name any tenant's instances), the quota matters of their tenants, nothing else."""
+    platform = user is None or is_platform_admin(user)
     now = timezone.now()
     warnings: list[Notice] = []
     for row in node_rows:
@@ -110,15 +116,16 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> 
             seen = f"last heartbeat {state.heartbeat_at:%Y-%m-%d %H:%M:%S}" if state.heartbeat_at else "no heartbeat"
             warnings.append(Notice(state.heartbeat_at, "node", f"node {name} is silent ({seen})"))
         if flags["rejected"]:
+            error = f" {state.rejection_error}" if platform else ""
             warnings.append(Notice(state.rejected_at, "node", f"node {name} rejected config version "
-                                     f"{state.rejected_version}: {state.rejection_reason} {state.rejection_error}"))
+                                     f"{state.rejected_version}: {state.rejection_reason}{error}"))
         elif flags["behind"]:
             warnings.append(Notice(state.pushed_at, "node", f"node {name} acked version {state.acked_version}, "
                                      f"desired {state.desired_version}"))
         if flags["digest_mismatch"]:
             warnings.append(Notice(state.applied_seen_at, "node",
                                      f"node {name} runs a document whose digest differs from the dashboard's"))
-        if state.push_error:
+        if state.push_error and platform:
             warnings.append(Notice(state.pushed_at, "node", f"node {name}: push failed: {state.push_error}"))
     for row in tenant_rows:
         quota = row["quota"]
@@ -127,12 +134,14 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks) -> 
         if quota.admission_closed:
             warnings.append(Notice(quota.sampled_at, "tenant",
                                      f"tenant {quota.tenant_id}: the master closed admission (writes refused)"))
-    for row in recent_node_refusals(now - REFUSAL_WARNING_WINDOW):
-        warnings.append(Notice(row.last_at, "node", f"node {row.node}: {row.count} agent message(s) refused as "
-                                 f"{row.reason} — {NODE_TROUBLE[row.reason]}"))
-    for sync in MasterQuotaSync.objects.exclude(last_error=""):
+    syncs = MasterQuotaSync.objects.exclude(last_error="")
+    for sync in (syncs if platform else scope(syncs, user)):
         warnings.append(Notice(sync.last_error_at, "master", f"quota sync of tenant {sync.tenant_id}: "
                                  f"{sync.last_error}"))
+    if platform:
+        for row in recent_node_refusals(now - REFUSAL_WARNING_WINDOW):
+            warnings.append(Notice(row.last_at, "node", f"node {row.node}: {row.count} agent message(s) refused "
+                                     f"as {row.reason} — {NODE_TROUBLE[row.reason]}"))
     for check in checks:
         if not check.passed:
             warnings.append(Notice(now, "check", f"check failed: {check.title} — {check.summary}"))
@@ -153,12 +162,14 @@ def node_rows() -> list[dict]:
     return rows
 
 
-def tenant_rows() -> list[dict]:
-    """Per tenant: registry quota, master read-back, agent-reported occupancy, budgets."""
+def tenant_rows(user=None) -> list[dict]:
+    """Per tenant ``user`` may see (every tenant without a user): registry quota, master read-back, agent-reported
+    occupancy, budgets."""
     samples = latest_master_quotas()
     occupancy = tenant_bytes(current_occupancy())
     rows = []
-    for tenant in Tenant.objects.all():
+    tenants = visible_tenants(user) if user is not None else Tenant.objects.all()
+    for tenant in tenants:
         quota = tenant_quota(tenant, samples)
         charged = quota.charged_bytes
         limit = quota.limit_bytes
@@ -174,11 +185,12 @@ def tenant_rows() -> list[dict]:
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     nodes = node_rows()
-    tenants = tenant_rows()
-    checks = run_checks()
+    tenants = tenant_rows(request.user)
+    platform = is_platform_admin(request.user)
+    checks = run_checks() if platform else []
     context = {
         "capacity": store_capacity(), "nodes": nodes, "tenants": tenants, "checks": checks,
         "reported_bytes": sum(row["occupancy_bytes"] for row in tenants),
-        "warnings": collect_warnings(nodes, tenants, checks)[:50],
+        "warnings": collect_warnings(nodes, tenants, checks, request.user)[:50],
     }
     return render(request, "ui/overview.html", context)

@@ -1,5 +1,9 @@
 """Registry pages: the registry index, tenant / served model / release / node detail pages, and downloads of
-the rendered engine configuration (the same JSON as ``GET /api/v1/releases/{id}/config/``)."""
+the rendered engine configuration (the same JSON as ``GET /api/v1/releases/{id}/config/``).
+
+Every page shows only what the user may see (``tenants.access.scope``): another tenant's object is HTTP 404, and a
+node's page lists only the instances, occupancy, engine facts and audit entries of the user's tenants (its error
+texts and refused agent messages are for platform admins)."""
 from __future__ import annotations
 
 import json
@@ -11,19 +15,22 @@ from django.shortcuts import get_object_or_404, render
 from dashboard.api.telemetry import node_states
 from dashboard.checklist import applied_instances, prescribed_values
 from dashboard.forms import AdaptersField
-from dashboard.models import MessageRejection, NodeState
+from dashboard.models import InstanceStats, MessageRejection, NodeState
 from dashboard.rollout.purge import purges_for_release
 from dashboard.rollout.push import drift
 from dashboard.rollout.upgrade import release_key, tenant_quota, upgrade_state
 from dashboard.telemetry.agent_auth import NODE_TROUBLE
 from dashboard.telemetry.queries import OccupancyFilter, current_occupancy
+from dashboard.views.base import ObjectPerms, visible
 from tenants import budgets
+from tenants.access import is_platform_admin, visible_tenant_ids
 from tenants.models import (
     AuditEntry,
     InstanceAssignment,
     Node,
     Release,
     RequestGroup,
+    ReservedNamespace,
     ServedModel,
     Tenant,
 )
@@ -32,20 +39,21 @@ from tenants.rendering import RenderTarget, render_assignment
 AUDIT_ROWS = 20
 
 
-def _audit(object_type: str, pk) -> list[AuditEntry]:
-    return list(AuditEntry.objects.filter(object_type=object_type, object_id=str(pk))[:AUDIT_ROWS])
+def _audit(request: HttpRequest, object_type: str, pk) -> list[AuditEntry]:
+    entries = visible(request, AuditEntry.objects.filter(object_type=object_type, object_id=str(pk)))
+    return list(entries[:AUDIT_ROWS])
 
 
 @login_required
 def registry_index(request: HttpRequest) -> HttpResponse:
-    """Every tenant with its models and releases, request groups, and the nodes."""
-    tenants = Tenant.objects.prefetch_related("served_models__releases", "request_groups")
-    return render(request, "ui/registry.html", {"tenants": tenants, "nodes": Node.objects.all()})
+    """Every tenant the user may see with its models and releases, request groups, and the nodes."""
+    tenants = visible(request, Tenant).prefetch_related("served_models__releases", "request_groups")
+    return render(request, "ui/registry.html", {"tenants": tenants, "nodes": visible(request, Node)})
 
 
 @login_required
 def tenant_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    tenant = get_object_or_404(Tenant, pk=pk)
+    tenant = get_object_or_404(visible(request, Tenant), pk=pk)
     occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant.tenant_id))
     models = list(tenant.served_models.prefetch_related("releases"))
     context = {
@@ -53,14 +61,14 @@ def tenant_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "groups": tenant.request_groups.all(), "budgeted_bytes": budgets.budgeted_bytes(tenant),
         "occupancy": sorted(occupancy.values(), key=lambda entry: entry.key),
         "occupancy_bytes": sum(entry.bytes for entry in occupancy.values()),
-        "audit": _audit("tenants.tenant", tenant.pk),
+        "audit": _audit(request, "tenants.tenant", tenant.pk), "perms": ObjectPerms(request.user, tenant),
     }
     return render(request, "ui/tenant_detail.html", context)
 
 
 @login_required
 def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
+    model = get_object_or_404(visible(request, ServedModel.objects.select_related("tenant")), pk=pk)
     occupancy = current_occupancy(OccupancyFilter(tenant_id=model.tenant.tenant_id,
                                                   served_model_name=model.served_model_name))
     releases = []
@@ -68,18 +76,24 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
         entry = occupancy.get(release_key(release))
         releases.append({"release": release, "instances": release.assignments.count(),
                          "bytes": entry.bytes if entry else 0})
-    context = {"model": model, "releases": releases, "upgrade": upgrade_state(model),
-               "audit": _audit("tenants.servedmodel", model.pk)}
+    reserved = [{"reservation": reservation, "purges": purges_for_release(reservation)}
+                for reservation in ReservedNamespace.objects.filter(tenant_id=model.tenant.tenant_id,
+                                                                    served_model_name=model.served_model_name)]
+    context = {"model": model, "releases": releases, "upgrade": upgrade_state(model), "reserved": reserved,
+               "audit": _audit(request, "tenants.servedmodel", model.pk), "perms": ObjectPerms(request.user, model)}
     return render(request, "ui/model_detail.html", context)
 
 
 def instance_rows(release: Release) -> list[dict]:
-    """Per instance of ``release``: its rendered config and what its node's agent applied."""
+    """Per instance of ``release``: its rendered config, what its node's agent applied and, for a real engine the
+    agent observes, its newest facts (``InstanceStats``, key ``engine``)."""
     endpoints = RenderTarget.from_settings()
     applied = applied_instances()
     expected = prescribed_values(release)
     states = {s.node_name: s for s in NodeState.objects.filter(
         node_name__in=list(release.assignments.values_list("node__name", flat=True)))}
+    engines = {(row.node_name, row.instance_id): row for row in InstanceStats.objects.filter(
+        instance_id__in=[str(pk) for pk in release.assignments.values_list("pk", flat=True)])}
     rows = []
     assignments = release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port")
     for assignment in assignments:
@@ -93,7 +107,7 @@ def instance_rows(release: Release) -> list[dict]:
         state = states.get(assignment.node.name)
         rows.append({
             "assignment": assignment, "config": config, "agent": agent, "state": state,
-            "drift": drift(state) if state else None,
+            "drift": drift(state) if state else None, "engine": engines.get((assignment.node.name, str(assignment.pk))),
             "json": json.dumps(config.to_dict(), indent=2, sort_keys=True),
         })
     return rows
@@ -101,14 +115,15 @@ def instance_rows(release: Release) -> list[dict]:
 
 @login_required
 def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
+    release = get_object_or_404(visible(request, Release.objects.select_related("model__tenant")), pk=pk)
     tenant_id, model_name, namespace, _ = release_key(release)
     occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant_id, served_model_name=model_name,
                                                   namespace=namespace)).get(release_key(release))
     context = {
         "release": release, "model": release.model, "tenant": release.model.tenant,
         "instances": instance_rows(release), "occupancy": occupancy,
-        "purges": purges_for_release(release), "audit": _audit("tenants.release", release.pk),
+        "purges": purges_for_release(release), "audit": _audit(request, "tenants.release", release.pk),
+        "perms": ObjectPerms(request.user, release),
         "settings": [(name, getattr(release, name)) for name in (
             "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype", "quantization",
             "engine", "engine_version", "hash_algo", "hash_seed")]
@@ -126,7 +141,7 @@ def _json_download(payload, filename: str) -> HttpResponse:
 @login_required
 def release_config_download(request: HttpRequest, pk: int) -> HttpResponse:
     """Every instance's rendered config as one JSON file (the API's ``/releases/{id}/config/`` document)."""
-    release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
+    release = get_object_or_404(visible(request, Release.objects.select_related("model__tenant")), pk=pk)
     endpoints = RenderTarget.from_settings()
     assignments = release.assignments.select_related("node", "release__model__tenant").order_by("node__name", "port")
     payload = {"release": release.pk, "namespace": release.namespace, "fingerprint": release.fingerprint,
@@ -137,8 +152,8 @@ def release_config_download(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def instance_config_download(request: HttpRequest, pk: int, assignment_pk: int) -> HttpResponse:
     """One instance's rendered config as a JSON file (the API's ``?assignment=`` document)."""
-    assignment = get_object_or_404(InstanceAssignment.objects.select_related("node", "release__model__tenant"),
-                                   pk=assignment_pk, release_id=pk)
+    assignment = get_object_or_404(visible(request, InstanceAssignment.objects.select_related(
+        "node", "release__model__tenant")), pk=assignment_pk, release_id=pk)
     config = render_assignment(assignment, RenderTarget.from_settings())
     return _json_download(config.to_dict(), f"{assignment.release.namespace}-{assignment.node.name}-"
                                             f"{assignment.port}.json")
@@ -146,16 +161,23 @@ def instance_config_download(request: HttpRequest, pk: int, assignment_pk: int) 
 
 @login_required
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    node = get_object_or_404(Node, pk=pk)
+    node = get_object_or_404(visible(request, Node), pk=pk)
+    platform = is_platform_admin(request.user)
     # annotated with last_report_at (newest report receipt), as GET /api/v1/telemetry/nodes/ shows it
     state = node_states().filter(node_name=node.name).first()
-    occupancy = current_occupancy()
+    if state is not None and not platform:  # error texts may name any tenant's instances
+        state.push_error = state.rejection_error = ""
+    occupancy = current_occupancy(OccupancyFilter(tenant_ids=visible_tenant_ids(request.user)))
+    stats = {row.instance_id: row for row in visible(request, InstanceStats.objects.filter(node_name=node.name))}
     rows = []
-    for assignment in node.assignments.select_related("release__model__tenant").order_by("port"):
+    assignments = visible(request, node.assignments.select_related("release__model__tenant")).order_by("port")
+    for assignment in assignments:
         entry = occupancy.get(release_key(assignment.release))
-        rows.append({"assignment": assignment, "bytes": entry.by_node.get(node.name, 0) if entry else 0})
+        rows.append({"assignment": assignment, "bytes": entry.by_node.get(node.name, 0) if entry else 0,
+                     "engine": stats.get(str(assignment.pk))})
     context = {"node": node, "state": state, "drift": drift(state) if state else None, "assignments": rows,
-               "refusals": node_refusals(node.name), "audit": _audit("tenants.node", node.pk)}
+               "refusals": node_refusals(node.name) if platform else [],
+               "audit": _audit(request, "tenants.node", node.pk), "perms": ObjectPerms(request.user, node)}
     return render(request, "ui/node_detail.html", context)
 
 
@@ -171,6 +193,7 @@ def node_refusals(name: str) -> list[dict]:
 
 @login_required
 def request_group_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    group = get_object_or_404(RequestGroup.objects.select_related("tenant"), pk=pk)
+    group = get_object_or_404(visible(request, RequestGroup.objects.select_related("tenant")), pk=pk)
     return render(request, "ui/request_group_detail.html",
-                  {"group": group, "audit": _audit("tenants.requestgroup", group.pk)})
+                  {"group": group, "audit": _audit(request, "tenants.requestgroup", group.pk),
+                   "perms": ObjectPerms(request.user, group)})

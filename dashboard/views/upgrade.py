@@ -1,8 +1,9 @@
 """Rolling upgrade page of a served model (``dashboard.rollout.upgrade``) and the purge of a retired release
 (``dashboard.rollout.purge``). Every step is a POST that redirects back to the page with a message.
 
-Every user may look; each step needs the model permissions of the registry writes it makes
-(``STEP_PERMISSIONS``), else HTTP 403, and the page hides the steps the user may not take.
+Every user who may see the model's tenant may look (``tenants.access``; another tenant's model is HTTP 404); each
+step needs the model permissions of the registry writes it makes (``STEP_PERMISSIONS``) in the model's tenant,
+else HTTP 403, and the page hides the steps the user may not take.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dashboard.rollout.purge import (
     request_purge,
 )
 from dashboard.telemetry.queries import OccupancyFilter, current_occupancy
-from dashboard.views.base import model_permission, permission_denied
+from dashboard.views.base import model_permission, permission_denied, visible
 from tenants.models import InstanceAssignment, Release, ServedModel
 from tenants.services import build_release_copy
 
@@ -46,13 +47,14 @@ STEP_PERMISSIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def allowed_steps(user) -> dict[str, bool]:
-    """``{step: True when user holds every permission of STEP_PERMISSIONS[step]}`` (what the page offers)."""
-    return {step: user.has_perms(perms) for step, perms in STEP_PERMISSIONS.items()}
+def allowed_steps(user, obj=None) -> dict[str, bool]:
+    """``{step: True when user holds every permission of STEP_PERMISSIONS[step]}`` in ``obj``'s tenant (a served
+    model or a release; without ``obj``: in some tenant) — what the page offers."""
+    return {step: user.has_perms(perms, obj) for step, perms in STEP_PERMISSIONS.items()}
 
 
-def _denied(request: HttpRequest, step: str, what: str) -> HttpResponse | None:
-    return permission_denied(request, STEP_PERMISSIONS[step], what)
+def _denied(request: HttpRequest, step: str, what: str, obj) -> HttpResponse | None:
+    return permission_denied(request, STEP_PERMISSIONS[step], what, obj)
 
 
 def _step(state: flow.UpgradeState) -> str:
@@ -85,9 +87,9 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
     context = {
         "model": model, "state": state, "sides": sides, "projection": projection, "form": form,
         "readiness": flow.retire_readiness(state.old) if state.phase == flow.PHASE_DRAINING else None,
-        "retired": retired, "steps": STEPS, "current_step": _step(state), "can": allowed_steps(request.user),
+        "retired": retired, "steps": STEPS, "current_step": _step(state), "can": allowed_steps(request.user, model),
         "step_permissions": STEP_PERMISSIONS,
-        "can_assign": request.user.has_perm(model_permission(InstanceAssignment, "add")),
+        "can_assign": request.user.has_perm(model_permission(InstanceAssignment, "add"), model),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(chart_params)}",
         "occupancy_url": f"{reverse('ui:occupancy')}?{urlencode(chart_params)}",
     }
@@ -96,7 +98,7 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
 
 @login_required
 def upgrade_page(request: HttpRequest, pk: int) -> HttpResponse:
-    model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
+    model = get_object_or_404(visible(request, ServedModel.objects.select_related("tenant")), pk=pk)
     return _page(request, model)
 
 
@@ -107,8 +109,8 @@ def _back(model: ServedModel) -> HttpResponse:
 @login_required
 @require_POST
 def upgrade_start(request: HttpRequest, pk: int) -> HttpResponse:
-    model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
-    denied = _denied(request, "start", f"start a rolling upgrade of '{model}'")
+    model = get_object_or_404(visible(request, ServedModel.objects.select_related("tenant")), pk=pk)
+    denied = _denied(request, "start", f"start a rolling upgrade of '{model}'", model)
     if denied:
         return denied
     form = StartUpgradeForm(request.POST)
@@ -154,8 +156,8 @@ def _step_view(step: str, action):
     @login_required
     @require_POST
     def view(request: HttpRequest, pk: int) -> HttpResponse:
-        model = get_object_or_404(ServedModel.objects.select_related("tenant"), pk=pk)
-        denied = _denied(request, step, f"take the step '{step}' of the rolling upgrade of '{model}'")
+        model = get_object_or_404(visible(request, ServedModel.objects.select_related("tenant")), pk=pk)
+        denied = _denied(request, step, f"take the step '{step}' of the rolling upgrade of '{model}'", model)
         if denied:
             return denied
         try:
@@ -200,10 +202,10 @@ upgrade_abort = _step_view("abort", _abort)
 @login_required
 def purge_page(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: what a purge of the release removes and from whom; POST: the confirmed request."""
-    release = get_object_or_404(Release.objects.select_related("model__tenant"), pk=pk)
+    release = get_object_or_404(visible(request, Release.objects.select_related("model__tenant")), pk=pk)
     status = 200
     if request.method == "POST":
-        denied = _denied(request, "purge", f"purge the keys of release '{release.namespace}'")
+        denied = _denied(request, "purge", f"purge the keys of release '{release.namespace}'", release)
         if denied:
             return denied
         form = PurgeForm(request.POST)
@@ -225,6 +227,6 @@ def purge_page(request: HttpRequest, pk: int) -> HttpResponse:
     except ValueError as error:
         regex = f"({error})"
     context = {"release": release, "form": form, "regex": regex, "nodes": purge_nodes(release),
-               "purges": purges_for_release(release), "can_purge": allowed_steps(request.user)["purge"],
+               "purges": purges_for_release(release), "can_purge": allowed_steps(request.user, release)["purge"],
                "purge_permissions": STEP_PERMISSIONS["purge"]}
     return render(request, "ui/purge.html", context, status=status)

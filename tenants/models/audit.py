@@ -12,7 +12,9 @@ class AuditEntry(models.Model):
 
     ``actor`` is the authenticated user (``None`` for agents, Celery tasks and scripts); ``actor_repr`` is
     always filled (``username``, ``agent:node-a``, ``system``). ``object_type`` is ``app_label.model``;
-    ``request_id`` ties together the entries of one HTTP request or task. Written by ``tenants.audit``.
+    ``request_id`` ties together the entries of one HTTP request or task. ``tenant_pk`` is the primary key of the
+    tenant the entry is about (``None``: about no tenant, e.g. a node, or not known); members of that tenant see
+    the entry (``tenants.access``), platform admins see every entry. Written by ``tenants.audit``.
     """
 
     timestamp = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -27,6 +29,9 @@ class AuditEntry(models.Model):
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     request_id = models.CharField(max_length=64, blank=True, db_index=True)
+    tenant_pk = models.PositiveBigIntegerField(
+        null=True, blank=True, db_index=True,
+        help_text="Primary key of the tenant the entry is about (a plain number: the tenant may be deleted since).")
 
     class Meta:
         ordering = ["-timestamp", "-id"]

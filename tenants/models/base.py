@@ -8,6 +8,8 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from tenants.validators import validate_text_length
+
 
 class RegistryModel(models.Model):
     """Abstract base: ``created_at``/``updated_at`` and the snapshot the audit log records.
@@ -32,6 +34,26 @@ class RegistryModel(models.Model):
     def validate_constraints(self, exclude=None):
         """Skipped on purpose: ``clean()`` checks each constraint with a field-specific message."""
         return None
+
+    def clean_fields(self, exclude=None):
+        """Django's field checks, plus the cap on free text: a ``TextField`` without ``max_length`` (every
+        ``description``) holds at most ``MAX_TEXT_LENGTH`` characters."""
+        errors: dict[str, list[ValidationError]] = {}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as error:
+            errors = error.update_error_dict(errors)
+        for field in self._meta.concrete_fields:
+            if not isinstance(field, models.TextField) or field.max_length is not None or field.name in errors:
+                continue
+            if exclude is not None and field.name in exclude:
+                continue
+            try:
+                validate_text_length(field.value_from_object(self))
+            except ValidationError as error:
+                errors[field.name] = [error]
+        if errors:
+            raise ValidationError(errors)
 
     def stored(self):
         """The row as it is in the database now (``None`` for an unsaved object or a deleted row)."""

@@ -181,6 +181,8 @@ class Release(RegistryModel):
                 namespace=self.namespace,
             )
             collisions.check_release_vllm_collision(self)
+            if stored is None or stored.namespace != self.namespace or stored.model_id != self.model_id:
+                collisions.check_release_reserved_namespace(self)
         if self.state != ReleaseState.RETIRED:
             budgets.check_budget(self, self.model.tenant)
         try:

@@ -105,3 +105,8 @@ class ServedModel(RegistryModel):
         )
         collisions.check_sglang_prefix(self)
         collisions.check_model_vllm_collisions(self)
+        if stored is not None:
+            moved = [name for name, attr in (("served_model_name", "served_model_name"), ("model_path", "model_path"),
+                                             ("tenant", "tenant_id")) if getattr(stored, attr) != getattr(self, attr)]
+            if moved:
+                collisions.check_model_reserved_namespaces(self, self.tenant.tenant_id, moved[0])

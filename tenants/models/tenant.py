@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenants import budgets
+from tenants import budgets, collisions
 from tenants.fields import ByteSizeField
 from tenants.models.base import RegistryModel
 from tenants.validators import validate_tenant_id
@@ -52,5 +52,7 @@ class Tenant(RegistryModel):
                     "served and their cached objects live under that Mooncake tenant. Create a new tenant instead."
                 }
             )
+        if stored is not None and stored.tenant_id != self.tenant_id and self.tenant_id:
+            collisions.check_tenant_reserved_namespaces(self)
         if stored is not None and isinstance(self.quota_bytes, int):
             budgets.check_quota(self)

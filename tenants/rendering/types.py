@@ -1,4 +1,8 @@
-"""Value types of engine-config rendering: where the Store is, and what a rendered instance consists of."""
+"""Value types of engine-config rendering: where the Store is, and what a rendered instance consists of.
+
+``LaunchSpec`` (what a node needs to start one instance) is ``agent.contract.messages.LaunchSpec``, the one
+definition the config document carries; it is re-exported here.
+"""
 from __future__ import annotations
 
 import re
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from agent.contract.messages import NonNegative, StoreEndpoints
+from agent.contract.messages import LaunchSpec, NonNegative, StoreEndpoints
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -54,68 +58,12 @@ class RenderTarget(StoreEndpoints):
         return StoreEndpoints(**self.mooncake_config())
 
 
+__all__ = ["ENGINE_PYTHON", "LaunchSpec", "RenderTarget", "RenderedConfig"]
+
 #: ``argv[0]`` of a rendered engine launch that stands for the engine's Python interpreter: whoever starts the
 #: instance substitutes the interpreter of the engine's environment (the node's instance directories run
 #: ``"${KVPOOL_ENGINE_PYTHON:-python3}"`` in its place, see ``agent.node.instance_dirs``).
 ENGINE_PYTHON = "python"
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What a node needs to start one engine instance, independent of where its directory lives.
-
-    * ``instance_id`` — the config document's ``InstanceSpec.instance_id`` (the assignment's primary key as a
-      string); also the instance directory's name and the vLLM KV-events topic.
-    * ``argv`` — the command; ``argv[0] == ENGINE_PYTHON`` (``"python"``) stands for the engine interpreter.
-    * ``env`` — variables to set (values are plain strings, never shell syntax).
-    * ``file_env`` — variables whose value is the absolute path of one of ``files`` in the instance directory
-      (``{"MOONCAKE_CONFIG_PATH": "mooncake.json"}``); the node fills them in when it writes the directory.
-    * ``files`` — file name (no ``/``) -> text content, written into the instance directory.
-
-    ``to_dict()`` / ``from_dict()`` give the JSON form (the one the config push carries).
-    """
-
-    instance_id: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-    file_env: Mapping[str, str] = field(default_factory=dict)
-    files: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.instance_id or "/" in self.instance_id or self.instance_id in (".", ".."):
-            raise ValueError(f"invalid instance id {self.instance_id!r}")
-        object.__setattr__(self, "argv", tuple(self.argv))
-        for name in (*self.env, *self.file_env):
-            if not _ENV_NAME_RE.fullmatch(name):
-                raise ValueError(f"invalid environment variable name {name!r}")
-        for name in self.files:
-            if not name or "/" in name or name in (".", ".."):
-                raise ValueError(f"invalid instance file name {name!r}")
-        for var, name in self.file_env.items():
-            if name not in self.files:
-                raise ValueError(f"{var} names {name!r}, which is not one of the instance's files")
-        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
-        object.__setattr__(self, "file_env", MappingProxyType(dict(self.file_env)))
-        object.__setattr__(self, "files", MappingProxyType(dict(self.files)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "instance_id": self.instance_id,
-            "argv": list(self.argv),
-            "env": dict(self.env),
-            "file_env": dict(self.file_env),
-            "files": dict(self.files),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
-        return cls(
-            instance_id=data["instance_id"],
-            argv=data["argv"],
-            env=data.get("env", {}),
-            file_env=data.get("file_env", {}),
-            files=data.get("files", {}),
-        )
 
 
 @dataclass(frozen=True)

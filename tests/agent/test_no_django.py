@@ -12,9 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 MINE = {"agent.datapath.hashing", "agent.contract.keys", "agent.contract.scope", "agent.datapath.keyspace",
         "agent.datapath.kv_cache", "agent.datapath.store", "agent.datapath.errors", "agent.datapath.connector",
         "agent.datapath.ledger", "agent.sim.master"}

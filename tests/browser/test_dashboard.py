@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from dashboard.models import OccupancySample
 from tenants.models import AuditEntry, Release
-from tests.registry.factories import (
+from tests.support.factories import (
     make_assignment,
     make_group,
     make_model,
@@ -17,7 +17,7 @@ from tests.registry.factories import (
     make_release,
     make_tenant,
 )
-from tests.ui.helpers import apply_config, master_sample
+from tests.support.rows import apply_config, master_sample
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 MB = 1 << 20
@@ -163,7 +163,8 @@ def test_pages_render_with_copy_buttons_and_screenshots(page, shot):
         assert page.locator("h1").count() == 1
         shot(page, name)
     page.goto("/checks/")
-    assert page.locator('#checks [data-status="pass"]').count() == 5
+    assert page.locator('#checks [data-status="fail"]').count() == 0  # a healthy deployment passes every check
+    assert page.locator('#checks [data-status="pass"]').count() >= 6  # the seed's five and quota_capacity
     page.goto(f"/releases/{release.pk}/")
     assignment = release.assignments.order_by("port").first()
     page.click(f'button[data-copy="cmd-{assignment.pk}"]')
@@ -184,6 +185,12 @@ def test_form_errors_show_the_rule_and_nothing_is_saved(page, shot):
     assert "must not start with '_'" in page.inner_text(".errorlist")
     shot(page, "form-error")
     page.fill("#id_tenant_id", "acme")
+    page.click("main button[type=submit]")  # no master answers: the capacity is unknown, a new quota needs confirming
+    page.wait_for_selector("#id_confirm_overcommit_error")
+    assert "mounted capacity is unknown" in page.inner_text("#id_confirm_overcommit_error")
+    assert "capacity unknown" in page.inner_text("#quota-plan")
+    shot(page, "form-overcommit")
+    page.check("#id_confirm_overcommit")
     page.click("main button[type=submit]")
     page.wait_for_url("**/tenants/*/")
     assert AuditEntry.objects.get(object_type="tenants.tenant").actor_repr == "operator"

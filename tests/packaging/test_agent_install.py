@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[2]
 #: Not part of the source (local build products, caches, the project's own environments and run data).
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "var", "build", "dist", "staticfiles", "test-artifacts", "__pycache__", "*.egg-info", "*.so",

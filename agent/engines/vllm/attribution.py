@@ -39,6 +39,7 @@ may be called from any thread.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -200,6 +201,8 @@ class Attributor:
         self.counters = AttributionCounters()
         self._seq = SequenceTracker()
         self.last_error = ""
+        #: Unix seconds of the newest decoded message (None before the first).
+        self.last_message_at: float | None = None
         if previous is not None:
             self._inherit(previous)
 
@@ -208,6 +211,7 @@ class Attributor:
             self.counters = old.counters
             self._seq = old._seq
             self.last_error = old.last_error
+            self.last_message_at = old.last_message_at
             self._gpu = OrderedDict(old._gpu)
             for ref, value in old._known.items():
                 ctx = old._ctx_list[int.from_bytes(value[-2:], "big")]
@@ -239,6 +243,7 @@ class Attributor:
     def handle_message(self, msg: DecodedMessage) -> None:
         """Apply one decoded message: sequence accounting, then its events in order."""
         with self._lock:
+            self.last_message_at = time.time()
             c = self.counters
             c.messages += 1
             c.unknown_events += msg.unknown_events
@@ -521,11 +526,13 @@ class Attributor:
 
     def snapshot(self) -> dict[str, Any]:
         """Counters of this instance (:class:`AttributionCounters` fields) plus ``instance_id``,
-        ``last_error``, ``known_blocks`` and ``gpu_memo_blocks`` (map sizes)."""
+        ``last_error``, ``last_message_at`` (unix seconds or None), ``known_blocks`` and ``gpu_memo_blocks`` (map
+        sizes)."""
         with self._lock:
             out = self.counters.as_dict()
             out.update(instance_id=self.instance_id, last_error=self.last_error,
-                       known_blocks=len(self._known), gpu_memo_blocks=len(self._gpu))
+                       last_message_at=self.last_message_at, known_blocks=len(self._known),
+                       gpu_memo_blocks=len(self._gpu))
             return out
 
     def full_hash(self, ref: Any) -> bytes | None:

@@ -13,7 +13,9 @@ Read (Prometheus text format, parsed with ``prometheus_client.parser``; every la
 
 :class:`EngineMetrics` is one scrape; :meth:`EngineMetrics.delta` the increase since an earlier one, where a
 counter that went down (the engine restarted) counts its whole current value. :class:`MetricsTracker` keeps
-the last scrape, the summed deltas since the agent started, and scrape failures.
+the last scrape, the summed deltas since the tracker started, and scrape failures. Its first successful scrape is
+the baseline (not counted: an engine that already ran before the agent started) unless scrapes failed before it
+(the engine was not up yet when the tracker started: everything it counted happened since).
 """
 
 from __future__ import annotations
@@ -206,11 +208,16 @@ class MetricsTracker:
         self.last_error = ""
 
     def update(self, metrics: EngineMetrics) -> EngineMetrics | None:
-        """Take one scrape; returns its delta since the previous one (None for the first: it is the baseline)."""
+        """Take one scrape; returns its delta since the previous one. The first successful scrape is the baseline
+        (None, nothing counted) unless earlier scrapes failed: then the engine came up after the tracker started
+        and its whole counts are the delta."""
         previous, self.last = self.last, metrics
         self.scrapes += 1
         if previous is None:
-            return None
+            if not self.failures:
+                return None
+            self.totals = self.totals.plus(metrics)
+            return metrics
         delta = metrics.delta(previous)
         if delta.reset:
             self.resets += 1

@@ -4,14 +4,17 @@ Matches vLLM 0.32.0 (CPU) / 0.33.0 ``ZmqEventPublisher``: an engine whose ``--kv
 names a host (``tcp://127.0.0.1:5557``) *connects* its PUB socket to it, so the node binds one SUB socket and
 every engine of the node connects there. Each instance is rendered with ``"topic": "<instance_id>"``; the
 first frame of each message is that topic, which is how one socket tells instances apart (ZMQ subscriptions
-match prefixes, so routing compares the whole topic frame; messages of unknown topics are counted and dropped).
+match prefixes, so routing compares the whole topic frame; messages of unknown topics are counted and dropped, and
+so are the Store blocks they announce: ``unknown_topic_blocks`` are blocks an engine the applied document does not
+know wrote into the pool). The socket subscribes to every topic, so such engines are seen at all.
 
 :class:`EngineObserver` keeps one :class:`agent.engines.vllm.attribution.Attributor` per vLLM instance of the
 applied config document (:meth:`EngineObserver.apply`, the daemon's ``on_apply`` hook: subscriptions change
 without closing the socket; an unchanged instance keeps its attributor, a changed one gets a new attributor
 that continues the old one's counters and state), a background thread that receives and attributes messages
-(:meth:`start` / :meth:`stop`), and a second one that scrapes each instance's ``http://<host>:<port>/metrics``
-every ``metrics_interval`` seconds (failures counted, never raised). :meth:`snapshot` is thread-safe.
+(:meth:`start` / :meth:`stop`; :meth:`rebind` moves it to another endpoint keeping every instance's state), and a
+second one that scrapes each instance's ``http://<host>:<port>/metrics`` every ``metrics_interval`` seconds
+(failures counted, never raised). :meth:`snapshot` is thread-safe.
 
 The socket part is thin: :meth:`EngineObserver.handle_frames` routes one message and is what the thread calls.
 """
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import zmq
 
 from agent.engines.vllm.attribution import Attributor
+from agent.engines.vllm.events import MEDIUM_STORE, BlockStored, EventDecodeError, decode_message
 from agent.engines.vllm.metrics import MetricsTracker, fetch_text, parse_metrics
 
 log = logging.getLogger("kvpool.agent.engines.vllm")
@@ -92,7 +97,9 @@ class EngineObserver:
         self._routes: dict[bytes, Attributor] = {}      # topic frame -> attributor (replaced, never mutated)
         self._trackers: dict[str, MetricsTracker] = {}  # instance_id -> its /metrics tracker
         self.apply_errors: dict[str, str] = {}           # instance_id -> why it is not observed
+        self._observed_since: dict[str, float] = {}      # instance_id -> unix seconds of its first apply
         self.unknown_topic = 0
+        self.unknown_topic_blocks = 0
         self.received = 0
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
@@ -130,10 +137,12 @@ class EngineObserver:
                 continue
             attributors[iid] = att
             routes[topic] = att
+        now = time.time()
         with self._lock:
             self._attributors = attributors
             self._routes = routes
             self.apply_errors = errors
+            self._observed_since = {iid: self._observed_since.get(iid, now) for iid in attributors}
             trackers = {}
             for iid, att in attributors.items():
                 url = f"http://{self.metrics_host}:{att.instance.port}/metrics"
@@ -145,7 +154,7 @@ class EngineObserver:
 
     @property
     def topics(self) -> set[bytes]:
-        """Topic frames currently routed (the SUB socket's subscriptions)."""
+        """Topic frames currently routed to an instance's attributor."""
         return set(self._routes)
 
     def attributor(self, instance_id: str) -> Attributor | None:
@@ -157,13 +166,20 @@ class EngineObserver:
     def handle_frames(self, frames: list[bytes]) -> bool:
         """Route one multipart message to its instance's attributor by its topic frame (exact match).
 
-        Returns False (and counts ``unknown_topic``) when no observed instance has that topic. Never raises for
-        malformed input (the attributor counts it).
+        Returns False when no observed instance has that topic: the message is counted in ``unknown_topic`` and
+        the Store blocks it announces (``BlockStored`` with the Store medium) in ``unknown_topic_blocks``. Never
+        raises for malformed input (the attributor counts it).
         """
         self.received += 1
         att = self._routes.get(bytes(frames[0])) if frames else None
         if att is None:
             self.unknown_topic += 1
+            try:
+                events = decode_message(frames).batch.events
+            except EventDecodeError:
+                return False
+            self.unknown_topic_blocks += sum(len(ev.block_hashes) for ev in events
+                                             if type(ev) is BlockStored and ev.medium == MEDIUM_STORE)
             return False
         att.handle_frames(frames)
         return True
@@ -174,6 +190,24 @@ class EngineObserver:
     def endpoint(self) -> str:
         """The bound endpoint (with the port the OS chose for ``*``) once started, else the configured one."""
         return self._endpoint
+
+    @property
+    def running(self) -> bool:
+        """Whether the socket is bound and the threads run (:meth:`start` succeeded, :meth:`stop` not called)."""
+        return bool(self._threads)
+
+    def rebind(self, endpoint: str) -> None:
+        """Move the SUB socket to ``endpoint`` (stop, then :meth:`start` there when it was running); every
+        instance keeps its attributor and metrics. Raises as :meth:`start` does."""
+        running = bool(self._threads)
+        self.stop()
+        self._endpoint = endpoint
+        if running:
+            self.start()
+
+    def observed_since(self, instance_id: str) -> float | None:
+        """Unix seconds since an instance is observed (its first apply; None when it is not observed)."""
+        return self._observed_since.get(instance_id)
 
     def start(self) -> None:
         """Bind the SUB socket (errors such as a port in use raise here) and start the threads."""
@@ -226,7 +260,8 @@ class EngineObserver:
         poller.register(sock, zmq.POLLIN)
         try:
             while not self._stop.is_set():
-                wanted = set(self._routes)
+                # one subscription to every topic: messages of instances the document does not know are counted
+                wanted = {b""}
                 if wanted != subscribed:
                     for topic in wanted - subscribed:
                         sock.setsockopt(zmq.SUBSCRIBE, topic)
@@ -272,20 +307,24 @@ class EngineObserver:
     # --- output -------------------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Thread-safe, JSON-ready: ``endpoint``, ``running``, ``received``, ``unknown_topic``, ``apply_errors``,
-        and per observed instance id its attribution counters (``Attributor.snapshot``) with ``topic`` and
+        """Thread-safe, JSON-ready: ``endpoint``, ``running``, ``received``, ``unknown_topic`` (messages),
+        ``unknown_topic_blocks`` (Store blocks in them), ``apply_errors``, and per observed instance id its
+        attribution counters (``Attributor.snapshot``) with ``topic``, ``observed_since`` (unix seconds) and
         ``metrics`` (``MetricsTracker.snapshot``)."""
         with self._lock:
             attributors = dict(self._attributors)
             topics = {att.instance_id: topic for topic, att in self._routes.items()}
             metrics = {iid: tracker.snapshot() for iid, tracker in self._trackers.items()}
+            since = dict(self._observed_since)
             out: dict[str, Any] = {"endpoint": self._endpoint, "running": bool(self._threads),
                                    "received": self.received, "unknown_topic": self.unknown_topic,
+                                   "unknown_topic_blocks": self.unknown_topic_blocks,
                                    "apply_errors": dict(self.apply_errors)}
         instances = {}
         for iid, att in attributors.items():
             row = att.snapshot()
             row["topic"] = topics.get(iid, b"").decode("utf-8", "replace")
+            row["observed_since"] = since.get(iid)
             row["metrics"] = metrics.get(iid)
             instances[iid] = row
         out["instances"] = instances

@@ -9,7 +9,7 @@ from agent.contract.scope import CacheScope
 from agent.datapath.ledger import Ledger
 from agent.engines.vllm.attribution import OUTCOMES, Attributor, instance_block_bytes
 from agent.engines.vllm.events import BlockStored, EventBatch, decode_message, encode_batch
-from tests.agent.engines.captures import (
+from tests.support.captures import (
     RUNS,
     frames,
     instance,

@@ -19,7 +19,7 @@ from agent.engines.vllm.events import (
     hash_matches,
     low64,
 )
-from tests.agent.engines.captures import RUNS, frames, meta
+from tests.support.captures import RUNS, frames, meta
 
 
 @pytest.mark.parametrize("run", RUNS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.engines.vllm.metrics import EngineMetrics, MetricsError, MetricsTracker, parse_metrics
-from tests.agent.engines.captures import RUNS, meta
+from tests.support.captures import RUNS, meta
 
 
 def metrics_text(run: str, scale: float = 1.0) -> str:

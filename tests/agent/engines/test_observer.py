@@ -14,8 +14,8 @@ import zmq
 
 from agent.datapath.ledger import Ledger
 from agent.engines.vllm.observer import EngineObserver
-from tests.agent.engines.captures import frames, instance, meta, retopic
 from tests.agent.engines.test_metrics import metrics_text
+from tests.support.captures import frames, instance, meta, retopic
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:

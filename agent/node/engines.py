@@ -1,0 +1,576 @@
+"""The node agent's side of real engine instances: what it prepares, runs and watches for them.
+
+:class:`NodeEngines` is an ``on_apply`` hook of :class:`agent.node.daemon.Daemon` (chained after the engine
+simulator's with ``--simulate-engines``) and the source of every report's per-instance engine facts. For each
+applied config document (schema 2, ``agent.contract.messages``):
+
+1. **Instance directories.** ``<instance_root>/<instance_id>/`` for every instance with a ``launch`` spec
+   (``agent.node.instance_dirs.write_instance_dirs``: ``launch.sh``, ``env``, ``launch.json`` and the rendered
+   files such as ``mooncake.json``); directories of instances that left the document go. An engine launcher needs
+   nothing but that directory: a systemd unit with ``EnvironmentFile=<dir>/env`` and ``ExecStart=<dir>/launch.sh``
+   (``KVPOOL_ENGINE_PYTHON`` names the engine environment's interpreter), or a pod's init step that runs
+   ``launch.sh``. The agent never starts engines itself.
+2. **The node's store client** (``node_settings.store_mode == "standalone-store"``): one supervised
+   ``mooncake_client`` (``agent.node.segment.SegmentSupervisor``) with the rendered argv, restarted when the argv
+   changes, stopped when the node goes back to ``embedded`` mode.
+3. **KV events and metrics** (vLLM 0.32.0/0.33.0): one :class:`agent.engines.vllm.observer.EngineObserver` bound at
+   ``tcp://127.0.0.1:<node_settings.kv_events_port>`` (re-bound when the port changes) attributes the engines'
+   Store writes into the node's ledger exactly as the connector records its own puts, and scrapes each
+   instance's ``/metrics``. A document without vLLM instances (or without ``node_settings``) runs no observer.
+
+A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) makes engine-written blocks behave like
+the simulator's (hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):
+
+* **hits** — the engines' external prefix-cache counters (tokens the KV connector looked up in / loaded from the
+  Store) become the ledger's ``hit_blocks`` / ``miss_blocks`` of the instance's release scope
+  (``request_group`` "": an engine's lookups are not told apart by request group): ``hit_blocks`` =
+  ``external_prefix_cache_hits // block_size``, ``miss_blocks`` = ``(external_prefix_cache_queries -
+  external_prefix_cache_hits) // block_size``, both over the tokens counted since the agent started (the
+  remainders carry over, so the counters only grow);
+* **reconcile** — the ledger's present blocks of each tenant are checked against the Store (``batch_is_exist``
+  through ``agent.datapath.ledger.Ledger.reconcile``: a sample, every block once a sample finds one gone): blocks
+  the master evicted, and those of an embedded-mode engine that stopped (its segment left the pool), leave the
+  ledger. One Store client per tenant, opened lazily, mounting **no** segment (``ENGINE_STORE_SEGMENT_BYTES``:
+  memory it mounted would receive engine objects that vanish with the agent). Mooncake 0.3.13.post1's
+  ``batch_is_exist`` grants the checked objects a read lease (the master's ``--default_kv_lease_ttl``, 10 s by
+  default; measured here), during which they cannot be removed without force: a reconcile therefore runs only every
+  ``reconcile_interval`` seconds (default 30), after the tick's budget enforcement, so the leases it takes leave
+  enforcement most of the interval;
+* **probe** — between reconciles, every ``probe_interval`` seconds (default 5), the same check on
+  ``PROBE_SAMPLE`` blocks per tenant: a master restart (every object lost) or a lost segment shows at once and
+  becomes a check of every block, so the ledger matches the Store within seconds, not ``reconcile_interval``;
+* **budgets** (before the reconcile) — every release (``InstanceSpec.budget_bytes``, all its request groups) and
+  request group (``RequestGroupSpec.budget_bytes``) of an observed instance is held under its budget by
+  ``agent.datapath.budget.BudgetEnforcer`` (the simulator's prefix-aware policy): leaf blocks only, removed by
+  exact key with ``force=False`` (``agent.datapath.budget.store_remover``), so no block is orphaned and a block
+  another client reads (or a reconcile checked in the last lease period) stays until a later tick.
+
+``observe=False`` (``--simulate-engines``: the simulator plays the engines and mounts the node's memory) keeps
+step 1 only. No Django here.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoints
+from agent.contract.scope import CacheScope
+
+log = logging.getLogger("kvpool.agent.engines")
+
+#: Default seconds between maintenance ticks (hits, budgets).
+DEFAULT_INTERVAL = 2.0
+#: Default seconds between reconciles with the Store (each leases the checked objects for the master's
+#: ``--default_kv_lease_ttl``, 10 s by default in Mooncake 0.3.13.post1: keep this well above it).
+DEFAULT_RECONCILE_INTERVAL = 30.0
+#: Default seconds between ``/metrics`` scrapes of each engine instance.
+DEFAULT_METRICS_INTERVAL = 5.0
+#: Blocks sampled per tenant at each reconcile (every block once a sample finds one gone).
+DEFAULT_RECONCILE_SAMPLE = 64
+#: Default seconds between Store probes: a reconcile of ``PROBE_SAMPLE`` blocks per tenant between the full-sized
+#: ones. A restarted master (no HA) lost every object, so any sampled block is gone and the probe turns into a
+#: reconcile of every block: the ledger matches the Store again within ``probe_interval`` + one tick.
+DEFAULT_PROBE_INTERVAL = 5.0
+#: Blocks a probe checks per tenant (each leased for ``--default_kv_lease_ttl``: a handful, not a budget's worth).
+PROBE_SAMPLE = 4
+#: A release or request group over its budget is trimmed to this share of it (as the simulator does).
+BUDGET_LOW_WATER = 0.9
+#: Segment the maintenance Store clients mount: none (they only check and remove keys).
+ENGINE_STORE_SEGMENT_BYTES = 0
+#: Transfer buffer of the maintenance Store clients (bytes; they move no data).
+ENGINE_STORE_BUFFER_BYTES = 16 << 20
+#: Log file of the node's ``mooncake_client``, in the agent's state directory.
+STORE_CLIENT_LOG = "mooncake_client.log"
+#: ``gc.set_threshold`` of an agent that observes engines (:func:`tune_gc`). The ledger and the eviction policy
+#: allocate a few tracked objects per attributed block; with Python's default first-generation threshold (700) the
+#: collector then runs every few hundred blocks and walks the young, still-growing tables. Measured with
+#: ``python -m bench.engine_ingest`` on this project's 2-core machine: attribution with a budget enforcer 36k-39k
+#: Store blocks/s/core with the defaults, 54k-69k with this threshold (without a budget 75k-83k -> 115k-120k).
+ENGINE_GC_THRESHOLD = (50_000, 20, 100)
+
+#: ``(StoreEndpoints, tenant_id) -> StoreClient`` (tests pass fakes; default ``agent.datapath.store.open_store``).
+StoreOpener = Callable[[StoreEndpoints, str], Any]
+
+
+def tune_gc() -> None:
+    """Raise the collector's thresholds to ``ENGINE_GC_THRESHOLD`` for this process (the agent's ``run`` does it when
+    it observes engines; process-wide, so library code and tests leave it alone)."""
+    import gc
+
+    gc.set_threshold(*ENGINE_GC_THRESHOLD)
+
+
+def events_endpoint(port: int) -> str:
+    """The node's KV-event endpoint for ``kv_events_port``: ``tcp://127.0.0.1:<port>`` (what the registry renders
+    into every vLLM instance's ``--kv-events-config``, ``tenants.rendering.kv_events_config``)."""
+    return f"tcp://127.0.0.1:{port}"
+
+
+def _utc(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, UTC) if seconds is not None else None
+
+
+@dataclass
+class _Credit:
+    """Tokens an instance's engine counted (external prefix cache) and the blocks already credited for them."""
+
+    scope: CacheScope
+    block_size: int
+    hit_tokens: float = 0.0
+    query_tokens: float = 0.0
+    seen_hits: float = 0.0       # the tracker totals last read (a lower value: a new tracker started from 0)
+    seen_queries: float = 0.0
+    hit_blocks: int = 0
+    miss_blocks: int = 0
+
+
+class NodeEngines:
+    """Everything the agent does for its node's real engine instances (module docstring).
+
+    Args:
+        node: this node's name (log lines).
+        ledger: the node's ``agent.datapath.ledger.Ledger`` (attributed blocks, reconcile, budgets, hits).
+        instance_root: directory of the instance directories (created when missing).
+        state_dir: where the ``mooncake_client`` log goes (default: ``instance_root``'s parent).
+        observe: run the store client, the observer and the maintenance (False: instance directories only).
+        interval: seconds between maintenance ticks (<= 0: no thread; call :meth:`tick`).
+        reconcile_interval: seconds between reconciles with the Store (checked at each tick).
+        metrics_interval: seconds between ``/metrics`` scrapes of each instance (0: none).
+        reconcile_sample: blocks sampled per tenant and tick (None: every block).
+        probe_interval: seconds between Store probes of ``PROBE_SAMPLE`` blocks per tenant (<= 0: none).
+        store_opener: opens a maintenance Store client (default ``agent.datapath.store.open_store``).
+        observer_options: extra keyword arguments of each ``EngineObserver`` (tests: ``fetch``, ``metrics_host``).
+        segment_options: extra keyword arguments of the ``SegmentSupervisor`` (tests: ``binary``).
+
+    Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
+    :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
+    calls outside it.
+    """
+
+    def __init__(self, node: str, ledger: Any, instance_root: str | Path, *, state_dir: str | Path | None = None,
+                 observe: bool = True, interval: float = DEFAULT_INTERVAL,
+                 reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+                 metrics_interval: float = DEFAULT_METRICS_INTERVAL,
+                 reconcile_sample: int | None = DEFAULT_RECONCILE_SAMPLE, store_opener: StoreOpener | None = None,
+                 probe_interval: float = DEFAULT_PROBE_INTERVAL,
+                 observer_options: Mapping[str, Any] | None = None,
+                 segment_options: Mapping[str, Any] | None = None) -> None:
+        self.node = node
+        self.ledger = ledger
+        self.instance_root = Path(instance_root)
+        self.state_dir = Path(state_dir) if state_dir is not None else self.instance_root.parent
+        self.observe = observe
+        self.interval = interval
+        self.reconcile_interval = reconcile_interval
+        self.metrics_interval = metrics_interval
+        self._last_reconcile: float | None = None   # time.monotonic() of the last reconcile
+        self.reconcile_sample = reconcile_sample
+        self.probe_interval = probe_interval
+        self._last_probe: float | None = None  # time.monotonic() of the last probe or reconcile
+        self._store_opener = store_opener
+        self.observer_options = dict(observer_options or {})
+        self.segment_options = dict(segment_options or {})
+        self.budget: Any = None
+        if observe:
+            from agent.datapath.budget import BudgetEnforcer
+
+            self.budget = BudgetEnforcer(ledger)
+        self.document: ConfigDocument | None = None
+        self.observer: Any = None       # agent.engines.vllm.observer.EngineObserver
+        self.segment: Any = None        # agent.node.segment.SegmentSupervisor
+        self.instance_dirs: list[Path] = []
+        #: What went wrong last, per part (``instance_dirs``, ``store_client``, ``observer``, ``store:<tenant>``,
+        #: ``budget``); a part that works again is removed.
+        self.errors: dict[str, str] = {}
+        self.removed_over_budget = 0
+        self._endpoint = ""             # the observer's configured endpoint
+        self._credits: dict[str, _Credit] = {}
+        self._stores: dict[str, tuple[StoreEndpoints, Any]] = {}  # tenant -> (endpoints it was opened with, client)
+        self._lock = threading.RLock()
+        self._tick_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- config -------------------------------------------------------------------------------------------
+
+    def on_apply(self, applied: Any) -> None:
+        """Daemon hook: take a newly applied document (a duck-typed ``AppliedConfig``, or a ``ConfigDocument``).
+
+        Each part (directories, store client, observer) is done on its own: a failure is logged, kept in
+        :attr:`errors` and does not stop the others (the document stays applied).
+        """
+        document: ConfigDocument = getattr(applied, "document", applied)
+        with self._lock:
+            self.document = document
+            self._write_dirs(document)
+            if not self.observe:
+                return
+            self._apply_store_client(document)
+            self._apply_observer(document)
+
+    def _write_dirs(self, document: ConfigDocument) -> None:
+        from agent.node.instance_dirs import write_instance_dirs
+
+        launches = [instance.launch for instance in document.instances if instance.launch is not None]
+        try:
+            self.instance_dirs = write_instance_dirs(self.instance_root, launches)
+        except Exception as exc:  # a bad launch or the disk: keep the old directories
+            self._fail("instance_dirs", f"writing instance directories under {self.instance_root} failed: {exc}")
+            return
+        self.errors.pop("instance_dirs", None)
+        if launches:
+            log.info("node %s: %d instance director%s under %s", self.node, len(launches),
+                     "y" if len(launches) == 1 else "ies", self.instance_root)
+
+    def _apply_store_client(self, document: ConfigDocument) -> None:
+        from agent.node.segment import SegmentConfig, supervisor_for
+
+        settings = document.node_settings
+        try:
+            config = None
+            if settings is not None and settings.store_mode == "standalone-store" and settings.store_client_argv:
+                config = SegmentConfig.from_argv(settings.store_client_argv)
+            kwargs = {"log_path": self.state_dir / STORE_CLIENT_LOG, **self.segment_options}
+            self.segment = supervisor_for(config, self.segment, **kwargs)
+        except Exception as exc:  # no binary, bad flags: engines of this node have no store memory
+            self._fail("store_client", f"the node's mooncake_client: {exc}")
+            return
+        self.errors.pop("store_client", None)
+
+    def _vllm_instances(self, document: ConfigDocument | None) -> list[Any]:
+        return [i for i in document.instances if i.engine == "vllm"] if document is not None else []
+
+    def _apply_observer(self, document: ConfigDocument) -> None:
+        settings = document.node_settings
+        if settings is None or not self._vllm_instances(document):
+            self._stop_observer()
+            return
+        from agent.engines.vllm.observer import EngineObserver
+
+        endpoint = events_endpoint(settings.kv_events_port)
+        try:
+            if self.observer is None:
+                self.observer = EngineObserver(self.ledger, endpoint=endpoint, metrics_interval=self.metrics_interval,
+                                               **self.observer_options)
+                self._endpoint = endpoint
+            self.observer.apply(document)
+            for iid, why in self.observer.apply_errors.items():
+                log.error("node %s: instance %s is not observed: %s", self.node, iid, why)
+            if endpoint != self._endpoint:
+                log.info("node %s: KV events move from %s to %s", self.node, self._endpoint, endpoint)
+                self._endpoint = endpoint
+                self.observer.rebind(endpoint)
+            self._ensure_observer_running()
+        except Exception as exc:
+            self._fail("observer", f"observing engines at {endpoint}: {exc}")
+
+    def _ensure_observer_running(self) -> None:
+        observer = self.observer
+        if observer is None or observer.running:
+            return
+        if observer.endpoint != self._endpoint:  # a failed rebind left the old endpoint configured
+            observer.rebind(self._endpoint)
+        observer.start()
+        self.errors.pop("observer", None)
+        log.info("node %s: observing engine KV events at %s", self.node, observer.endpoint)
+
+    def _stop_observer(self, why: str = "no vLLM instance left") -> None:
+        observer, self.observer = self.observer, None
+        if observer is not None:
+            observer.stop()
+            log.info("node %s: engine observer stopped (%s)", self.node, why)
+        self.errors.pop("observer", None)
+
+    def _fail(self, part: str, message: str) -> None:
+        if self.errors.get(part) != message:
+            log.error("node %s: %s", self.node, message)
+        self.errors[part] = message
+
+    # --- maintenance --------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the maintenance thread (no-op without ``observe`` or with ``interval`` <= 0)."""
+        if not self.observe or self.interval <= 0 or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"kvpool-engines-{self.node}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception:  # never let maintenance die; the next tick retries
+                log.exception("node %s: engine maintenance tick failed", self.node)
+
+    def tick(self, *, reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
+        """One maintenance round: credit engine hits, enforce the budgets (unless ``enforce`` is False), then
+        reconcile the ledger with the Store per tenant when ``reconcile`` (None: when ``reconcile_interval``
+        passed since the last one; ``full``: every block, not a sample), else probe ``PROBE_SAMPLE`` blocks per
+        tenant when ``probe_interval`` passed. Returns counts (``checked`` and ``missing`` blocks, ``removed`` over
+        budget)."""
+        if not self.observe:
+            return {"checked": 0, "missing": 0, "removed": 0}
+        sample = None if full else self.reconcile_sample
+        now = time.monotonic()
+        if reconcile is None:
+            reconcile = self._last_reconcile is None or now - self._last_reconcile >= self.reconcile_interval
+        with self._tick_lock:
+            with self._lock:
+                if self.observer is not None:
+                    try:
+                        self._ensure_observer_running()
+                    except Exception as exc:
+                        self._fail("observer", f"observing engines at {self._endpoint}: {exc}")
+            self.credit_hits()
+            removed = self._enforce_budgets() if enforce else 0
+            checked = missing = 0
+            if reconcile:
+                self._last_reconcile = self._last_probe = now
+                checked, missing = self._reconcile(sample)
+            elif self.probe_interval > 0 and (self._last_probe is None
+                                              or now - self._last_probe >= self.probe_interval):
+                self._last_probe = now
+                checked, missing = self._reconcile(PROBE_SAMPLE)
+        return {"checked": checked, "missing": missing, "removed": removed}
+
+    def reconcile_now(self) -> dict[str, int]:
+        """A tick that enforces the budgets and then checks every block of the ledger against the Store."""
+        return self.tick(reconcile=True, full=True)
+
+    def _store(self, tenant_id: str) -> Any | None:
+        """The maintenance Store client of ``tenant_id`` for the applied document's endpoints (opened on first use,
+        reopened when the endpoints change; None while it cannot be opened)."""
+        document = self.document
+        if document is None:
+            return None
+        endpoints = document.store.model_copy(update={
+            "global_segment_size": ENGINE_STORE_SEGMENT_BYTES,
+            "local_buffer_size": min(document.store.local_buffer_size, ENGINE_STORE_BUFFER_BYTES)
+            or ENGINE_STORE_BUFFER_BYTES})
+        held = self._stores.get(tenant_id)
+        if held is not None:
+            if held[0] == endpoints:
+                return held[1]
+            self._close_store(tenant_id)
+        opener = self._store_opener or _open_store
+        try:
+            client = opener(endpoints, tenant_id)
+        except Exception as exc:
+            self._fail(f"store:{tenant_id}", f"cannot open a Store client of tenant {tenant_id}: {exc}")
+            return None
+        self.errors.pop(f"store:{tenant_id}", None)
+        self._stores[tenant_id] = (endpoints, client)
+        return client
+
+    def _close_store(self, tenant_id: str) -> None:
+        held = self._stores.pop(tenant_id, None)
+        if held is not None:
+            try:
+                held[1].close()
+            except Exception:
+                log.warning("node %s: closing the Store client of %s failed", self.node, tenant_id, exc_info=True)
+
+    def _tenants(self) -> set[str]:
+        """Tenants whose blocks the ledger holds, and those of the document's observed instances."""
+        tenants = {t.scope.tenant_id for t in self.ledger.tables() if t.blocks > 0}
+        tenants.update(i.tenant_id for i in self._vllm_instances(self.document))
+        return tenants
+
+    def _reconcile(self, sample: int | None) -> tuple[int, int]:
+        checked = missing = 0
+        tenants = self._tenants()
+        for tenant_id in sorted(set(self._stores) - tenants):
+            self._close_store(tenant_id)
+        for tenant_id in sorted(tenants):
+            store = self._store(tenant_id)
+            if store is None:
+                continue
+            try:
+                result = self.ledger.reconcile(store, sample=sample)
+            except Exception as exc:  # the next tick retries (a fresh client if this one broke)
+                self._fail(f"store:{tenant_id}", f"reconciling tenant {tenant_id} with the Store failed: {exc}")
+                self._close_store(tenant_id)
+                continue
+            checked += result.checked
+            missing += result.missing
+            if result.missing:
+                log.info("node %s: %d block(s) of tenant %s left the Store (evicted, or their engine's segment "
+                         "went)", self.node, result.missing, tenant_id)
+        return checked, missing
+
+    def budgets(self) -> list[tuple[list[CacheScope], int, str]]:
+        """The budgets of the observed instances' releases and request groups: ``(scopes, budget_bytes,
+        tenant_id)``, one per release / group (a release's scopes are every request group the ledger holds of
+        it)."""
+        release_budgets: dict[CacheScope, tuple[int, str]] = {}
+        group_budgets: dict[CacheScope, tuple[int, str]] = {}
+        for instance in self._vllm_instances(self.document):
+            release = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace)
+            if instance.budget_bytes is not None:
+                release_budgets[release] = (instance.budget_bytes, instance.tenant_id)
+            for group in instance.request_groups:
+                if group.budget_bytes is not None:
+                    group_budgets[release._replace(request_group=group.name)] = (group.budget_bytes,
+                                                                                  instance.tenant_id)
+        out: list[tuple[list[CacheScope], int, str]] = [([scope], budget, tenant)
+                                                        for scope, (budget, tenant) in group_budgets.items()]
+        tables = [t.scope for t in self.ledger.tables()]
+        for release, (budget, tenant) in release_budgets.items():
+            out.append(([s for s in tables if s.release_scope() == release] or [release], budget, tenant))
+        return out
+
+    def _enforce_budgets(self) -> int:
+        from agent.datapath.budget import store_remover
+
+        removed = 0
+        for scopes, budget, tenant_id in self.budgets():
+            if self.budget.used_bytes(scopes) <= budget:
+                continue
+            store = self._store(tenant_id)
+            if store is None:
+                continue
+            try:
+                keys = self.budget.enforce(scopes, budget, store_remover(store, self.ledger),
+                                           low_water=BUDGET_LOW_WATER)
+            except Exception as exc:
+                self._fail("budget", f"holding {scopes[0].release_scope().label} under {budget} bytes failed: {exc}")
+                continue
+            self.errors.pop("budget", None)
+            if keys:
+                removed += len(keys)
+                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
+                         scopes[0].label if len(scopes) == 1 else scopes[0].release_scope().label, budget)
+        self.removed_over_budget += removed
+        return removed
+
+    # --- hits ---------------------------------------------------------------------------------------------
+
+    def credit_hits(self) -> None:
+        """Move the engines' external prefix-cache tokens counted since the last call into the ledger's hit/miss
+        blocks of each instance's release scope (module docstring)."""
+        observer = self.observer
+        if observer is None:
+            return
+        instances = {i.instance_id: i for i in self._vllm_instances(self.document)}
+        snapshot = observer.snapshot()["instances"]
+        with self._lock:
+            for iid, row in snapshot.items():
+                metrics = row.get("metrics") or {}
+                totals = metrics.get("totals") or {}
+                instance = instances.get(iid)
+                if instance is None:
+                    continue
+                scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace)
+                credit = self._credits.get(iid)
+                if credit is None or credit.scope != scope or credit.block_size != instance.kv_layout.block_size:
+                    credit = self._credits[iid] = _Credit(scope, instance.kv_layout.block_size)
+                hits = float(totals.get("external_prefix_cache_hits", 0.0))
+                queries = float(totals.get("external_prefix_cache_queries", 0.0))
+                credit.hit_tokens += hits - credit.seen_hits if hits >= credit.seen_hits else hits
+                credit.query_tokens += queries - credit.seen_queries if queries >= credit.seen_queries else queries
+                credit.seen_hits, credit.seen_queries = hits, queries
+                hit_blocks = int(credit.hit_tokens // credit.block_size)
+                miss_blocks = int(max(0.0, credit.query_tokens - credit.hit_tokens) // credit.block_size)
+                new_hits = max(0, hit_blocks - credit.hit_blocks)
+                new_misses = max(0, miss_blocks - credit.miss_blocks)
+                if new_hits or new_misses:
+                    self.ledger.record_hits(scope, new_hits, new_misses)
+                    credit.hit_blocks += new_hits
+                    credit.miss_blocks += new_misses
+
+    # --- reports ------------------------------------------------------------------------------------------
+
+    def instance_stats(self) -> list[InstanceStats]:
+        """One :class:`agent.contract.messages.InstanceStats` per observed instance (counters since the agent
+        started), ordered by instance id."""
+        observer = self.observer
+        if observer is None:
+            return []
+        instances = {i.instance_id: i for i in self._vllm_instances(self.document)}
+        out = []
+        for iid, row in sorted(observer.snapshot()["instances"].items()):
+            instance = instances.get(iid)
+            metrics = row.get("metrics") or {}
+            totals = metrics.get("totals") or {}
+            out.append(InstanceStats(
+                instance_id=iid, engine="vllm",
+                tenant_id=instance.tenant_id if instance is not None else "",
+                served_model_name=instance.served_model_name if instance is not None else "",
+                namespace=instance.namespace if instance is not None else "",
+                observed_since=_utc(row.get("observed_since")) or datetime.now(UTC),
+                last_event_at=_utc(row.get("last_message_at")),
+                messages=row["messages"], events=row["events"], blocks_seen=row["blocks_seen"],
+                attributed=row["attributed"], unknown_salt=row["unknown_salt"],
+                unknown_adapter=row["unknown_adapter"], hash_mismatch=row["hash_mismatch"],
+                unresolved_parent=row["unresolved_parent"], unverifiable=row["unverifiable"],
+                decode_errors=row["decode_errors"], seq_gaps=row["seq_gaps"], seq_resets=row["seq_resets"],
+                attributed_by_group=row.get("by_group", {}), last_error=row.get("last_error", "")[:2000],
+                prefix_cache_queries=int(totals.get("prefix_cache_queries", 0)),
+                prefix_cache_hits=int(totals.get("prefix_cache_hits", 0)),
+                external_prefix_cache_queries=int(totals.get("external_prefix_cache_queries", 0)),
+                external_prefix_cache_hits=int(totals.get("external_prefix_cache_hits", 0)),
+                store_keys=_ints(totals.get("store_keys", {})),
+                store_failed_keys=_ints(totals.get("store_failed_keys", {})),
+                metrics_scrapes=metrics.get("scrapes", 0), metrics_errors=metrics.get("failures", 0),
+                metrics_error=(metrics.get("last_error") or "")[:2000]))
+        return out
+
+    def report_fields(self) -> dict[str, Any]:
+        """Extra ``Report`` fields (the daemon's ``report_fields`` source): ``instances`` (:meth:`instance_stats`)
+        and the observer's ``unknown_topic_messages`` / ``unknown_topic_blocks``. Credits the engines' hits into
+        the ledger first, so the same report's scope rows include them."""
+        self.credit_hits()
+        observer = self.observer
+        if observer is None:
+            return {"instances": []}
+        snap = observer.snapshot()
+        return {"instances": self.instance_stats(), "unknown_topic_messages": snap["unknown_topic"],
+                "unknown_topic_blocks": snap["unknown_topic_blocks"]}
+
+    def status(self) -> dict[str, Any]:
+        """What runs now, JSON-ready: ``instance_dirs`` (paths), ``store_client`` (pid or None), ``observer``
+        (endpoint or None), ``stores`` (tenants with an open maintenance client), ``errors``."""
+        with self._lock:
+            return {"instance_dirs": [str(p) for p in self.instance_dirs],
+                    "store_client": self.segment.pid if self.segment is not None else None,
+                    "observer": self.observer.endpoint if self.observer is not None else None,
+                    "stores": sorted(self._stores), "errors": dict(self.errors),
+                    "removed_over_budget": self.removed_over_budget}
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the maintenance thread, the observer and the store client; close the Store clients."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(max(5.0, self.interval * 2))
+            self._thread = None
+        with self._lock:
+            self._stop_observer("the agent stops")
+            segment, self.segment = self.segment, None
+            if segment is not None:
+                segment.stop()
+            for tenant_id in list(self._stores):
+                self._close_store(tenant_id)
+
+
+def _open_store(endpoints: StoreEndpoints, tenant_id: str) -> Any:
+    from agent.datapath.store import open_store
+
+    return open_store(endpoints, tenant_id)
+
+
+def _ints(values: Mapping[str, Any] | Iterable[Any]) -> dict[str, int]:
+    return {str(name): int(value) for name, value in dict(values).items()}
+
+
+__all__ = ["BUDGET_LOW_WATER", "DEFAULT_INTERVAL", "DEFAULT_METRICS_INTERVAL", "DEFAULT_RECONCILE_INTERVAL",
+           "ENGINE_GC_THRESHOLD",
+           "ENGINE_STORE_SEGMENT_BYTES", "NodeEngines", "events_endpoint", "tune_gc"]

@@ -1,0 +1,346 @@
+"""``agent.node.engines.NodeEngines`` and the daemon wired to it: instance directories written on apply, the node's
+KV-event socket bound at the document's port (real ZMQ, recorded vLLM 0.32.0 frames replayed by a PUB that connects
+as an engine does), attribution into the ledger, per-instance facts in the report, engine hits in the scope rows,
+reconcile and budgets against an in-memory Store (the real Store path: tests/integration/test_vllm_engine.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from agent.contract import signing
+from agent.contract.messages import (
+    ConfigDocument,
+    InstanceSpec,
+    LaunchSpec,
+    NodeSettings,
+    Report,
+    StoreEndpoints,
+)
+from agent.contract.scope import CacheScope
+from agent.datapath.ledger import Ledger
+from agent.node.daemon import Daemon
+from agent.node.engines import NodeEngines, events_endpoint
+from agent.node.instance_dirs import read_launch
+from agent.sim.master import free_ports
+from tests.support.captures import frames, instance, meta, retopic, store_blocks
+from tests.support.fakes import FakeStore
+
+RUN = "embedded-int"
+SECRET = "s3cret"
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def launch(instance_id: str) -> LaunchSpec:
+    return LaunchSpec(instance_id=instance_id, argv=("python", "-m", "vllm.entrypoints.openai.api_server"),
+                      env={"VLLM_HOST_IP": "127.0.0.1"}, file_env={"MOONCAKE_CONFIG_PATH": "mooncake.json"},
+                      files={"mooncake.json": "{}\n"})
+
+
+def spec(instance_id: str = "7", *, run: str = RUN, budget: int | None = None, **kwargs) -> InstanceSpec:
+    base = instance(run, instance_id=instance_id, **kwargs)
+    return base.model_copy(update={"launch": launch(instance_id), "budget_bytes": budget})
+
+
+def document(instances: list[InstanceSpec], port: int, *, version: int = 1, node: str = "node-a",
+             settings: NodeSettings | None = ...) -> ConfigDocument:  # type: ignore[assignment]
+    return ConfigDocument(
+        node=node, version=version, issued_at="2026-12-01T12:00:00.000000Z",
+        store=StoreEndpoints(master_server_address="127.0.0.1:50051", metadata_server="http://127.0.0.1:8080/metadata",
+                             global_segment_size=1 << 30, local_buffer_size=1 << 28),
+        instances=instances,
+        node_settings=NodeSettings(kv_events_port=port) if settings is ... else settings)
+
+
+class Stores:
+    """Opens one FakeStore per tenant (and remembers every opening and every remove's ``force``)."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, FakeStore] = {}
+        self.opened: list[tuple[StoreEndpoints, str]] = []
+        self.forced: list[bool] = []
+
+    def __call__(self, endpoints: StoreEndpoints, tenant_id: str) -> FakeStore:
+        self.opened.append((endpoints, tenant_id))
+        store = self.by_tenant.setdefault(tenant_id, FakeStore(tenant_id))
+        remove = store.remove
+
+        def tracked(keys: list[str], *, force: bool = True) -> list[int]:
+            self.forced.append(force)
+            return remove(keys, force=force)
+
+        store.remove = tracked  # type: ignore[method-assign]
+        return store
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[NodeEngines]:
+    ne = NodeEngines("node-a", Ledger(), tmp_path / "instances", state_dir=tmp_path, interval=0, metrics_interval=0,
+                     store_opener=Stores(), observer_options={"poll_ms": 20})
+    try:
+        yield ne
+    finally:
+        ne.close()
+
+
+@pytest.fixture
+def pub() -> Iterator[Callable[[str], zmq.Socket]]:
+    ctx = zmq.Context()
+    sockets: list[zmq.Socket] = []
+
+    def connect(endpoint: str) -> zmq.Socket:
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)  # the engine connects; the node binds
+        sockets.append(sock)
+        return sock
+
+    try:
+        yield connect
+    finally:
+        for sock in sockets:
+            sock.close(0)
+        ctx.term()
+
+
+def publish(engines: NodeEngines, sock: zmq.Socket, topic: str, run: str = RUN) -> int:
+    """Send the run's recorded messages under ``topic`` once the subscription has reached the publisher (probes
+    under the topic ``probe`` until one arrives); returns how many probes arrived."""
+    observer = engines.observer
+    start = observer.received
+
+    def joined() -> bool:
+        sock.send_multipart([b"probe", b"\0" * 8, b""])
+        time.sleep(0.02)
+        return observer.received > start
+    wait_for(joined, what="the SUB socket to join")
+    time.sleep(0.05)  # probes still in flight arrive before the recorded messages
+    probes = observer.received - start
+    for raw in retopic(frames(run), topic):
+        sock.send_multipart(raw)
+    return probes
+
+
+def present_keys(ledger: Ledger) -> set[str]:
+    return {key for table in ledger.tables() for key in ledger.present_keys(table.scope)}
+
+
+def test_apply_writes_instance_dirs_binds_the_node_port_and_attributes_engine_writes(engines, pub, tmp_path):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7")], port))
+    directory = tmp_path / "instances" / "7"
+    assert read_launch(directory)["env"]["MOONCAKE_CONFIG_PATH"] == str(directory / "mooncake.json")
+    assert (directory / "launch.sh").stat().st_mode & 0o111 and (directory / "env").is_file()
+    assert engines.observer.running and engines.observer.endpoint == events_endpoint(port)
+    publish(engines, pub(events_endpoint(port)), "7")
+    wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="19 attributed blocks")
+    assert present_keys(engines.ledger) == set(meta(RUN)["store_keys"]["keys_present"])
+    (stats,) = engines.report_fields()["instances"]
+    assert (stats.instance_id, stats.tenant_id, stats.namespace) == ("7", meta(RUN)["tenant_id"],
+                                                                      meta(RUN)["cache_prefix"])
+    assert (stats.attributed, stats.blocks_seen, stats.hash_mismatch, stats.unknown_salt) == (19, 19, 0, 0)
+    assert stats.attributed_by_group == {"default": 15, "group-a": 4} and stats.seq_gaps == 0
+    assert stats.last_event_at is not None and stats.observed_since <= stats.last_event_at
+
+
+def test_writes_from_engines_of_no_instance_are_counted_as_unknown(engines, pub):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7")], port))
+    probes = publish(engines, pub(events_endpoint(port)), "99")
+    blocks = store_blocks(RUN)
+    wait_for(lambda: engines.observer.unknown_topic_blocks == blocks, what="unknown-topic blocks")
+    fields = engines.report_fields()
+    assert fields["unknown_topic_blocks"] == blocks
+    assert fields["unknown_topic_messages"] == len(frames(RUN)) + probes
+    assert fields["instances"][0].blocks_seen == 0 and not present_keys(engines.ledger)
+
+
+def test_a_release_whose_engines_hash_otherwise_shows_hash_mismatches(engines, pub):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7", hash_seed="4242")], port))  # the engine ran without PYTHONHASHSEED
+    publish(engines, pub(events_endpoint(port)), "7")
+    att = engines.observer.attributor("7")
+    wait_for(lambda: att.snapshot()["blocks_seen"] == 19, what="19 blocks seen")
+    (stats,) = engines.instance_stats()
+    assert stats.attributed == 0 and stats.hash_mismatch + stats.unknown_salt == 19 and stats.hash_mismatch > 0
+
+
+def test_reapply_rebinds_a_changed_port_and_a_document_without_vllm_stops_observing(engines, pub, tmp_path):
+    first, second = free_ports(2)
+    engines.on_apply(document([spec("7"), spec("8", port=8001)], first))
+    observer = engines.observer
+    publish(engines, pub(events_endpoint(first)), "7")
+    wait_for(lambda: observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+    engines.on_apply(document([spec("7")], second, version=2))
+    assert engines.observer is observer and observer.endpoint == events_endpoint(second)  # state kept
+    assert sorted(p.name for p in (tmp_path / "instances").iterdir()) == ["7"]  # 8's directory went
+    assert observer.attributor("7").snapshot()["attributed"] == 19
+    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as probe:  # the old port is free again
+        probe.bind(events_endpoint(first))
+    engines.on_apply(document([], second, version=3))
+    assert engines.observer is None and not observer.running and list((tmp_path / "instances").iterdir()) == []
+
+
+def test_schema_1_documents_and_simulated_engines_run_no_observer(tmp_path):
+    (port,) = free_ports(1)
+    plain = NodeEngines("node-a", Ledger(), tmp_path / "a", interval=0)
+    plain.on_apply(document([instance(RUN, instance_id="7")], port, settings=None))  # no node settings
+    assert plain.observer is None and plain.instance_dirs == []
+    simulated = NodeEngines("node-a", Ledger(), tmp_path / "b", observe=False)
+    simulated.on_apply(document([spec("7")], port))
+    assert simulated.observer is None and simulated.segment is None and simulated.budget is None
+    assert [p.name for p in simulated.instance_dirs] == ["7"]
+    assert simulated.tick() == {"checked": 0, "missing": 0, "removed": 0}
+    plain.close()
+    simulated.close()
+
+
+def test_a_bad_launch_keeps_the_old_directories_and_the_rest_still_applies(engines, tmp_path):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7")], port))
+    bad = spec("8").model_copy(update={"launch": LaunchSpec.model_construct(
+        instance_id="8", argv=("python",), env={}, file_env={}, files={"launch.sh": "x"})})
+    engines.on_apply(document([spec("7"), bad], port, version=2))
+    assert "instance_dirs" in engines.errors and [p.name for p in (tmp_path / "instances").iterdir()] == ["7"]
+    assert engines.observer.attributor("8") is not None  # the observer took the new document anyway
+
+
+def test_reconcile_drops_blocks_the_store_lost(engines, pub):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7")], port))
+    publish(engines, pub(events_endpoint(port)), "7")
+    wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+    opener: Stores = engines._store_opener  # type: ignore[assignment]
+    tenant = meta(RUN)["tenant_id"]
+    store = opener(engines.document.store, tenant)
+    keys = sorted(meta(RUN)["store_keys"]["keys_present"])
+    store.objects = {key: b"x" for key in keys[:12]}  # the master evicted 7 of them
+    counts = engines.reconcile_now()
+    assert counts["missing"] == 7 and present_keys(engines.ledger) == set(keys[:12])
+    endpoints, opened_for = opener.opened[-1]
+    assert opened_for == tenant and endpoints.global_segment_size == 0  # the maintenance client mounts nothing
+    engines.tick(full=True)
+    assert present_keys(engines.ledger) == set(keys[:12])
+
+
+def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_block(engines, pub):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7")], port))
+    publish(engines, pub(events_endpoint(port)), "7")
+    wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+    opener: Stores = engines._store_opener  # type: ignore[assignment]
+    store = opener(engines.document.store, meta(RUN)["tenant_id"])
+    store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
+    assert engines.tick()["checked"] == 19  # the first tick reconciles; the next reconcile is 30 s away
+    engines.probe_interval = 0
+    assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0}  # no probe
+    store.objects = {}  # the master restarted: every object is gone
+    engines.probe_interval = 0.01
+    time.sleep(0.02)
+    counts = engines.tick()
+    assert counts["missing"] == 19 and counts["checked"] == 4 + 19  # the probe's sample, then every block
+    assert present_keys(engines.ledger) == set()
+
+
+def test_budgets_remove_leaves_through_the_store_without_force(engines, pub):
+    (port,) = free_ports(1)
+    block = 16 << 10
+    engines.on_apply(document([spec("7", budget=10 * block)], port))
+    publish(engines, pub(events_endpoint(port)), "7")
+    wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+    opener: Stores = engines._store_opener  # type: ignore[assignment]
+    store = opener(engines.document.store, meta(RUN)["tenant_id"])
+    store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
+    counts = engines.tick(full=True)
+    rows = engines.ledger.snapshot()
+    held = sum(row["bytes"] for row in rows)
+    assert counts["removed"] == 19 - held // block and held <= 9 * block  # trimmed to 90 % of the budget
+    assert all(row["orphaned_bytes"] == 0 for row in rows)
+    assert set(store.objects) == present_keys(engines.ledger)  # exactly the removed keys went
+    assert opener.forced and not any(opener.forced)  # never force=True
+    assert engines.tick(full=True)["removed"] == 0  # under budget now
+
+
+METRICS = """vllm:external_prefix_cache_queries_total{{engine="0"}} {queries}
+vllm:external_prefix_cache_hits_total{{engine="0"}} {hits}
+vllm:prefix_cache_queries_total{{engine="0"}} {queries}
+vllm:prefix_cache_hits_total{{engine="0"}} 0.0
+"""
+
+
+def test_engine_hits_become_hit_and_miss_blocks_of_the_release_scope(tmp_path):
+    answers = [OSError("connection refused"), METRICS.format(queries=650.0, hits=330.0),
+               METRICS.format(queries=1300.0, hits=660.0), METRICS.format(queries=20.0, hits=0.0)]
+
+    def fetch(url: str, timeout: float) -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    (port,) = free_ports(1)
+    ledger = Ledger()
+    engines = NodeEngines("node-a", ledger, tmp_path / "i", interval=0, metrics_interval=0,
+                          observer_options={"fetch": fetch, "poll_ms": 20})
+    try:
+        engines.on_apply(document([spec("7")], port))
+        scope = CacheScope(meta(RUN)["tenant_id"], "tiny-llama", meta(RUN)["cache_prefix"])
+
+        def row() -> tuple[int, int]:
+            found = [r for r in ledger.snapshot() if CacheScope(r["tenant_id"], r["served_model_name"],
+                                                                r["namespace"], r["request_group"]) == scope]
+            return (found[0]["hit_blocks"], found[0]["miss_blocks"]) if found else (0, 0)
+
+        engines.observer.scrape_metrics_now()  # the engine is not up yet
+        engines.observer.scrape_metrics_now()  # it came up after the agent: all of its counts are new
+        engines.credit_hits()
+        assert row() == (330 // 32, 320 // 32)  # 10 hit blocks, 10 miss blocks; remainders carried
+        engines.observer.scrape_metrics_now()
+        (stats,) = engines.report_fields()["instances"]
+        assert (stats.external_prefix_cache_hits, stats.external_prefix_cache_queries) == (660, 1300)
+        assert row() == (660 // 32, 640 // 32)
+        engines.observer.scrape_metrics_now()  # the engine restarted: its counters start again
+        engines.credit_hits()
+        assert row() == (660 // 32, 660 // 32)  # never down
+    finally:
+        engines.close()
+
+
+def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their_facts(tmp_path, pub):
+    (port,) = free_ports(1)
+    published: list[list[dict]] = []
+    ledger = Ledger()
+    engines = NodeEngines("node-a", ledger, tmp_path / "instances", interval=0, metrics_interval=0,
+                          observer_options={"poll_ms": 20})
+    calls: list[str] = []
+    daemon = Daemon("node-a", SECRET, tmp_path / "state", publish=published.append, ledger=ledger,
+                    on_apply=[lambda applied: calls.append("first") or 1 / 0, engines.on_apply],
+                    report_fields=engines.report_fields)
+    try:
+        wire = document([spec("7")], port, version=4).to_wire()
+        wire.pop("signature")
+        ack = daemon.handle_document(signing.signed(wire, SECRET))
+        assert ack["status"] == "applied" and calls == ["first"]  # a failing hook does not skip the next one
+        assert (tmp_path / "instances" / "7" / "launch.sh").is_file()
+        publish(engines, pub(events_endpoint(port)), "7")
+        wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+        daemon.report_now()
+        daemon.flush()
+        reports = [Report.model_validate(m) for batch in published for m in batch if m["kind"] == "report"]
+        (stats,) = reports[-1].instances
+        assert stats.attributed == 19 and reports[-1].unknown_topic_blocks == 0
+        assert sum(row.blocks for row in reports[-1].scopes) == 19
+    finally:
+        daemon.stop()
+        engines.close()

@@ -1,0 +1,145 @@
+"""bench/eviction.py on a slice of the real trace, its CLI, and the other traces of bench/eviction_traces.py.
+No timing is asserted."""
+
+import io
+import json
+import os
+from collections import Counter
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from agent.sim.trace import TraceRequest, read_trace, sorted_by_time, write_trace
+from bench import eviction as bench
+from bench import eviction_traces
+from tests.support.paths import CONVERSATION_TRACE
+
+# The FAST'25 trace lives in the shared/ folder beside the repository (as on CI).
+REAL_TRACE = str(CONVERSATION_TRACE)
+needs_trace = pytest.mark.skipif(not os.path.exists(REAL_TRACE), reason="the shared FAST'25 trace is not here")
+
+
+@pytest.fixture(scope="module")
+def head():
+    with open(REAL_TRACE, encoding="utf-8") as fh:
+        lines = [next(fh) for _ in range(1500)]
+    return sorted_by_time(read_trace(io.StringIO("".join(lines))))
+
+
+@needs_trace
+def test_slice_of_real_trace(head):
+    total = sum(len(r.hash_ids) for r in head)
+    distinct = len({b for r in head for b in r.hash_ids})
+    ceiling = (total - distinct) / total
+    cap = 400  # blocks: about 200k tokens
+    results = {name: bench.simulate(head, cap, name) for name in bench.POLICIES}
+    for name in ("lru", "hit-density", "belady"):
+        res = results[name]
+        assert res.orphaned == 0 and res.max_orphaned == 0, name
+        assert res.total_blocks == total
+        assert 0.0 < res.hit_ratio <= ceiling + 1e-12
+    assert results["belady"].hit_ratio >= results["hit-density"].hit_ratio
+    assert results["belady"].hit_ratio >= results["lru"].hit_ratio
+    assert results["plain-lru"].orphaned > 0
+    # With room for everything, every policy reaches the infinite-cache ceiling.
+    for name in ("lru", "hit-density", "belady"):
+        assert bench.simulate(head, distinct, name).hit_ratio == pytest.approx(ceiling)
+
+
+def test_hit_counts_leading_blocks_only():
+    reqs = [
+        TraceRequest(0, 0, 0, (1, 2, 3)),
+        TraceRequest(1000, 0, 0, (1, 2, 4)),
+        TraceRequest(2000, 0, 0, (1, 5, 3)),  # 3 here is another prefix in a real trace; ids are opaque
+    ]
+    res = bench.simulate(reqs[:2], 100, "lru")
+    assert (res.hit_blocks, res.total_blocks) == (2, 6)
+
+
+def test_capacity_must_hold_a_block():
+    with pytest.raises(ValueError, match="at least one block"):
+        bench.simulate([TraceRequest(0, 0, 0, (1,))], 0, "lru")
+    with pytest.raises(ValueError, match="unknown policy"):
+        bench.make_policy("fifo")
+
+
+def run_main(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = bench.main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+@needs_trace
+def test_cli_prints_tables_and_a_json_last_line(tmp_path, head):
+    path = tmp_path / "slice.jsonl"
+    write_trace(path, head[:400])
+    code, out, _ = run_main(["--trace", str(path), "--capacity-tokens", "51200", "204800"])
+    assert code == 0
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["bench"] == "eviction"
+    figures = result["traces"][str(path)]["capacities"]
+    assert set(figures) == {"51200", "204800"}
+    for cap in figures.values():
+        assert cap["lru"]["orphaned"] == cap["hit-density"]["orphaned"] == cap["belady"]["orphaned"] == 0
+        assert cap["hit_density_vs_lru"] > 0
+    assert any("capacity 51,200 tokens = 100 blocks" in line for line in lines)
+
+
+def test_cli_reports_a_bad_trace_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{oops\n')
+    code, out, err = run_main(["--trace", str(path)])
+    assert code == 2 and out == ""
+    assert f"{path}:2: invalid JSON" in err
+
+
+def test_cli_rejects_bad_arguments():
+    with pytest.raises(SystemExit):
+        run_main(["--policies", "lru,fifo"])
+    with pytest.raises(SystemExit):
+        run_main(["--capacity-tokens", "100"])
+
+
+def test_cli_runs_a_synthetic_trace():
+    code, out, _ = run_main(["--synthetic", "docs", "--capacity-tokens", "1000000", "--policies", "lru,hit-density"])
+    assert code == 0
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "synthetic-docs" in result["traces"]
+
+
+@pytest.mark.parametrize("kind", eviction_traces.SYNTHETIC)
+def test_synthetic_traces_are_valid_prefix_traces(tmp_path, kind):
+    reqs = eviction_traces.synthetic(kind, n_requests=1500, seed=2)
+    assert len(reqs) == 1500
+    assert [r.timestamp_ms for r in reqs] == sorted(r.timestamp_ms for r in reqs)
+    path = tmp_path / f"{kind}.jsonl"
+    write_trace(path, reqs)
+    assert len(read_trace(path)) == 1500  # checks lengths and that every id has one parent
+    assert eviction_traces.synthetic(kind, n_requests=1500, seed=2) == reqs  # reproducible
+    assert eviction_traces.synthetic(kind, n_requests=1500, seed=3) != reqs
+    with pytest.raises(ValueError, match="unknown synthetic trace"):
+        eviction_traces.synthetic("nope")
+
+
+@needs_trace
+def test_transforms_keep_prefix_structure(head):
+    first = eviction_traces.first_half(head)
+    second = eviction_traces.second_half(head)
+    assert len(first) + len(second) == len(head)
+    assert first[0].timestamp_ms == 0 and second[0].timestamp_ms == 0
+    shifted = eviction_traces.shift_conversations(head, seed=1)
+    assert Counter(r.hash_ids for r in shifted) == Counter(r.hash_ids for r in head)
+    key = eviction_traces.conversation_key(head)
+    gaps = {}
+    for r in shifted:
+        gaps.setdefault(key(r), []).append(r.timestamp_ms)
+    orig = {}
+    for r in head:
+        orig.setdefault(key(r), []).append(r.timestamp_ms)
+    for k, times in orig.items():
+        assert [t - times[0] for t in times] == [t - gaps[k][0] for t in gaps[k]]
+    full = eviction_traces.full_blocks(head)
+    assert all(len(r.hash_ids) == r.input_length // 512 for r in full)
+    assert all(r.input_length % 512 == 0 for r in full)

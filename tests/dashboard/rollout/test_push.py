@@ -1,0 +1,237 @@
+"""dashboard.rollout.push + dashboard.signals: rendering from the registry, versions, signing, push on commit, drift."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from unittest import mock
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from agent.contract import signing
+from agent.contract.messages import APPLY_CONFIG_TASK, parse_document
+from dashboard.models import NodeState
+from dashboard.rollout.push import drift, ensure_version, push_nodes, render_content
+from tenants.models import Node, Release, ServedModel, Tenant
+from tests.support.factories import (
+    make_assignment,
+    make_group,
+    make_model,
+    make_node,
+    make_release,
+    make_tenant,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass(frozen=True)
+class PushRegistry:
+    """A tenant's release served on two nodes (prefill on ``node-a``, decode on ``node-b``)."""
+
+    tenant: Tenant
+    model: ServedModel
+    release: Release
+    node_a: Node
+    node_b: Node
+
+    def node(self, name: str) -> Node:
+        """``node_a`` or ``node_b`` by node name."""
+        return {"node-a": self.node_a, "node-b": self.node_b}[name]
+
+
+@pytest.fixture
+def registry() -> PushRegistry:
+    tenant = make_tenant("acme", quota="8GB")
+    model = make_model(tenant, "qwen3-8b", "/models/Qwen3-8B")
+    release = make_release(model, "prod-2026-07", hash_algo="sha256_cbor", hash_seed="42", budget_bytes=1 << 30)
+    make_group(tenant, "app-a", cache_salt="salt-a", budget_bytes=1 << 28)
+    make_group(tenant, "shared", cache_salt="")
+    node_a, node_b = make_node("node-a"), make_node("node-b", hostname="10.0.0.2")
+    make_assignment(node_a, release, port=8000, role="prefill", tp_rank=1, tp_size=2)
+    make_assignment(node_b, release, port=8001, role="decode")
+    return PushRegistry(tenant=tenant, model=model, release=release, node_a=node_a, node_b=node_b)
+
+
+@pytest.fixture
+def sent():
+    """Capture what would be published to the broker."""
+    with mock.patch("dashboard.celery.app.send_task") as send_task:
+        yield send_task
+
+
+def test_render_content_carries_what_the_agent_needs(registry, settings):
+    settings.KVPOOL_MASTER_ADDRESS = "10.1.1.1:50051"
+    content = render_content(registry.node_a)
+    [spec] = content["instances"]
+    assert content["node"] == "node-a" and content["store"]["master_server_address"] == "10.1.1.1:50051"
+    assert (spec["engine"], spec["role"], spec["tenant_id"], spec["served_model_name"], spec["vllm_model_name"]) == (
+        "vllm", "prefill", "acme", "qwen3-8b", "Qwen3-8B")
+    assert (spec["namespace"], spec["release_state"], spec["hash_algo"], spec["hash_seed"]) == (
+        "prod-2026-07", "warming", "sha256_cbor", "42")
+    assert spec["kv_layout"]["block_size"] == 16 and spec["ranks"]["tp_rank"] == 1
+    assert {(g["name"], g["cache_salt"]) for g in spec["request_groups"]} == {("app-a", "salt-a"), ("shared", "")}
+    assert spec["budget_bytes"] == 1 << 30 and spec["tenant_quota_bytes"] == 8 << 30
+    assert spec["release_fingerprint"] == registry.release.fingerprint
+
+
+def test_versions_grow_only_when_content_changes(registry):
+    node = registry.node_a
+    first = ensure_version(node)
+    assert first.created and first.version.version == 1
+    again = ensure_version(node)
+    assert not again.created and again.version.pk == first.version.pk
+    registry.release.state = "serving"
+    registry.release.save()
+    second = ensure_version(node)
+    assert second.created and second.version.version == 2
+    parse_document(second.version.document)
+    assert second.version.digest == signing.digest(second.version.document)
+
+
+def test_version_floor_from_an_agent_ahead_makes_the_next_version_higher(registry):
+    node = registry.node_a
+    ensure_version(node)
+    NodeState.objects.filter(node_name="node-a").update(version_floor=41)
+    assert ensure_version(node).version.version == 42
+    assert not ensure_version(node).created
+
+
+def test_push_signs_with_the_node_secret_and_targets_its_queue(registry, sent):
+    counts = push_nodes(["node-a", "ghost"])
+    assert counts == {"versions": 1, "sent": 1, "missing": 1, "failed": 0}
+    (name,), kwargs = sent.call_args.args, sent.call_args.kwargs
+    assert name == APPLY_CONFIG_TASK and kwargs["queue"] == "agent.node-a"
+    [document] = kwargs["args"]
+    signing.verify(document, registry.node_a.signing_secret)
+    with pytest.raises(signing.SignatureError):
+        signing.verify(document, registry.node_b.signing_secret)
+    state = NodeState.objects.get(node_name="node-a")
+    assert (state.desired_version, state.pushed_version) == (1, 1)
+
+
+def test_unchanged_and_acked_node_is_not_resent_but_a_lagging_one_is(registry, sent, settings):
+    settings.KVPOOL_REPUSH_AFTER_SECONDS = 30
+    push_nodes(["node-a"])
+    assert push_nodes(["node-a"])["sent"] == 0  # pushed just now, ack pending
+    NodeState.objects.filter(node_name="node-a").update(pushed_at=timezone.now() - timedelta(seconds=60))
+    assert push_nodes(["node-a"])["sent"] == 1  # still not acked: re-push
+    NodeState.objects.filter(node_name="node-a").update(acked_version=1,
+                                                         pushed_at=timezone.now() - timedelta(seconds=60))
+    assert push_nodes(["node-a"])["sent"] == 0
+    assert push_nodes(["node-a"], force=True)["sent"] == 1
+
+
+def test_broker_failure_is_recorded_not_raised(registry):
+    with mock.patch("dashboard.celery.app.send_task", side_effect=ConnectionRefusedError("redis down")):
+        counts = push_nodes(["node-a"])
+    assert counts["sent"] == 0 and counts["versions"] == 1
+    assert "redis down" in NodeState.objects.get(node_name="node-a").push_error
+
+
+def test_registry_change_schedules_one_push_on_commit(registry, django_capture_on_commit_callbacks):
+    with mock.patch("dashboard.tasks.push_nodes.apply_async") as push, \
+            mock.patch("dashboard.tasks.sync_master_quotas.apply_async"):
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            with transaction.atomic():
+                registry.release.description = "canary"
+                registry.release.save()
+                make_group(registry.tenant, "app-b")
+            assert push.call_count == 0  # nothing before the commit
+        assert len(callbacks) >= 2
+    assert push.call_count == 1
+    assert push.call_args.kwargs["args"] == [["node-a", "node-b"]]
+
+
+def test_rolled_back_change_pushes_nothing(registry, django_capture_on_commit_callbacks):
+    with (mock.patch("dashboard.tasks.push_nodes.apply_async") as push,
+          django_capture_on_commit_callbacks(execute=True)):
+        try:
+            with transaction.atomic():
+                registry.release.description = "never"
+                registry.release.save()
+                raise RuntimeError("abort")
+        except RuntimeError:
+            pass
+    assert push.call_count == 0
+
+
+def test_moving_an_assignment_pushes_both_nodes(registry, django_capture_on_commit_callbacks):
+    assignment = registry.node_a.assignments.get()
+    with (mock.patch("dashboard.tasks.push_nodes.apply_async") as push,
+          django_capture_on_commit_callbacks(execute=True)):
+        assignment.node = registry.node_b
+        assignment.port = 8100
+        assignment.save()
+    assert push.call_args.kwargs["args"] == [["node-a", "node-b"]]
+
+
+def test_drift_flags(settings):
+    settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS = 30
+    now = timezone.now()
+    state = NodeState(node_name="n", desired_version=3, desired_digest="a" * 64, acked_version=3,
+                      acked_digest="a" * 64, applied_version=3, applied_digest="a" * 64, heartbeat_at=now)
+    assert drift(state, now)["in_sync"]
+    state.heartbeat_at = now - timedelta(seconds=31)
+    assert drift(state, now)["silent"] and not drift(state, now)["in_sync"]
+    state.heartbeat_at, state.acked_version = now, 2
+    assert drift(state, now)["behind"]
+    state.acked_version, state.applied_digest = 3, "b" * 64
+    assert drift(state, now)["digest_mismatch"]
+    assert drift(NodeState(node_name="never"), now)["silent"]
+
+
+def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
+    from dashboard.rollout import push
+
+    real = push._instance
+
+    def broken_for_node_b(assignment, groups):
+        if assignment.node.name == "node-b":
+            raise ValueError("registry holds something the schema refuses")
+        return real(assignment, groups)
+
+    with mock.patch.object(push, "_instance", broken_for_node_b):
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts == {"versions": 1, "sent": 1, "missing": 0, "failed": 1}
+    assert sent.call_args.kwargs["queue"] == "agent.node-a"
+
+
+def test_a_failed_publish_of_the_batch_is_tried_once_more(registry):
+    from dashboard.rollout import push
+
+    with mock.patch.object(push, "_publish_documents", side_effect=[ConnectionError("reset"), None]) as publish:
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts["sent"] == 2 and publish.call_count == 2
+    [documents] = publish.call_args.args
+    assert [name for name, _ in documents] == ["node-a", "node-b"]
+    assert set(NodeState.objects.values_list("push_error", "pushed_version")) == {("", 1)}
+
+
+def test_a_batch_the_broker_never_takes_marks_every_node(registry):
+    from dashboard.rollout import push
+
+    with mock.patch.object(push, "_publish_documents", side_effect=ConnectionError("redis down")):
+        counts = push_nodes(["node-a", "node-b"])
+    assert counts["sent"] == 0 and counts["versions"] == 2
+    states = NodeState.objects.order_by("node_name")
+    assert [(s.pushed_version, "redis down" in s.push_error) for s in states] == [(0, True), (0, True)]
+
+
+@pytest.mark.integration
+def test_documents_of_one_push_reach_every_node_queue(registry, dashboard_broker):
+    import base64
+    import json
+
+    client = dashboard_broker.client()
+    assert push_nodes(["node-a", "node-b"])["sent"] == 2
+    for node in ("node-a", "node-b"):
+        [raw] = client.lrange(f"agent.{node}", 0, -1)
+        message = json.loads(raw)
+        assert message["headers"]["task"] == APPLY_CONFIG_TASK and message["headers"]["expires"]
+        assert message["headers"]["argsrepr"] == f"[<config document node={node} version=1>]"
+        secret = registry.node(node).signing_secret
+        [document], _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        signing.verify(document, secret)
+        assert document["node"] == node and document["version"] == 1

@@ -1,0 +1,49 @@
+"""Pages showing the real engines' facts: the node page's instance rows (attribution counters, Store hit ratio) and
+the engine checks on the Checks page."""
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from agent.contract.messages import InstanceStats as Stats
+from agent.contract.messages import Report
+from dashboard.telemetry.ingest import ingest
+from tests.support.factories import make_assignment, make_model, make_node, make_release, make_tenant
+from tests.support.messages import secret_of, sent
+
+pytestmark = pytest.mark.django_db
+
+
+def _report(node, instance_id: str, **counters) -> dict:
+    now = timezone.now()
+    stats = Stats(instance_id=instance_id, tenant_id="acme", served_model_name="tiny", namespace="tiny-2026-12",
+                  observed_since=now, last_event_at=now, **counters)
+    return sent(Report(node=node.name, sequence=1, sent_at=now, started_at=now, instances=[stats]).to_wire())
+
+
+def test_node_and_release_pages_show_each_instances_engine_facts(ui):
+    node = make_node("gpu-a", signing_secret=secret_of("gpu-a"))
+    model = make_model(make_tenant("acme"), "tiny")
+    observed = make_assignment(node, make_release(model, "tiny-2026-12"), port=8000)
+    quiet = make_assignment(node, observed.release, port=8001)
+    ingest([_report(node, str(observed.pk), blocks_seen=21, attributed=18, unknown_salt=2, hash_mismatch=1,
+                    seq_gaps=3, external_prefix_cache_queries=640, external_prefix_cache_hits=160)])
+    page = ui.get(f"/nodes/{node.pk}/").content.decode()
+    row = page.split(f'data-instance="{observed.pk}"')[1].split("</tr>")[0]
+    assert "18 / 21" in row and ">2<" in row and ">1<" in row and ">3<" in row
+    assert "25% <span class=\"muted\">(160/640 tokens)" in row
+    assert "not observed" in page.split(f'data-instance="{quiet.pk}"')[1].split("</tr>")[0]
+    release_page = ui.get(f"/releases/{observed.release.pk}/").content.decode()
+    section = release_page.split(f'id="instance-{observed.pk}"')[1].split("</section>")[0]
+    assert "engine: 18 of 21 Store block(s) attributed" in section and "2 of no registered group" in section
+    assert "1 hash mismatch(es)" in section and "Store hit ratio 25%" in section
+    assert "engine:" not in release_page.split(f'id="instance-{quiet.pk}"')[1].split("</section>")[0]
+
+
+def test_checks_page_lists_the_engine_checks(ui):
+    page = ui.get("/checks/").content.decode()
+    for key in ("engines_hash_registered", "blocks_registered", "engine_events_flow"):
+        assert f'data-check="{key}" data-status="pass"' in page
+    data = ui.get("/checks/data.json").json()["checks"]
+    assert {"Engines hash as registered", "Every stored block belongs to a registered request group",
+            "Engines' events reach their agent"} <= {check["title"] for check in data}

@@ -1,0 +1,187 @@
+"""Occupancy series: bucketing over nodes, request groups and rollup levels; hit ratio; filters; the page and its
+JSON endpoint show the same numbers."""
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+
+from agent.contract.scope import CacheScope
+from dashboard.models import OccupancySample
+from dashboard.telemetry.queries import (
+    WINDOWS,
+    OccupancyFilter,
+    current_occupancy,
+    occupancy_series,
+)
+from tests.support.rows import sample
+
+pytestmark = pytest.mark.django_db
+NOW = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+Level = OccupancySample.Level
+
+
+def at(seconds_ago: float) -> datetime:
+    return NOW - timedelta(seconds=seconds_ago)
+
+
+def test_nodes_are_averaged_within_a_bucket_then_summed():
+    # 1h window -> 60 s buckets. node-a reports twice in the bucket [11:58, 11:59), node-b once.
+    sample(ts=at(115), node="node-a", size=100)
+    sample(ts=at(105), node="node-a", size=300)
+    sample(ts=at(110), node="node-b", size=50)
+    series = occupancy_series("1h", now=NOW)
+    assert series.bucket_seconds == 60 and len(series.series) == 1
+    data = series.series[0].data
+    index = series.buckets.index(datetime(2026, 11, 30, 11, 58, tzinfo=UTC))
+    assert data[index] == 200 + 50
+    assert [v for i, v in enumerate(data) if i != index] == [None] * (len(data) - 1)
+
+
+def test_request_groups_add_up_and_a_filter_selects_one():
+    sample(ts=at(30), group="app-a", size=1000)
+    sample(ts=at(30), group="app-b", size=24)
+    total = occupancy_series("15m", now=NOW).series[0]
+    assert total.latest_bytes == 1024
+    only_b = occupancy_series("15m", OccupancyFilter(request_group="app-b"), now=NOW).series[0]
+    assert only_b.latest_bytes == 24
+
+
+def test_one_series_per_namespace_sorted_with_labels():
+    sample(ts=at(10), namespace="prod-2026-08", size=5)
+    sample(ts=at(10), namespace="prod-2026-07", size=7)
+    sample(ts=at(10), tenant_id="beta", model="llama", namespace="canary", size=9)
+    series = occupancy_series("15m", now=NOW).series
+    assert [s.label for s in series] == ["acme/qwen3-8b/prod-2026-07", "acme/qwen3-8b/prod-2026-08",
+                                         "beta/llama/canary"]
+    assert [s.latest_bytes for s in series] == [7, 5, 9]
+    filtered = occupancy_series("15m", OccupancyFilter(tenant_id="acme", namespace="prod-2026-08"), now=NOW)
+    assert [s.label for s in filtered.series] == ["acme/qwen3-8b/prod-2026-08"]
+
+
+def test_rollup_levels_are_read_with_their_sample_weights():
+    # 7d window -> 2 h buckets: one hour row (average of 60 samples) and raw rows weigh by samples.
+    bucket_start = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+    sample(ts=bucket_start, level=Level.HOUR, size=1000, samples=60)
+    sample(ts=bucket_start + timedelta(hours=1), level=Level.MINUTE, size=4000, samples=20)
+    series = occupancy_series("7d", now=NOW)
+    index = series.buckets.index(bucket_start)
+    assert series.series[0].data[index] == round((1000 * 60 + 4000 * 20) / 80)
+    assert series.series[0].peak_bytes == series.series[0].data[index]
+
+
+def test_gaps_stay_empty_and_summary_numbers():
+    sample(ts=at(600), size=100)
+    sample(ts=at(60), size=300)
+    s = occupancy_series("15m", now=NOW).series[0]
+    present = [v for v in s.data if v is not None]
+    assert present == [100, 300]
+    assert (s.latest_bytes, s.peak_bytes, s.average_bytes) == (300, 300, 200)
+    assert s.data.count(None) == len(s.data) - 2
+
+
+def test_hit_ratio_counts_counter_increases_and_survives_an_agent_restart():
+    sample(ts=at(300), hit_blocks=10, miss_blocks=10)
+    sample(ts=at(200), hit_blocks=40, miss_blocks=20)  # +30 hits, +10 misses
+    sample(ts=at(100), hit_blocks=5, miss_blocks=5)    # restart: counts from zero -> +5, +5
+    s = occupancy_series("15m", now=NOW).series[0]
+    assert (s.hit_blocks, s.miss_blocks) == (35, 15)
+    assert s.hit_ratio == pytest.approx(0.7)
+
+
+def test_no_lookups_means_no_ratio():
+    sample(ts=at(10), size=1)
+    assert occupancy_series("15m", now=NOW).series[0].hit_ratio is None
+
+
+@pytest.mark.parametrize("window", list(WINDOWS))
+def test_every_window_has_bounded_buckets(window):
+    series = occupancy_series(window, now=NOW)
+    assert 30 <= len(series.buckets) <= 130
+    assert series.buckets[0] <= NOW - timedelta(seconds=WINDOWS[window][0])
+    assert series.buckets[-1] <= NOW < series.buckets[-1] + timedelta(seconds=series.bucket_seconds)
+
+
+def test_samples_outside_the_window_are_ignored():
+    sample(ts=at(3600 * 2), size=99)
+    assert occupancy_series("1h", now=NOW).series == []
+
+
+def test_current_occupancy_takes_each_nodes_newest_sample():
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=50), node="node-a", size=10, in_flight_requests=3)
+    sample(ts=now - timedelta(seconds=20), node="node-a", group="g1", size=30, in_flight_requests=1)
+    sample(ts=now - timedelta(seconds=20), node="node-a", group="g2", size=5)
+    sample(ts=now - timedelta(seconds=40), node="node-b", size=7)
+    sample(ts=now - timedelta(hours=2), node="node-c", size=1000)  # too old
+    entry = current_occupancy()[CacheScope("acme", "qwen3-8b", "production-2026-07")]
+    assert entry.bytes == 30 + 5 + 7
+    assert entry.by_node == {"node-a": 35, "node-b": 7}
+    assert entry.in_flight_requests == 1
+
+
+def test_json_endpoint_and_page_tables_agree(ui):
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, hit_blocks=1, miss_blocks=1)
+    sample(ts=now - timedelta(seconds=30), node="node-a", size=3 << 20, hit_blocks=4, miss_blocks=2)
+    sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
+    response = ui.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant": "acme"})
+    assert response.status_code == 200
+    payload = response.json()
+    assert payload["window"] == "15m" and payload["bucket_seconds"] == 30
+    assert payload["filters"] == {"tenant": "acme", "model": "", "release": "", "group": ""}
+    assert len(payload["labels"]) == len(payload["timestamps_ms"]) == len(payload["totals"])
+    labels = [s["label"] for s in payload["series"]]
+    assert labels == ["acme/qwen3-8b/production-2026-07", "acme/qwen3-8b/production-2026-08"]
+    first = payload["series"][0]
+    assert first["latest_bytes"] == 3 << 20 and first["hit_ratio"] == pytest.approx(3 / 4)
+    page = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant": "acme"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'data-occupancy-url="/occupancy/data.json?window=15m&amp;tenant=acme"' in html
+    for series in payload["series"]:
+        for value in series["data"]:
+            if value is not None:
+                assert f'data-bytes="{value}"' in html
+    assert f'data-bytes="{payload["series"][0]["peak_bytes"]}"' in html
+    assert 'data-hit-ratio="0.75"' in html
+
+
+def test_unknown_window_is_a_400_naming_the_field(ui):
+    response = ui.get(reverse("ui:occupancy-data"), {"window": "2y"})
+    assert response.status_code == 400
+    assert "window" in response.json() and "15m" in response.json()["window"][0]
+    page = ui.get(reverse("ui:occupancy"), {"window": "2y"})
+    assert page.status_code == 400 and b"is not one of" in page.content
+
+
+def test_filter_choices_come_from_the_registry(ui):
+    from tests.support.factories import (
+        make_group,
+        make_model,
+        make_release,
+        make_tenant,
+    )
+
+    tenant = make_tenant("acme")
+    make_release(make_model(tenant), "prod-a")
+    make_group(tenant, "app-a")
+    html = ui.get(reverse("ui:occupancy"), {"tenant": "acme"}).content.decode()
+    for value in ("acme", "qwen3-8b", "prod-a", "app-a"):
+        assert f'<option value="{value}"' in html
+
+
+def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, orphaned_bytes=4096)
+    sample(ts=now - timedelta(seconds=30), node="node-a", size=1 << 20, orphaned_bytes=1024)
+    sample(ts=now - timedelta(seconds=30), node="node-b", group="g1", size=1 << 20, orphaned_bytes=512)
+    sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
+    by_label = {s.label: s for s in occupancy_series("15m").series}
+    assert by_label["acme/qwen3-8b/production-2026-07"].orphaned_bytes == 1024 + 512
+    assert by_label["acme/qwen3-8b/production-2026-08"].orphaned_bytes == 0
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m"}).json()
+    assert [s["orphaned_bytes"] for s in payload["series"]] == [1536, 0]
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
+    assert 'data-orphaned-bytes="1536"' in html and 'data-orphaned-bytes="0"' in html
