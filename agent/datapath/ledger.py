@@ -27,6 +27,9 @@ Listeners (:meth:`Ledger.add_listener`, e.g. ``agent.datapath.budget.BudgetEnfor
 block, under the ledger's lock: ``insert`` (stored by this node), ``access`` (inside a lookup's hit prefix, or
 found present by a put), ``remove`` (gone: removed by the agent, evicted by the master, or dropped).
 
+Restarts: ``agent.node.ledger_file`` keeps the owned blocks on disk through a listener; :meth:`Ledger.restore`
+takes them back at start (then reconcile).
+
 All methods are thread-safe (one lock); :meth:`Ledger.snapshot` is O(scopes).
 """
 
@@ -37,9 +40,9 @@ import enum
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agent.contract.scope import CacheScope
 from agent.datapath.errors import store_error
@@ -270,6 +273,16 @@ class ScopeTable:
         return out
 
 
+class RestoredBlock(NamedTuple):
+    """An owned block an earlier agent process recorded, for :meth:`Ledger.restore`: its key space, raw block
+    hash, parent's primary key (None for a chain's first block) and size in bytes (all its objects)."""
+
+    keyspace: KeySpace
+    block_hash: bytes
+    parent: str | None
+    size: int
+
+
 @dataclass(frozen=True)
 class ReconcileResult:
     """Outcome of :meth:`Ledger.reconcile`: blocks checked, found missing, whether every block was checked."""
@@ -333,6 +346,50 @@ class Ledger:
         """Primary keys of the blocks a scope counts (owned and present)."""
         with self.lock:
             return {e.key for e in self.table(ks).owned_present()}
+
+    # --- restoring ------------------------------------------------------------------------------------------
+
+    def restore(self, blocks: Iterable[RestoredBlock]) -> int:
+        """Take back owned, present blocks an earlier agent process recorded (``agent.node.ledger_file``).
+
+        Each becomes an owned present entry below its parent (when that is among ``blocks`` or already known),
+        parents first, and every listener sees an ``insert`` (a budget enforcer adopts it). ``created_at`` and
+        ``last_access`` are now; counters other than ``blocks``/``bytes`` are not restored. Blocks the ledger
+        already knows are left as they are. Returns how many blocks were restored. Check the result against the
+        Store afterwards (:meth:`reconcile`): blocks that left it meanwhile are still counted until then.
+        """
+        by_scope: dict[CacheScope, dict[str, RestoredBlock]] = {}
+        for block in blocks:
+            by_scope.setdefault(block.keyspace.scope, {})[block.keyspace.primary_key(block.block_hash)] = block
+        restored = 0
+        now = self.clock()
+        with self.lock:
+            for rows in by_scope.values():
+                depth: dict[str, int] = {}
+
+                def depth_of(key: str, rows: dict[str, RestoredBlock] = rows, depth: dict[str, int] = depth) -> int:
+                    chain: list[str] = []
+                    while key in rows and key not in depth and key not in chain:
+                        chain.append(key)
+                        parent = rows[key].parent
+                        if parent is None:
+                            break
+                        key = parent
+                    base = depth.get(key, 0) if key not in chain else 0
+                    for n, k in enumerate(reversed(chain), start=1):
+                        depth[k] = base + n
+                    return depth[chain[0]] if chain else base
+
+                t = self.table(next(iter(rows.values())).keyspace)
+                for key in sorted(rows, key=depth_of):
+                    block = rows[key]
+                    if key in t.entries:
+                        continue
+                    e = t.add_entry(block.keyspace, block.block_hash, block.parent, now)
+                    t.set_state(e, present=True, owned=True, size=block.size)
+                    t.notify("insert", e)
+                    restored += 1
+        return restored
 
     # --- recording ------------------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@
 The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
 agent refuses to start without one (it could not verify any document). The state directory (default
 ``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
-outbox of undelivered reports across restarts.
+outbox of undelivered reports across restarts, and the blocks this node owns in the Store (``ledger.sqlite3``,
+:mod:`agent.node.ledger_file`): a restarted agent reports them again until its reconcile finds them gone.
 
 Real engines (``agent.node.engines.NodeEngines``): on every applied document the agent writes
 ``<instance-root>/<instance_id>/`` (``launch.sh``, ``env``, ``launch.json``, ``mooncake.json``; default
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--broker", required=True, type=broker_url,
                      help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
     run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
-    run.add_argument("--state-dir", help="directory for the applied document and the outbox")
+    run.add_argument("--state-dir", help="directory for the applied document, the outbox and the ledger file")
     run.add_argument("--instance-root", metavar="DIR",
                      help="directory of the instance directories (<instance_id>/launch.sh, env, ...) the agent "
                           "writes for each applied document (default <state-dir>/instances)")
@@ -119,7 +120,8 @@ def _state_dir(args: argparse.Namespace) -> Path:
 def check_state_dir(path: Path) -> str | None:
     """Create ``path`` (with its parents) when missing; returns why it cannot be the state directory, else None.
 
-    The agent writes ``applied.json``, ``outbox.sqlite3`` and ``lock`` there, so it must be a writable directory.
+    The agent writes ``applied.json``, ``outbox.sqlite3``, ``ledger.sqlite3`` and ``lock`` there, so it must be a
+    writable directory.
     """
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
     except OSError as exc:  # e.g. a read-only file already in the state directory
         _usage_error(f"state directory {state_dir}: {exc}")
+    ledger_file = _restore_ledger(ledger, state_dir)
     register_tasks(app, daemon)
     register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
                         ledger=daemon.ledger)
@@ -196,9 +199,20 @@ def run(args: argparse.Namespace) -> int:
         engines.close()
         if simulator is not None:
             simulator.close()
+        ledger_file.close()
     if status:
         log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
     return status
+
+
+def _restore_ledger(ledger, state_dir: Path):
+    """Take back the blocks an earlier agent on this state directory owned (``ledger.sqlite3``, see
+    :mod:`agent.node.ledger_file`) and keep the file following ``ledger``; returns the
+    :class:`agent.node.ledger_file.LedgerFile`. Runs once the daemon holds the state directory's lock and before
+    anything reports or records: the simulator's and the engines' reconciles drop what left the Store meanwhile."""
+    from agent.node.ledger_file import open_ledger_file
+
+    return open_ledger_file(ledger, state_dir)
 
 
 def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool):
