@@ -19,7 +19,9 @@ Scenarios (each one after the previous recovered):
 * ``broker`` — SIGSTOP Redis for ``--stall`` seconds, SIGCONT, then stop it (SIGTERM, the append-only file is
   flushed) and start it again. Detected: ``nodes_reporting`` fails and ``kvpool_node_silent`` is 1.
 * ``agent`` — SIGKILL ``node-a``'s agent while batches run, restart it on the same state directory once the node
-  is flagged. Detected as ``broker``.
+  is flagged. Detected as ``broker``. Then, the load paused: ``occupancy_settled_s`` (restart → its reported
+  occupancy equals what the master charges; the agent restores its ledger from its state directory) and
+  ``occupancy_error``.
 * ``worker`` — SIGKILL the dashboard's Celery worker (ingest and beat), restart it once flagged. Detected as
   ``broker`` (and the master probe goes stale).
 * ``database`` — stop PostgreSQL for ``--db-down`` seconds, start it again. Detected: ``/metrics`` fails (the
@@ -32,7 +34,8 @@ passes again; ``master``: reported occupancy equals the master's), ``reports_los
 plus messages the outboxes dropped), ``reports_duplicated`` (occupancy rows stored twice for one report),
 ``duplicates_refused_total`` (redeliveries ingest refused as ``duplicate``, since the start),
 ``occupancy_error`` (after recovery: max over tenants of ``|reported - charged| / max(charged, 1 MiB)``).
-Done when every scenario has 0 lost, 0 duplicated, ``detect_s`` <= 15 and (``master``) ``recover_s`` <= 30.
+Done when every scenario has 0 lost, 0 duplicated, ``detect_s`` <= 15, (``master``) ``recover_s`` <= 30 and
+(``agent``) an ``occupancy_settled_s``.
 The last stdout line is one JSON object; exit status 0 when every scenario passed.
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.sim.master import sample_values
 from demo.cli import Demo
 from demo.cli import parse_args as demo_args
 from demo.procs import DemoError, Service
@@ -244,13 +248,7 @@ def dashboard_view() -> dict[str, Any] | None:
     except OperationalError:
         connections.close_all()
         return None
-    metrics: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                metrics[name] = float(value)
-    return {"failed": {c.key: c.details for c in checks if not c.passed}, "metrics": metrics}
+    return {"failed": {c.key: c.details for c in checks if not c.passed}, "metrics": sample_values(text)}
 
 
 def wait(predicate, timeout: float, interval: float = 0.25) -> float | None:
@@ -384,14 +382,39 @@ def scenario_broker(demo: FaultDemo, load: Load, stall: float) -> dict[str, Any]
 
 
 def scenario_agent(demo: FaultDemo, load: Load) -> dict[str, Any]:
+    """SIGKILL node-a's agent mid-batch, restart it on its state directory once flagged; then, with the load paused
+    (as for ``master``), how long until its reported occupancy equals what the master charges again (the restarted
+    agent restores its ledger from ``ledger.sqlite3`` and reconciles it with the Store)."""
     service = demo.agents["node-a"]
     assert service.proc is not None
     os.killpg(service.proc.pid, signal.SIGKILL)
     service.proc.wait(timeout=10)
     detect = wait(silent_flagged("node-a"), 30)
     service.start()
+    restarted = time.monotonic()
     recover = wait(all_pass, 90)
-    return {"detect_s": detect, "recover_s": recover}
+    load.paused.set()
+    # the batches queued while the agent was down run now: compare once the queues are empty and reports settled
+    wait(lambda: queued_batches(demo) == 0, 60, interval=0.5)
+    time.sleep(4)
+    settled = wait(lambda: (e := occupancy_error(demo.master)) is not None and e <= OCCUPANCY_TOLERANCE, 30,
+                   interval=0.5)
+    error = occupancy_error(demo.master)
+    load.paused.clear()
+    return {"detect_s": detect, "recover_s": recover, "occupancy_error": error,
+            "occupancy_settled_s": None if settled is None else round(time.monotonic() - restarted, 2)}
+
+
+def queued_batches(demo: FaultDemo) -> int:
+    """Messages waiting in the agents' queues (``agent.<node>`` lists in Redis); -1 while Redis does not answer."""
+    import redis
+
+    from agent.contract.messages import node_queue
+
+    try:
+        return sum(int(demo._redis.llen(node_queue(node))) for node in demo.agents)
+    except redis.RedisError:
+        return -1
 
 
 def scenario_worker(demo: FaultDemo, load: Load) -> dict[str, Any]:
@@ -474,7 +497,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 figures["reports_lost"] == 0 and figures["reports_duplicated"] == 0
                 and detect is not None and detect <= DETECT_LIMIT_S
                 and figures["recover_s"] is not None
-                and (name != "master" or figures["recover_s"] <= MASTER_RECOVER_LIMIT_S))
+                and (name != "master" or figures["recover_s"] <= MASTER_RECOVER_LIMIT_S)
+                and (name != "agent" or figures["occupancy_settled_s"] is not None))
             results[name] = figures
             demo.say(f"scenario {name}: {json.dumps(figures)}")
             wait(all_pass, 60)

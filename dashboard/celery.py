@@ -21,7 +21,10 @@ import os
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
+from dashboard.env import load_settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
+load_settings_or_exit()  # unusable settings: one line "Error: improperly configured: …", exit 2
 
 app = Celery("dashboard")
 app.config_from_object("django.conf:settings", namespace="CELERY")

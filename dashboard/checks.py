@@ -30,6 +30,8 @@ parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings 
 ``W005``       ``KVPOOL_METRICS_WINDOW_SECONDS`` shorter than two agent reports
 ``W006``       ``KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS`` not shorter than the master sampling period
 ``W007``       ``KVPOOL_METADATA_SERVER`` is none of the forms Mooncake documents
+``W008``       (``check --deploy`` only) ``KVPOOL_METRICS_TOKEN`` is empty while ``DEBUG`` is off: ``/metrics`` is
+               open to anyone who reaches the dashboard, and its gauges name every tenant
 =============  ===========================================================================================
 
 The settings module holds no ratio settings today; a new one belongs in ``_RATIOS`` (checked to lie in (0, 1]).
@@ -296,6 +298,20 @@ def check_paths_and_flags(app_configs=None, **kwargs) -> list[checks.CheckMessag
                  "'python -c \"import secrets; print(secrets.token_urlsafe())\"'.",
             obj="KVPOOL_METRICS_TOKEN", id="kvpool.E012"))
     return errors
+
+
+@checks.register(TAG, deploy=True)
+def check_metrics_token(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """``kvpool.W008`` (deploy checks): ``/metrics`` without a bearer token outside ``DEBUG``."""
+    if settings.DEBUG or getattr(settings, "KVPOOL_METRICS_TOKEN", "") != "":
+        return []
+    return [checks.Warning(
+        "KVPOOL_METRICS_TOKEN is empty: /metrics answers anyone who reaches the dashboard, without logging in, and "
+        "its gauges name every tenant, served model, release namespace and request group with their occupancy "
+        "and quotas.",
+        hint="Set KVPOOL_METRICS_TOKEN (e.g. the output of 'python -c \"import secrets; print(secrets.token_urlsafe())"
+             "\"') and give Prometheus 'authorization: {credentials: <token>}' (Authorization: Bearer <token>).",
+        obj="KVPOOL_METRICS_TOKEN", id="kvpool.W008")]
 
 
 def _relation(first: str, second: str, holds: Callable[[int, int], bool]) -> tuple[int, int] | None:

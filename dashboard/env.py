@@ -2,7 +2,8 @@
 
 Each parser raises ``ImproperlyConfiguredValue`` (Django's ``ImproperlyConfigured`` and a ``ValueError``) naming
 the variable when its value is malformed, so a broken deployment fails at start-up with a message instead of
-misbehaving later; ``manage.py`` prints that message alone and exits 2.
+misbehaving later; ``manage.py``, the WSGI application and the Celery app print that message alone and exit 2
+(``load_settings_or_exit``).
 """
 from __future__ import annotations
 
@@ -13,6 +14,32 @@ from django.core.exceptions import ImproperlyConfigured
 
 class ImproperlyConfiguredValue(ImproperlyConfigured, ValueError):
     """An environment variable holds a value its parser cannot accept."""
+
+
+#: Exit status for settings that cannot be used (the environment is wrong, not the code), as for a usage error.
+EXIT_BAD_SETTINGS = 2
+#: gunicorn 27's "App failed to load" worker status: its arbiter stops on it instead of respawning the worker.
+EXIT_GUNICORN_APP_LOAD_ERROR = 4
+
+
+def load_settings_or_exit() -> None:
+    """Import the settings module now; on ``ImproperlyConfigured`` (``DJANGO_SECRET_KEY`` unset, a malformed
+    variable) print ``Error: improperly configured: <message>`` alone on stderr and exit ``EXIT_BAD_SETTINGS``
+    (``EXIT_GUNICORN_APP_LOAD_ERROR`` inside a gunicorn worker, so the server stops rather than respawning it).
+
+    The entry points call it before anything else imports the settings: ``manage.py``, ``dashboard.wsgi``
+    (gunicorn), ``dashboard.celery`` (``celery -A dashboard.celery worker|beat``).
+    """
+    import sys
+
+    from django.conf import settings
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018 -- the attribute access imports the settings module
+    except ImproperlyConfigured as exc:
+        sys.stderr.write(f"Error: improperly configured: {exc}\n")
+        sys.stderr.flush()
+        sys.exit(EXIT_GUNICORN_APP_LOAD_ERROR if "gunicorn.workers.base" in sys.modules else EXIT_BAD_SETTINGS)
 
 
 def env_str(name: str, default: str) -> str:

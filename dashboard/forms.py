@@ -218,7 +218,7 @@ class ReleaseForm(RegistryModelForm):
         model = Release
         fields = ("model", "namespace", "state", "weights_revision", "num_layers", "num_kv_heads", "head_dim",
                   "block_size", "kv_dtype", "quantization", "adapters", "engine", "engine_version", "hash_algo",
-                  "hash_seed", "budget_bytes", "description")
+                  "hash_seed", "max_model_len", "budget_bytes", "description")
 
     def clean_adapters(self) -> list:
         """The adapters as submitted, with the stored adapters the line shows unchanged kept exactly as stored."""
@@ -241,12 +241,12 @@ class RequestGroupForm(RegistryModelForm):
 class NodeForm(RegistryModelForm):
     #: Settings with a model default that a post may leave out (as the API may): the node keeps its value, a
     #: new node gets the default.
-    OPTIONAL_WITH_DEFAULT = ("device", "kv_events_port", "store_mode", "store_client_port")
+    OPTIONAL_WITH_DEFAULT = ("device", "kv_events_port", "store_mode", "store_client_port", "cpu_kvcache_space_gib")
 
     class Meta:
         model = Node
         fields = ("name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
-                  "store_client_port", "description")
+                  "store_client_port", "cpu_kvcache_space_gib", "description")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

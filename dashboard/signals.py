@@ -193,23 +193,26 @@ def request_group_changed(sender, instance, **kwargs):
 def assignment_saving(sender, instance, **kwargs):
     """Remember the node an assignment moves away from (that node must drop it)."""
     if instance.pk is not None:
-        instance._kvpool_old_node_id = (
-            sender._base_manager.filter(pk=instance.pk).values_list("node_id", flat=True).first())
+        old = sender._base_manager.filter(pk=instance.pk).values_list("node_id", "release_id").first()
+        instance._kvpool_old_node_id, instance._kvpool_old_release_id = old or (None, None)
 
 
 @receiver(post_save, sender="tenants.InstanceAssignment", dispatch_uid="kvpool-push-assignment-save")
 def assignment_saved(sender, instance, **kwargs):
+    """Re-render the assignment's node (and the one it left) and every node of its release (old and new): each
+    node's share of the release's budget depends on the release's writer instances on all nodes."""
     from tenants.models import Node
 
     ids = {instance.node_id, getattr(instance, "_kvpool_old_node_id", None)} - {None}
-    schedule_push(Node.objects.filter(pk__in=ids).values_list("name", flat=True))
+    releases = {instance.release_id, getattr(instance, "_kvpool_old_release_id", None)} - {None}
+    schedule_push(set(Node.objects.filter(pk__in=ids).values_list("name", flat=True))
+                  | _node_names(assignments__release_id__in=releases))
 
 
 @receiver(pre_delete, sender="tenants.InstanceAssignment", dispatch_uid="kvpool-push-assignment-delete")
 def assignment_deleting(sender, instance, **kwargs):
-    from tenants.models import Node
-
-    schedule_push(Node.objects.filter(pk=instance.node_id).values_list("name", flat=True))
+    """Re-render the assignment's node and every node of its release (their budget shares grow)."""
+    schedule_push(_node_names(assignments__release_id=instance.release_id) | _node_names(pk=instance.node_id))
 
 
 @receiver(post_save, sender="tenants.Node", dispatch_uid="kvpool-push-node-save")

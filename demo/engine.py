@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.sim.master import sample_values
+
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_VENV = ROOT / "var" / "vllm-venv"
 ENGINE_PYTHON = ENGINE_VENV / "bin" / "python"
@@ -193,17 +195,8 @@ def _http(url: str, body: Mapping[str, Any] | None = None, timeout: float = 120)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> sample name (labels kept) -> value."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
+    """Prometheus text -> sample name (labels kept) -> value (:func:`agent.sim.master.sample_values`)."""
+    return sample_values(text)
 
 
 def metric_sum(metrics: Mapping[str, float], name: str) -> float:

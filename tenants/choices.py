@@ -12,10 +12,11 @@ class Engine(models.TextChoices):
 
 
 class KVCacheDtype(models.TextChoices):
-    """``--kv-cache-dtype`` values both engines accept (vLLM 0.33.0 and SGLang 0.5.23); ``auto`` = model dtype.
+    """``--kv-cache-dtype`` values of the releases; ``auto`` = model dtype.
 
     The value is part of the compatibility fingerprint (it changes the bytes of every KV block) and is passed
-    verbatim to the engine's command line, so only values the engines parse are allowed.
+    verbatim to the engine's command line, so only values the engines parse are allowed: vLLM releases take
+    ``VLLM_KV_DTYPES`` (vLLM 0.33.0 has no ``float32`` KV cache).
     """
 
     AUTO = "auto", "auto (the model's dtype)"
@@ -25,6 +26,11 @@ class KVCacheDtype(models.TextChoices):
     FP8 = "fp8", "fp8 (e4m3)"
     FP8_E4M3 = "fp8_e4m3", "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2", "fp8_e5m2"
+
+
+#: The ``KVCacheDtype`` values vLLM parses (``vllm.config.cache.CacheDType`` of vLLM 0.32 and 0.33.0 lists no
+#: ``float32``: ``--kv-cache-dtype float32`` is refused at startup).
+VLLM_KV_DTYPES = frozenset(KVCacheDtype.values) - {KVCacheDtype.FLOAT32}
 
 
 class InstanceRole(models.TextChoices):

@@ -88,6 +88,7 @@ def build_release_copy(
         state=state,
         budget_bytes=budget_bytes,
         description=release.description if description is None else description,
+        max_model_len=release.max_model_len,
         **settings,
     )
 
@@ -104,10 +105,11 @@ def copy_release(
     """Create a release of the same model under ``namespace`` with ``release``'s cache settings.
 
     This is the first step of a rolling upgrade: the copy starts ``warming`` (or ``state``), keeps the hash
-    seed and every setting of ``tenants.fingerprint.CACHE_SETTING_FIELDS`` unless ``overrides`` replaces some
-    (e.g. ``weights_revision="v2"``), and gets ``budget_bytes`` (default: none, so the copy does not take the
-    old release's budget twice). Raises ``ValidationError`` for unknown override names and for any rule the
-    new release breaks (namespace taken, collisions, budget over quota); nothing is written then.
+    seed, ``max_model_len`` and every setting of ``tenants.fingerprint.CACHE_SETTING_FIELDS`` unless
+    ``overrides`` replaces some (e.g. ``weights_revision="v2"``), and gets ``budget_bytes`` (default: none, so
+    the copy does not take the old release's budget twice). Raises ``ValidationError`` for unknown override
+    names and for any rule the new release breaks (namespace taken, collisions, budget over quota); nothing is
+    written then.
     """
     copy = build_release_copy(release, namespace, state=state, budget_bytes=budget_bytes, description=description,
                               **overrides)

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 
 from agent.contract.keys import vllm_model_name
+from agent.contract.names import DNS_LABEL_RE
 
 # Unicode categories refused in every name: control, format (invisible), surrogate, private use, unassigned,
 # line and paragraph separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
-_DNS_LABEL_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_DNS_LABEL_RE = DNS_LABEL_RE  # the agent checks its --node against the same rule (agent.contract.names)
 _HASH_SEED_RE = re.compile(r"0|[1-9][0-9]{0,9}")
 _VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+_-]*")
 _TOKEN_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")

@@ -203,7 +203,7 @@ class RequestGroupSpec(BaseModel):
     """A request group: requests sharing one ``cache_salt`` (vLLM 0.33.0 salts the first block hash).
 
     An empty ``cache_salt`` is the tenant's default shared group. ``budget_bytes`` is the group's share of the
-    tenant quota (``None`` = no own budget).
+    tenant quota (``None`` = no own budget) — inside an :class:`InstanceSpec`, this node's share of it (see there).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -399,8 +399,13 @@ class InstanceSpec(BaseModel):
     ``cache_prefix``. ``vllm_model_name`` is the last path component of ``model_path`` (vLLM's key model
     name). ``hash_algo`` is vLLM's ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``,
     ``xxhash_cbor``; SGLang releases use ``sha256``), ``hash_seed`` the release's ``PYTHONHASHSEED``.
-    ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` the release's budget (``None`` = none),
-    ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on the node.
+    ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` this node's share of the release's budget
+    (``None`` = none): ``budget * w_node // w_all`` bytes, ``w_node`` the node's writer instances (role ``prefill``
+    or ``both``) of the release and ``w_all`` those of every node, so the shares sum to at most the budget and a
+    node that writes nothing of the release gets 0 (keeps nothing); each group's ``budget_bytes`` is the same
+    share of the group's budget (``dashboard.rollout.push.budget_share``). The agent holds the blocks *it* wrote
+    under these shares. ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on
+    the node.
     ``launch`` (document schema 2) is how the node starts the instance (its ``instance_id`` is the instance's);
     ``None`` in schema-1 documents.
     """

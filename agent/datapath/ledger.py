@@ -15,7 +15,12 @@ it, so it heads or lies inside the subtree below a missing block — can never b
 the first miss); its bytes are counted in ``orphaned_bytes`` (whole subtrees, as
 ``agent.datapath.budget.BudgetEnforcer.stats`` counts them among the owned blocks it tracks; here a missing foreign
 ancestor orphans the owned blocks below it too). Orphans arise when the master evicts a parent (it knows no
-prefixes) or when an ancestor is removed. Each entry keeps a ``cut`` flag ("some ancestor is absent"), updated only when
+prefixes) or when an ancestor is removed — also by another node: a chain this node continues from a block it did
+not write (loaded from the Store) hangs below a *foreign* entry, which is not missing merely because this node did
+not write it; its owned blocks become orphans only once a check (:meth:`Ledger.reconcile`,
+:meth:`Ledger.check_foreign_parents`) found that parent gone. :meth:`Ledger.confirm_cuts` and
+:meth:`Ledger.orphan_leaves` let the agent remove orphans by exact key, leaves first (``agent.node.engines``).
+Each entry keeps a ``cut`` flag ("some ancestor is absent"), updated only when
 a block's presence changes and only down to where it stops changing (an absent descendant's subtree is cut
 already), so the counters stay exact incrementally and a snapshot never walks the tree.
 
@@ -292,6 +297,17 @@ class ReconcileResult:
     full: bool
 
 
+def _keys_and_spans(entries: Sequence[BlockEntry]) -> tuple[list[str], list[int]]:
+    """Every Store key of ``entries`` in order, and how many keys each entry has (SGLang: ``_k`` and ``_v``)."""
+    keys: list[str] = []
+    spans: list[int] = []
+    for e in entries:
+        block_keys = e.keyspace.keys_for(e.block_hash)
+        keys.extend(block_keys)
+        spans.append(len(block_keys))
+    return keys, spans
+
+
 class Ledger:
     """Occupancy per cache scope, and the prefix tree of every block this node stored.
 
@@ -305,6 +321,7 @@ class Ledger:
         self.lock = threading.RLock()
         self._tables: dict[CacheScope, ScopeTable] = {}
         self._listeners: list[Callable[[str, ScopeTable, BlockEntry], None]] = []
+        self._foreign_checked: dict[str, float] = {}  # foreign parent key -> clock() of its last check
 
     def add_listener(self, listener: Callable[[str, ScopeTable, BlockEntry], None]) -> None:
         """Call ``listener(event, table, entry)`` for every ``insert``/``access``/``remove`` of an owned block
@@ -602,17 +619,104 @@ class Ledger:
             full = True
         return ReconcileResult(checked, len(missing), full)
 
+    # --- orphans --------------------------------------------------------------------------------------------
+
+    def check_foreign_parents(self, store: StoreClient, *, limit: int = 32, recheck_after: float = 30.0,
+                              batch: int = 4096) -> ReconcileResult:
+        """Check with ``batch_is_exist`` whether the foreign parents of ``store.tenant_id``'s owned blocks are
+        still in the Store.
+
+        A foreign parent is a present entry this node did not write (another node's block, which this node's
+        blocks continue) with present children. At most ``limit`` of them are checked, those checked longest ago
+        first, and none checked less than ``recheck_after`` ledger-clock seconds ago: Mooncake 0.3.13.post1 leases
+        every checked object that exists for ``--default_kv_lease_ttl`` (10 s by default), during which its
+        writer's own budget removal is refused, so keep ``recheck_after`` well above that TTL. A parent found
+        gone is marked absent: the owned blocks below it become orphans (:meth:`orphan_leaves`).
+
+        Raises:
+            StoreError: ``batch_is_exist`` answered -1 for some key.
+        """
+        now = self.clock()
+        with self.lock:
+            checked_at = self._foreign_checked
+            due = [e for t in self._tables.values() if t.scope.tenant_id == store.tenant_id
+                   for e in t.entries.values()
+                   if e.present and not e.owned and e.children_count > 0
+                   and now - checked_at.get(e.key, float("-inf")) >= recheck_after]
+            due.sort(key=lambda e: checked_at.get(e.key, float("-inf")))
+            chosen = due[:max(0, limit)]
+            for e in chosen:
+                checked_at[e.key] = now
+            if len(checked_at) > 65536:  # forget keys no longer tracked
+                live = {e.key for t in self._tables.values() for e in t.entries.values()}
+                for key in [k for k in checked_at if k not in live]:
+                    del checked_at[key]
+        if not chosen:
+            return ReconcileResult(0, 0, True)
+        missing = self._check(store, chosen, batch)
+        return ReconcileResult(len(chosen), len(missing), len(chosen) == len(due))
+
+    def confirm_cuts(self, store: StoreClient, tenant_id: str | None = None) -> int:
+        """Check, with ``batch_is_exist``, the absent blocks whose present owned children are orphan roots of
+        ``tenant_id`` (default ``store.tenant_id``): one found present again (another node wrote it since) becomes
+        a present foreign entry, so the blocks below it stop being orphans. Returns how many were found present.
+        Absent objects take no read lease. Call it before removing orphans (:meth:`orphan_leaves`).
+
+        Raises:
+            StoreError: ``batch_is_exist`` answered -1 for some key.
+        """
+        tenant_id = tenant_id or store.tenant_id
+        with self.lock:
+            cuts: dict[str, BlockEntry] = {}
+            for t in self._tables.values():
+                if t.scope.tenant_id != tenant_id or not t.orphaned_blocks:
+                    continue
+                for e in t.entries.values():
+                    if not t.is_orphan(e) or e.parent is None:
+                        continue
+                    p = t.entries.get(e.parent)
+                    if p is not None and not p.present:
+                        cuts[p.key] = p
+        if not cuts:
+            return 0
+        entries = list(cuts.values())
+        keys, spans = _keys_and_spans(entries)
+        codes = store.exists(keys)
+        errors = [(k, c) for k, c in zip(keys, codes) if c < 0]
+        if errors:
+            raise store_error("exist", errors, tenant_id=tenant_id)
+        back = 0
+        pos = 0
+        with self.lock:
+            for e, n in zip(entries, spans):
+                if all(codes[pos:pos + n]):
+                    table = self._tables.get(e.keyspace.scope)
+                    if table is not None and table.entries.get(e.key) is e and not e.present:
+                        table.set_state(e, present=True, owned=False, size=0)
+                        back += 1
+                pos += n
+        return back
+
+    def orphan_leaves(self, tenant_id: str) -> dict[KeySpace, list[bytes]]:
+        """Orphans of ``tenant_id`` without a present child, by key space: the next blocks to remove when
+        collecting orphans leaves first (an orphan is an owned present block below a block known to be absent,
+        unreachable by prefix lookup; module docstring)."""
+        out: dict[KeySpace, list[bytes]] = {}
+        with self.lock:
+            for t in self._tables.values():
+                if t.scope.tenant_id != tenant_id or not t.orphaned_blocks:
+                    continue
+                for e in t.entries.values():
+                    if t.is_orphan(e) and e.children_count == 0:
+                        out.setdefault(e.keyspace, []).append(e.block_hash)
+        return out
+
     def _check(self, store: StoreClient, entries: list[BlockEntry], batch: int) -> list[BlockEntry]:
         missing: list[BlockEntry] = []
         partial: list[str] = []
         for start in range(0, len(entries), batch):
             chunk = entries[start:start + batch]
-            keys: list[str] = []
-            spans: list[int] = []
-            for e in chunk:
-                block_keys = e.keyspace.keys_for(e.block_hash)
-                keys.extend(block_keys)
-                spans.append(len(block_keys))
+            keys, spans = _keys_and_spans(chunk)
             codes = store.exists(keys)
             errors = [(k, c) for k, c in zip(keys, codes) if c < 0]
             if errors:

@@ -34,16 +34,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agent.contract.names import is_node_name
 from agent.node.cli_args import broker_url, positive_float, positive_int
 
 log = logging.getLogger("kvpool.agent")
 
-NODE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: ``--loglevel`` values (those of :mod:`logging` and of Celery's ``--loglevel``).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -57,9 +56,18 @@ def prog_name() -> str:
     return name
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``<prog>: error: <message>`` on stderr, exit status 2 (as
+    the agent's own checks after parsing, ``_usage_error``), without argparse's usage block; ``--help`` shows it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kvpool-agent`` / ``python -m agent`` argument parser."""
-    parser = argparse.ArgumentParser(prog=prog_name(), description="KV-cache pool node agent")
+    """The ``kvpool-agent`` / ``python -m agent`` argument parser (its errors and its ``run`` subcommand's are
+    one line: ``kvpool-agent run: error: …``, exit status 2)."""
+    parser = _OneLineErrorParser(prog=prog_name(), description="KV-cache pool node agent")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the agent: a Celery worker on queue agent.<node> plus telemetry")
     run.add_argument("--node", required=True, help="node name as registered in the dashboard")
@@ -144,8 +152,9 @@ def _usage_error(message: str) -> NoReturn:
 
 def run(args: argparse.Namespace) -> int:
     """Start the daemon's telemetry thread and the Celery worker; returns the exit status."""
-    if not NODE_PATTERN.match(args.node):
-        _usage_error(f"--node {args.node!r} is not a valid node name (letters, digits, . _ -)")
+    if not is_node_name(args.node):
+        _usage_error(f"--node {args.node!r} is not a valid node name: 1-63 lower-case letters, digits or inner '-' "
+                     "(the registry's rule, e.g. 'node-a')")
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     from agent.datapath.ledger import Ledger
@@ -199,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
         engines.close()
         if simulator is not None:
             simulator.close()
-        ledger_file.close()
+        if ledger_file is not None:
+            ledger_file.close()
     if status:
         log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
     return status
@@ -208,11 +218,19 @@ def run(args: argparse.Namespace) -> int:
 def _restore_ledger(ledger, state_dir: Path):
     """Take back the blocks an earlier agent on this state directory owned (``ledger.sqlite3``, see
     :mod:`agent.node.ledger_file`) and keep the file following ``ledger``; returns the
-    :class:`agent.node.ledger_file.LedgerFile`. Runs once the daemon holds the state directory's lock and before
-    anything reports or records: the simulator's and the engines' reconciles drop what left the Store meanwhile."""
+    :class:`agent.node.ledger_file.LedgerFile` (None, logged, when no file can be made there). Runs once the daemon
+    holds the state directory's lock and before anything reports or records: the simulator's and the engines'
+    reconciles drop what left the Store meanwhile."""
+    import sqlite3
+
     from agent.node.ledger_file import open_ledger_file
 
-    return open_ledger_file(ledger, state_dir)
+    try:
+        return open_ledger_file(ledger, state_dir)
+    except (OSError, sqlite3.Error) as exc:  # no file can be made there: run, but a restart starts empty
+        log.error("node ledger file in %s cannot be written (%s: %s): running without one; a restart will "
+                  "report no blocks until the engines write again", state_dir, type(exc).__name__, exc)
+        return None
 
 
 def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool):
@@ -248,7 +266,9 @@ def _simulator(args: argparse.Namespace, ledger, state_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``kvpool-agent`` and ``python -m agent``."""
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:  # argparse would name the top-level program; every option belongs to ``run``
+        _usage_error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "run":
         return run(args)
     return 2

@@ -43,7 +43,15 @@ the simulator's (hits and budgets at every tick, a reconcile every ``reconcile_i
   request group (``RequestGroupSpec.budget_bytes``) of an observed instance is held under its budget by
   ``agent.datapath.budget.BudgetEnforcer`` (the simulator's prefix-aware policy): leaf blocks only, removed by
   exact key with ``force=False`` (``agent.datapath.budget.store_remover``), so no block is orphaned and a block
-  another client reads (or a reconcile checked in the last lease period) stays until a later tick.
+  another client reads (or a reconcile checked in the last lease period) stays until a later tick. The budgets
+  in the document are this node's shares (``InstanceSpec``): each node holds only what it wrote;
+* **orphans** (after the budgets) — blocks of this node that continue another node's block (its engine loaded the
+  prefix from the Store) hang below a *foreign* ledger entry; that node's budget may remove it (a leaf of its
+  own ledger). Every ``foreign_check_interval`` seconds (5) up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per
+  tenant are checked (``Ledger.check_foreign_parents``; none again within ``FOREIGN_RECHECK_AFTER`` seconds, as
+  each check leases an existing object); orphans (owned blocks below a block known gone, also one the master
+  evicted) are removed by exact key, leaves first, never forced, after re-checking the missing block
+  (:meth:`NodeEngines._collect_orphans`).
 
 ``observe=False`` (``--simulate-engines``: the simulator plays the engines and mounts the node's memory) keeps
 step 1 only. No Django here.
@@ -79,6 +87,15 @@ DEFAULT_RECONCILE_SAMPLE = 64
 DEFAULT_PROBE_INTERVAL = 5.0
 #: Blocks a probe checks per tenant (each leased for ``--default_kv_lease_ttl``: a handful, not a budget's worth).
 PROBE_SAMPLE = 4
+#: Seconds between checks of foreign parents (another node's blocks that this node's blocks continue) in the Store.
+DEFAULT_FOREIGN_CHECK_INTERVAL = 5.0
+#: Foreign parents checked per tenant and check (each one that exists is leased for ``--default_kv_lease_ttl``).
+FOREIGN_PARENT_SAMPLE = 32
+#: Seconds before the same foreign parent is checked again: 3x Mooncake's default 10 s read lease, so its writer's
+#: budget removal is refused at most a third of the time.
+FOREIGN_RECHECK_AFTER = 30.0
+#: Most leaf-first removal rounds per tenant and tick when collecting orphans (a round removes one level).
+ORPHAN_ROUNDS = 256
 #: A release or request group over its budget is trimmed to this share of it (as the simulator does).
 BUDGET_LOW_WATER = 0.9
 #: Segment the maintenance Store clients mount: none (they only check and remove keys).
@@ -144,6 +161,7 @@ class NodeEngines:
         metrics_interval: seconds between ``/metrics`` scrapes of each instance (0: none).
         reconcile_sample: blocks sampled per tenant and tick (None: every block).
         probe_interval: seconds between Store probes of ``PROBE_SAMPLE`` blocks per tenant (<= 0: none).
+        foreign_check_interval: seconds between checks of foreign parents (:meth:`_collect_orphans`).
         store_opener: opens a maintenance Store client (default ``agent.datapath.store.open_store``).
         observer_options: extra keyword arguments of each ``EngineObserver`` (tests: ``fetch``, ``metrics_host``).
         segment_options: extra keyword arguments of the ``SegmentSupervisor`` (tests: ``binary``).
@@ -159,6 +177,7 @@ class NodeEngines:
                  metrics_interval: float = DEFAULT_METRICS_INTERVAL,
                  reconcile_sample: int | None = DEFAULT_RECONCILE_SAMPLE, store_opener: StoreOpener | None = None,
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
+                 foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
                  observer_options: Mapping[str, Any] | None = None,
                  segment_options: Mapping[str, Any] | None = None) -> None:
         self.node = node
@@ -186,9 +205,12 @@ class NodeEngines:
         self.segment: Any = None        # agent.node.segment.SegmentSupervisor
         self.instance_dirs: list[Path] = []
         #: What went wrong last, per part (``instance_dirs``, ``store_client``, ``observer``, ``store:<tenant>``,
-        #: ``budget``); a part that works again is removed.
+        #: ``budget``, ``orphans``); a part that works again is removed.
         self.errors: dict[str, str] = {}
         self.removed_over_budget = 0
+        self.removed_orphans = 0
+        self.foreign_check_interval = foreign_check_interval
+        self._last_foreign_check: float | None = None
         self._endpoint = ""             # the observer's configured endpoint
         self._credits: dict[str, _Credit] = {}
         self._stores: dict[str, tuple[StoreEndpoints, Any]] = {}  # tenant -> (endpoints it was opened with, client)
@@ -313,10 +335,10 @@ class NodeEngines:
         """One maintenance round: credit engine hits, enforce the budgets (unless ``enforce`` is False), then
         reconcile the ledger with the Store per tenant when ``reconcile`` (None: when ``reconcile_interval``
         passed since the last one; ``full``: every block, not a sample), else probe ``PROBE_SAMPLE`` blocks per
-        tenant when ``probe_interval`` passed. Returns counts (``checked`` and ``missing`` blocks, ``removed`` over
-        budget)."""
+        tenant when ``probe_interval`` passed. Orphans are collected after the budgets (:meth:`_collect_orphans`).
+        Returns counts (``checked`` and ``missing`` blocks, ``removed`` over budget, ``orphans_removed``)."""
         if not self.observe:
-            return {"checked": 0, "missing": 0, "removed": 0}
+            return {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}
         sample = None if full else self.reconcile_sample
         now = time.monotonic()
         if reconcile is None:
@@ -330,15 +352,18 @@ class NodeEngines:
                         self._fail("observer", f"observing engines at {self._endpoint}: {exc}")
             self.credit_hits()
             removed = self._enforce_budgets() if enforce else 0
+            orphans = self._collect_orphans(now) if enforce else 0
             checked = missing = 0
             if reconcile:
                 self._last_reconcile = self._last_probe = now
                 checked, missing = self._reconcile(sample)
-            elif self.probe_interval > 0 and (self._last_probe is None
-                                              or now - self._last_probe >= self.probe_interval):
+            elif self.probe_interval > 0 and not self._over_budget() and (
+                    self._last_probe is None or now - self._last_probe >= self.probe_interval):
+                # no probe while a budget is still over: its checks would lease (10 s) the very leaves the
+                # enforcer waits to remove, every 5 s, and the removals could be refused for ever
                 self._last_probe = now
                 checked, missing = self._reconcile(PROBE_SAMPLE)
-        return {"checked": checked, "missing": missing, "removed": removed}
+        return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
 
     def reconcile_now(self) -> dict[str, int]:
         """A tick that enforces the budgets and then checks every block of the ledger against the Store."""
@@ -426,6 +451,12 @@ class NodeEngines:
             out.append(([s for s in tables if s.release_scope() == release] or [release], budget, tenant))
         return out
 
+    def _over_budget(self) -> bool:
+        """Whether some release or request group still holds more bytes than its budget (a removal was refused)."""
+        if self.budget is None:
+            return False
+        return any(self.budget.used_bytes(scopes) > budget for scopes, budget, _tenant in self.budgets())
+
     def _enforce_budgets(self) -> int:
         from agent.datapath.budget import store_remover
 
@@ -448,6 +479,51 @@ class NodeEngines:
                 log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
                          scopes[0].label if len(scopes) == 1 else scopes[0].release_scope().label, budget)
         self.removed_over_budget += removed
+        return removed
+
+    def _collect_orphans(self, now: float) -> int:
+        """Remove this node's orphans from the Store, per tenant; returns how many blocks went.
+
+        Every ``foreign_check_interval`` seconds first checks up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per
+        tenant (``Ledger.check_foreign_parents``; none again within ``FOREIGN_RECHECK_AFTER`` seconds, for the
+        read leases a check takes). Then, when the ledger holds orphans (owned blocks below a block known to be
+        gone: removed by another node's budget, evicted by the master), it re-checks the missing blocks they hang
+        below (``Ledger.confirm_cuts``: one written again un-orphans its subtree) and removes the orphans by exact
+        key, leaves first, never forced (``agent.datapath.budget.store_remover``; a leased block stays for a later
+        tick); the ledger forgets them (``agent_evicted_blocks``)."""
+        from agent.datapath.budget import store_remover
+
+        check = self._last_foreign_check is None or now - self._last_foreign_check >= self.foreign_check_interval
+        if check:
+            self._last_foreign_check = now
+        removed = 0
+        for tenant_id in sorted(self._tenants()):
+            if not check and not self.ledger.orphan_leaves(tenant_id):
+                continue
+            store = self._store(tenant_id)
+            if store is None:
+                continue
+            try:
+                if check:
+                    self.ledger.check_foreign_parents(store, limit=FOREIGN_PARENT_SAMPLE,
+                                                      recheck_after=FOREIGN_RECHECK_AFTER)
+                if not self.ledger.orphan_leaves(tenant_id):
+                    continue
+                self.ledger.confirm_cuts(store, tenant_id)
+                remove = store_remover(store, self.ledger)
+                for _ in range(ORPHAN_ROUNDS):
+                    leaves = self.ledger.orphan_leaves(tenant_id)
+                    freed = sum(remove(ks, hashes) for ks, hashes in leaves.items())
+                    removed += freed
+                    if not freed:
+                        break
+            except Exception as exc:  # the next tick retries
+                self._fail("orphans", f"collecting orphans of tenant {tenant_id} failed: {exc}")
+                continue
+            self.errors.pop("orphans", None)
+        if removed:
+            log.info("node %s: removed %d orphaned block(s) (their parent left the Store)", self.node, removed)
+        self.removed_orphans += removed
         return removed
 
     # --- hits ---------------------------------------------------------------------------------------------
@@ -542,7 +618,7 @@ class NodeEngines:
                     "store_client": self.segment.pid if self.segment is not None else None,
                     "observer": self.observer.endpoint if self.observer is not None else None,
                     "stores": sorted(self._stores), "errors": dict(self.errors),
-                    "removed_over_budget": self.removed_over_budget}
+                    "removed_over_budget": self.removed_over_budget, "removed_orphans": self.removed_orphans}
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 

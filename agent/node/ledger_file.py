@@ -14,7 +14,8 @@ Crash safety: SQLite in WAL mode with ``synchronous=NORMAL``: a killed process l
 last ``flush_interval`` (blocks stored then are missing from the restored ledger; blocks removed then are dropped by
 the first reconcile), never the file's consistency. A file that cannot be opened or read (corrupt, another format,
 a newer schema) is logged and moved aside (``ledger.sqlite3.bad-<unix time>``) and the agent starts with an empty
-ledger: it never refuses to start over it.
+ledger: it never refuses to start over it (nor over a state directory where no file can be made: it then runs
+without one, logged).
 
 File format (schema 1; ``meta`` holds ``format`` = ``kvpool-ledger`` and ``schema`` = ``1``):
 
@@ -50,8 +51,9 @@ log = logging.getLogger("kvpool.agent.ledger_file")
 LEDGER_FILE = "ledger.sqlite3"
 FORMAT = "kvpool-ledger"
 SCHEMA = 1
-#: Seconds between writes of the changed blocks (what a killed agent can lose).
-DEFAULT_FLUSH_INTERVAL = 1.0
+#: Seconds between writes of the changed blocks: what a killed agent can lose (the fault suite's load stores
+#: several MiB a second per node); a commit costs little (``synchronous=NORMAL``: no fsync but at checkpoints).
+DEFAULT_FLUSH_INTERVAL = 0.1
 
 _DDL = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -132,7 +134,11 @@ class LedgerFile:
         return db
 
     def _move_aside(self, why: BaseException) -> None:
-        target = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
+        stamp, n = int(time.time()), 0
+        target = self.path.with_name(f"{self.path.name}.bad-{stamp}")
+        while target.exists():  # never overwrite an earlier one
+            n += 1
+            target = self.path.with_name(f"{self.path.name}.bad-{stamp}-{n}")
         for suffix in ("", "-wal", "-shm"):
             source = Path(str(self.path) + suffix)
             if source.exists():

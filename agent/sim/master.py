@@ -353,17 +353,25 @@ class MasterProcess:
         """Prometheus samples by name, labels kept in the name
         (``mooncake_tenant_quota_charged_bytes{tenant_id="a"}``)."""
         with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
-            text = resp.read().decode(errors="replace")
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                continue
-        return out
+            return sample_values(resp.read().decode(errors="replace"))
+
+
+def sample_values(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> ``{sample name with its labels as written: value}``.
+
+    For tests, demos and benchmarks that compare a handful of samples (``master_key_count``,
+    ``vllm:external_prefix_cache_hits_total{engine="0",…}``); lines that are comments or not numbers are skipped.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
 
 
 @atexit.register

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.utils import html
 
 from tenants.quota import QuotaError, parse_quota
 
@@ -34,3 +35,18 @@ class ByteSizeSerializerField(serializers.Field):
     def to_representation(self, value):
         return int(value)
 
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean, exactly ``true`` or ``false``: DRF's ``BooleanField`` also takes ``"yes"``, ``"on"``, ``1``,
+    ``"True"`` ..., so a typo could confirm a destructive or audited action. HTML form input (the browsable
+    API's forms) keeps DRF's parsing of a checkbox's text."""
+
+    default_error_messages = {"invalid": "{input!r} is not a boolean: use true or false."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        if html.is_html_input(getattr(self.root, "initial_data", None)):
+            return super().to_internal_value(data)
+        self.fail("invalid", input=data)

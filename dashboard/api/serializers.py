@@ -5,7 +5,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from dashboard.api.base import ValidatedModelSerializer
-from dashboard.api.fields import ByteSizeSerializerField
+from dashboard.api.fields import ByteSizeSerializerField, StrictBooleanField
 from tenants import budgets
 from tenants.choices import Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.models import (
@@ -42,7 +42,7 @@ class TenantSerializer(ValidatedModelSerializer):
     charged_bytes = serializers.SerializerMethodField(
         help_text="Bytes the master charges the tenant now, from the newest master read-back; null before the "
         "first one.")
-    confirm_overcommit = serializers.BooleanField(
+    confirm_overcommit = StrictBooleanField(
         write_only=True, required=False, default=False,
         help_text="Save even though the requested quotas then exceed the pool's mounted capacity (or the capacity "
         "is unknown): other tenants' effective quotas may drop. Audited.")
@@ -186,7 +186,7 @@ class ReleaseSerializer(ValidatedModelSerializer):
         fields = (
             "id", "model", "tenant", "tenant_id", "served_model_name", "namespace", "state",
             "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype",
-            "quantization", "adapters", "engine", "engine_version", "hash_algo", "hash_seed",
+            "quantization", "adapters", "engine", "engine_version", "hash_algo", "hash_seed", "max_model_len",
             "fingerprint", "budget_bytes", "first_served_at", "description", *_TIMESTAMPS,
         )  # fmt: skip
         read_only_fields = ("fingerprint", "first_served_at")
@@ -236,7 +236,7 @@ class NodeSerializer(ValidatedModelSerializer):
         model = Node
         fields = (
             "id", "name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
-            "store_client_port", "queue_name", "description", *_TIMESTAMPS,
+            "store_client_port", "cpu_kvcache_space_gib", "queue_name", "description", *_TIMESTAMPS,
         )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from dashboard.api.fields import StrictBooleanField
 from dashboard.api.filtersets import (
     LEVELS,
     InstanceStatsFilterSet,
@@ -148,7 +149,7 @@ class NodeDetailSerializer(NodeStateSerializer):
 class PushRequestSerializer(serializers.Serializer):
     """Body of ``POST nodes/<name>/push/``: ``force`` re-sends an unchanged, acked document."""
 
-    force = serializers.BooleanField(default=False)
+    force = StrictBooleanField(default=False)
 
 
 class PushResultSerializer(serializers.Serializer):

@@ -118,6 +118,8 @@ def record_confirmation(tenant: Tenant, plan: QuotaPlan) -> AuditEntry | None:
     """Audit a confirmed overcommit of ``tenant`` (saved): who confirmed what, with the whole plan.
 
     Writes nothing (returns ``None``) when the plan needed no confirmation. Call it inside the save's transaction.
+    The entry belongs to no tenant (``tenant_pk`` ``None``): the plan lists every tenant's quota and the pool's
+    capacity, so only platform admins see it (``tenants.access``).
     """
     if not plan.needs_confirmation:
         return None
@@ -127,7 +129,7 @@ def record_confirmation(tenant: Tenant, plan: QuotaPlan) -> AuditEntry | None:
         actor=user, actor_repr=actor_repr[:255], action=AuditAction.UPDATE, object_type=CONFIRMATION_TYPE,
         object_id=str(tenant.pk), object_repr=f"tenant {tenant.tenant_id}: overcommit confirmed"[:255],
         before=None, after={CONFIRM_FIELD: True, "tenant_id": tenant.tenant_id, **plan.as_dict()},
-        request_id=context.request_id, tenant_pk=tenant.pk,
+        request_id=context.request_id, tenant_pk=None,
     )
     log.warning("tenant %s: overcommit confirmed by %s: %s", tenant.tenant_id, actor_repr, plan.message())
     return entry

@@ -6,9 +6,9 @@
   (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
   ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
-  request groups with salts, budgets, and its ``launch``: ``render_assignment(...).launch_spec()``), ordered by
-  port. Validated through the shared schema, so the dashboard never sends what the agent would refuse as
-  ``invalid``.
+  request groups with salts, budgets — this node's share of each (``budget_share``) — and its ``launch``:
+  ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
+  dashboard never sends what the agent would refuse as ``invalid``.
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
@@ -75,10 +75,48 @@ def _launch(assignment, target) -> LaunchSpec:
     return render_assignment(assignment, target).launch_spec()
 
 
-def _instance(assignment, groups: list[RequestGroupSpec]) -> InstanceSpec:
+#: Instance roles that write KV blocks into the Store (a ``decode`` instance only loads them).
+WRITER_ROLES = frozenset({"prefill", "both"})
+
+
+def budget_share(budget: int | None, node_writers: int, all_writers: int) -> int | None:
+    """This node's share of a release's or request group's ``budget`` (bytes; None = no budget stays None):
+    ``budget * node_writers // all_writers``, where ``node_writers`` are the node's writer instances (role
+    ``prefill`` or ``both``) of the release and ``all_writers`` those of every node. Integer bytes, rounded
+    down, so the shares of all nodes sum to at most ``budget``; 0 when the node writes nothing of the release
+    (or nobody does). Each agent holds only its own writes under its share (``agent.node.engines``)."""
+    if budget is None:
+        return None
+    if node_writers <= 0 or all_writers <= 0:
+        return 0
+    return budget * min(node_writers, all_writers) // all_writers
+
+
+def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+    """Writer instances per release id, over every node, and per (node id, release id), of the releases of
+    ``assignments`` (one query)."""
+    from django.db.models import Count
+
+    from tenants.models import InstanceAssignment
+
+    release_ids = {a.release_id for a in assignments}
+    per_release: dict[int, int] = {}
+    per_node: dict[tuple[int, int], int] = {}
+    rows = (InstanceAssignment.objects.filter(release_id__in=release_ids, role__in=WRITER_ROLES)
+            .values("node_id", "release_id").annotate(n=Count("pk")))
+    for row in rows:
+        per_node[(row["node_id"], row["release_id"])] = row["n"]
+        per_release[row["release_id"]] = per_release.get(row["release_id"], 0) + row["n"]
+    return per_release, per_node
+
+
+def _instance(assignment, groups: list[RequestGroupSpec], node_writers: int = 1,
+              all_writers: int = 1) -> InstanceSpec:
     release = assignment.release
     model = release.model
     tenant = model.tenant
+    groups = [g.model_copy(update={"budget_bytes": budget_share(g.budget_bytes, node_writers, all_writers)})
+              for g in groups]
     return InstanceSpec(
         instance_id=str(assignment.pk),
         engine=release.engine,
@@ -108,7 +146,7 @@ def _instance(assignment, groups: list[RequestGroupSpec]) -> InstanceSpec:
             dcp_rank=assignment.dcp_rank, dcp_size=assignment.dcp_size,
         ),
         request_groups=groups,
-        budget_bytes=release.budget_bytes,
+        budget_bytes=budget_share(release.budget_bytes, node_writers, all_writers),
     )
 
 
@@ -130,12 +168,15 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(
             RequestGroupSpec(name=group.name, cache_salt=group.cache_salt, budget_bytes=group.budget_bytes))
+    writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
     target = _render_target()
     store = target.store_endpoints().model_dump(mode="json")
     return {
         node.name: {
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
-            "instances": [{**_instance(a, groups[a.release.model.tenant_id]).model_dump(mode="json"),
+            "instances": [{**_instance(a, groups[a.release.model.tenant_id],
+                                       writers_on_node.get((node.pk, a.release_id), 0),
+                                       writers.get(a.release_id, 0)).model_dump(mode="json"),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
             "node_settings": _node_settings(node, target).model_dump(mode="json"),
         }

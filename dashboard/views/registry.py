@@ -126,7 +126,7 @@ def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "perms": ObjectPerms(request.user, release),
         "settings": [(name, getattr(release, name)) for name in (
             "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype", "quantization",
-            "engine", "engine_version", "hash_algo", "hash_seed")]
+            "engine", "engine_version", "hash_algo", "hash_seed", "max_model_len")]
         + [("adapters", AdaptersField().prepare_value(release.adapters or []) or "none")],
     }
     return render(request, "ui/release_detail.html", context)

@@ -30,6 +30,10 @@ DEFAULT_KV_EVENTS_PORT = 5557
 DEFAULT_STORE_CLIENT_PORT = 50052
 
 
+#: Largest ``cpu_kvcache_space_gib`` (GiB): 64 TiB of host memory, far above any node.
+MAX_CPU_KVCACHE_SPACE_GIB = 65536
+
+
 def generate_signing_secret() -> str:
     """A fresh node signing secret: 32 random bytes as 64 lower-case hex characters."""
     return secrets.token_hex(32)
@@ -46,7 +50,8 @@ class Node(RegistryModel):
 
     * ``hostname`` — the address engines listen on (``--host``) and announce to the Store (vLLM
       ``VLLM_HOST_IP``, ``MOONCAKE_REQUESTER_LOCAL_HOSTNAME``; SGLang ``local_hostname``).
-    * ``device`` — ``cuda`` or ``cpu`` (``NodeDevice``): CPU nodes get vLLM's CPU settings.
+    * ``device`` — ``cuda`` or ``cpu`` (``NodeDevice``): CPU nodes get vLLM's CPU settings, among them
+      ``VLLM_CPU_KVCACHE_SPACE`` = ``cpu_kvcache_space_gib`` (GiB per instance, default 1).
     * ``kv_events_port`` — the port the node agent binds on ``127.0.0.1`` for its engines' KV events; each
       vLLM instance connects there and publishes under its instance id as ZMQ topic.
     * ``store_mode`` (``StoreMode``) — ``embedded`` (each engine mounts its own segment) or
@@ -95,6 +100,12 @@ class Node(RegistryModel):
         default=DEFAULT_STORE_CLIENT_PORT,
         validators=_PORT_VALIDATORS,
         help_text="Service port of the node's mooncake_client (standalone-store mode), 1 to 65535.",
+    )
+    cpu_kvcache_space_gib = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CPU_KVCACHE_SPACE_GIB)],
+        help_text="device=cpu nodes: GiB of KV cache each vLLM instance allocates in host memory "
+        f"(VLLM_CPU_KVCACHE_SPACE), 1 to {MAX_CPU_KVCACHE_SPACE_GIB}; ignored on cuda nodes.",
     )
     description = models.TextField(blank=True)
 
@@ -154,6 +165,11 @@ class Node(RegistryModel):
                 )
             if self.store_client_port == self.kv_events_port:
                 errors["store_client_port"] = "store_client_port must differ from kv_events_port."
+        if stored is not None and (stored.store_mode, stored.device) != (self.store_mode, self.device):
+            sglang = self.assignments.filter(release__engine=Engine.SGLANG).first()
+            refusal = sglang_node_refusal(self) if sglang is not None else None
+            if refusal is not None:
+                errors[refusal[0]] = f"{refusal[1]} Instance '{sglang}' runs SGLang on this node."
         if self.pk is not None and not errors:
             ports = self.reserved_ports()
             for assignment in self.assignments.all():
@@ -165,6 +181,21 @@ class Node(RegistryModel):
 
 
 _RANKS = ("tp", "pp", "pcp", "dcp")
+
+
+def sglang_node_refusal(node: Node) -> tuple[str, str] | None:
+    """Why ``node`` cannot run SGLang 0.5.23 instances: ``(node field, message)``, or ``None`` when it can.
+
+    SGLang has no CPU build (its CPU engine imports the CUDA-only ``sgl_kernel``), and its rendered Mooncake
+    settings mount the engine's own segment (``global_segment_size``), which would sit beside a standalone-store
+    node's ``mooncake_client``.
+    """
+    if node.device == NodeDevice.CPU:
+        return "device", "SGLang 0.5.23 has no CPU build; SGLang instances need a device=cuda node."
+    if node.store_mode == StoreMode.STANDALONE:
+        return "store_mode", ("SGLang instances mount their own Store segment (global_segment_size), so they "
+                              "cannot run on a standalone-store node; use an embedded-store node.")
+    return None
 
 
 class InstanceAssignment(RegistryModel):
@@ -232,6 +263,11 @@ class InstanceAssignment(RegistryModel):
             stored = self.stored()
             if release.state == ReleaseState.RETIRED and (stored is None or stored.release_id != self.release_id):
                 errors["release"] = f"Release '{release.namespace}' is retired; it cannot get new instances."
+            moved = stored is None or (stored.node_id, stored.release_id) != (self.node_id, self.release_id)
+            refusal = (sglang_node_refusal(self.node)
+                       if moved and release.engine == Engine.SGLANG and self.node_id is not None else None)
+            if refusal is not None:
+                errors.setdefault("node", f"Node '{self.node}': {refusal[1]}")
         if errors:
             raise ValidationError(errors)
         if self.node_id is not None and isinstance(self.port, int):

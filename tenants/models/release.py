@@ -9,7 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from tenants import budgets, collisions
-from tenants.choices import Engine, HashAlgo, KVCacheDtype, ReleaseState
+from tenants.choices import VLLM_KV_DTYPES, Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.fields import ByteSizeField
 from tenants.fingerprint import CACHE_SETTING_FIELDS, compute_fingerprint
 from tenants.models.base import RegistryModel
@@ -32,6 +32,8 @@ from tenants.validators import (
 MAX_NUM_LAYERS = 4096
 MAX_NUM_KV_HEADS = 4096
 MAX_HEAD_DIM = 65535
+#: Largest ``max_model_len`` (tokens): 2**31 - 1, what an int32 position index holds.
+MAX_MODEL_LEN = (1 << 31) - 1
 
 #: Fields that may not change once a release has served (the namespace, its model and the cache settings).
 IMMUTABLE_AFTER_SERVING: tuple[str, ...] = ("model", "namespace", *CACHE_SETTING_FIELDS)
@@ -57,7 +59,8 @@ class Release(RegistryModel):
     ``state`` follows ``ReleaseState`` transitions; entering ``serving`` stamps ``first_served_at``. From then
     on the namespace, the model and every cache setting are immutable (seed: change the namespace before a
     cache-incompatible deployment), and the release cannot be deleted (its namespace stays reserved). An
-    adapter's ``rank`` is not a cache setting and may change; its name and path may not.
+    adapter's ``rank`` is not a cache setting and may change; its name and path may not. ``max_model_len`` (the
+    engine's context limit, optional) is a launch setting, not a cache setting: it may change at any time.
 
     Every new adapter needs a path. An adapter stored without one (name-only, from before migration 0005) stays
     valid while it is unchanged, is listed by ``adapters_without_path`` and is left out of the rendered launch
@@ -92,6 +95,12 @@ class Release(RegistryModel):
     )
     kv_dtype = models.CharField(max_length=32, choices=KVCacheDtype.choices, default=KVCacheDtype.AUTO)
     quantization = models.CharField(max_length=64, blank=True, validators=[validate_token])
+    max_model_len = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_MODEL_LEN)],
+        help_text=f"Longest context (prompt + output tokens) an instance serves, 1 to {MAX_MODEL_LEN}: vLLM "
+        "--max-model-len, SGLang --context-length; blank = the model's own. Not part of the fingerprint (it "
+        "changes no block hash).",
+    )
     adapters = models.JSONField(
         default=list,
         blank=True,
@@ -169,6 +178,10 @@ class Release(RegistryModel):
                     }
                 )
         self._clean_new_adapters(stored)
+        if (self.engine == Engine.VLLM and self.kv_dtype in KVCacheDtype.values and self.kv_dtype not in VLLM_KV_DTYPES
+                and (stored is None or (stored.engine, stored.kv_dtype) != (self.engine, self.kv_dtype))):
+            raise ValidationError({"kv_dtype": f"vLLM 0.33.0 has no '{self.kv_dtype}' KV cache (--kv-cache-dtype); "
+                                   f"choose one of {', '.join(sorted(VLLM_KV_DTYPES))}."})
         if self.engine == Engine.SGLANG and self.hash_algo != HashAlgo.SHA256:
             raise ValidationError(
                 {"hash_algo": "SGLang 0.5.23 hashes pages with SHA-256; hash_algo must be 'sha256' for SGLang."}

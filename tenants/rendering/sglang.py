@@ -40,8 +40,9 @@ def render_sglang(assignment, endpoints: RenderTarget) -> RenderedConfig:
 
     Arguments: ``--model-path``, ``--served-model-name``, ``--revision`` (when the release pins weights),
     ``--port``, ``--tp-size``, ``--pp-size`` (> 1), ``--page-size`` (release block size in tokens),
-    ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set), the LoRA flags ``--enable-lora
-    --lora-paths ...`` (when the release has adapters with paths, see ``tenants.rendering.lora``),
+    ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set), ``--context-length`` (the release's
+    ``max_model_len``, when set), the LoRA flags ``--enable-lora --lora-paths ...`` (when the release has
+    adapters with paths, see ``tenants.rendering.lora``),
     ``--enable-hierarchical-cache``,
     ``--hicache-storage-backend mooncake``, ``--hicache-storage-backend-extra-config <JSON>``; for a
     ``prefill``/``decode`` role also ``--disaggregation-mode``, ``--disaggregation-transfer-backend mooncake``
@@ -67,6 +68,8 @@ def render_sglang(assignment, endpoints: RenderTarget) -> RenderedConfig:
         argv += ["--kv-cache-dtype", release.kv_dtype]
     if release.quantization:
         argv += ["--quantization", release.quantization]
+    if release.max_model_len is not None:
+        argv += ["--context-length", str(release.max_model_len)]
     argv += sglang_lora_args(release)
     argv += [
         "--enable-hierarchical-cache",

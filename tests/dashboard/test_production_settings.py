@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ PRODUCTION_ENV = {
     "DJANGO_SECURE_COOKIES": "true",
     "DJANGO_SECURE_PROXY_SSL_HEADER": "X-Forwarded-Proto: https",
     "DJANGO_CSRF_TRUSTED_ORIGINS": "https://kvpool.example.com",
+    "KVPOOL_METRICS_TOKEN": "scrape-token-9f2c",
 }
 
 
@@ -50,8 +52,16 @@ def test_check_deploy_is_clean_with_the_production_variables():
 def test_check_deploy_names_what_is_missing_without_them():
     result = _manage("check", "--deploy", "--fail-level", "WARNING", DJANGO_SECRET_KEY=PRODUCTION_KEY)
     assert result.returncode == 1
-    for check in ("security.W004", "security.W008", "security.W012", "security.W016"):
+    for check in ("security.W004", "security.W008", "security.W012", "security.W016", "kvpool.W008"):
         assert check in result.stderr
+
+
+def test_an_open_metrics_endpoint_is_a_deploy_warning_only():
+    env = {**PRODUCTION_ENV, "KVPOOL_METRICS_TOKEN": ""}
+    result = _manage("check", "--deploy", "--fail-level", "WARNING", **env)
+    assert result.returncode == 1 and "kvpool.W008" in result.stderr and "KVPOOL_METRICS_TOKEN" in result.stderr
+    assert "kvpool.W008" not in _manage("check", **env).stderr  # plain check (runserver, migrate): quiet
+    assert "kvpool.W008" not in _manage("check", "--deploy", DJANGO_DEBUG="true").stderr
 
 
 @pytest.mark.parametrize("key", [None, "", "   ", DEV_SECRET_KEY])
@@ -67,8 +77,18 @@ def test_no_start_without_a_real_secret_key_outside_debug(key):
 @pytest.mark.parametrize("module", ["dashboard.wsgi", "dashboard.celery"])
 def test_the_server_and_the_workers_refuse_too(module):
     result = _run([sys.executable, "-c", f"import {module}; from django.conf import settings; settings.SECRET_KEY"])
-    assert result.returncode != 0
-    assert "DJANGO_SECRET_KEY is not set" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.startswith("Error: improperly configured: DJANGO_SECRET_KEY is not set")
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_celery_worker_command_stops_with_one_line():
+    """``celery -A dashboard.celery worker`` as README runs it: the app's import stops it before any broker."""
+    result = _run([str(Path(sys.executable).with_name("celery")), "-A", "dashboard.celery", "worker", "--pool",
+                   "solo", "-Q", "dashboard.ingest,dashboard.control"])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: improperly configured: DJANGO_SECRET_KEY is not set")
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_debug_runs_with_the_development_key():

@@ -106,6 +106,14 @@ def world(django_user_model, monkeypatch, settings) -> World:
     old.state = "retired"
     validated_save(old)
     purge.request_purge(old, confirm=old.namespace)
+    # a platform admin's confirmed raise of A's quota while the master is unknown: its audited plan lists B (the
+    # raise itself is not kept: A's quota stays 10GB for the tests below)
+    from dashboard.master.capacity import PoolState, check_tenant_change, record_confirmation
+
+    raised = Tenant.objects.get(pk=w.a[Tenant].pk)
+    raised.quota_bytes *= 2
+    plan = check_tenant_change(raised, confirmed=True, pool=PoolState(None, error="master unknown"))
+    assert b_tenant.tenant_id in str(record_confirmation(w.a[Tenant], plan).after)
     # B's member and token
     bob = grant_role(django_user_model.objects.create_user(f"{MARK}-user", password="pw"), b_tenant, "admin")
     w.b[TenantMembership] = TenantMembership.objects.get(user=bob)
@@ -319,6 +327,8 @@ def test_tenant_a_member_reads_nothing_of_tenant_b(world, member, member_api, me
     assert [spec["namespace"] for spec in document["instances"]] == ["alpha-ns"]
     audit = alice_api.get("/api/v1/audit/").json()
     assert audit["count"] > 0 and {entry["object_repr"] for entry in audit["results"]} >= {"alpha-ns", "alpha-t"}
+    # a confirmed overcommit lists every tenant's quota: platform admins only, even when it raised A's quota
+    assert alice_api.get("/api/v1/audit/?object_type=dashboard.quotaconfirmation").json()["count"] == 0
     assert alice_ui.get("/metrics").status_code == 401  # platform scraping only (bearer token)
 
 

@@ -1,6 +1,6 @@
 """The fault suite's pass/fail parts (``python -m bench.faults``) on the real system: a master restart and a broker
 stall are flagged on Checks and in ``/metrics`` within 15 s, no report is lost or stored twice, and the agents'
-ledgers equal the Store again within 30 s of the master restart."""
+ledgers equal the Store again within 30 s of the master restart; a killed agent comes back with its ledger."""
 from __future__ import annotations
 
 import json
@@ -31,4 +31,21 @@ def test_master_restart_and_broker_stall_are_flagged_and_lose_nothing():
         assert figures["detect_s"] is not None and figures["detect_s"] <= 15, figures
         assert figures["recover_s"] is not None, figures
     assert master["recover_s"] <= 30 and master["occupancy_error"] <= 0.02, master
+    assert result["passed"] and done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_agent_comes_back_with_its_occupancy():
+    """SIGKILL an agent mid-batch and restart it: it restores its ledger from its state directory, so once the
+    batches queued meanwhile ran its reported occupancy equals what the master charges again (issue 13)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
+    done = subprocess.run([sys.executable, "-m", "bench.faults", "--scenarios", "agent", "--requests", "3000",
+                           "--warmup", "6"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-3000:]
+    result = json.loads(lines[-1])
+    assert "error" not in result, result["error"]
+    agent = result["scenarios"]["agent"]
+    assert agent["reports_lost"] == 0 and agent["reports_duplicated"] == 0, agent
+    assert agent["occupancy_settled_s"] is not None, agent
     assert result["passed"] and done.returncode == 0, done.stderr[-3000:]

@@ -16,7 +16,6 @@ model is built once. About a minute once the environment exists (the engine is r
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from agent.node.instance_dirs import read_launch
 from agent.node.purge import daemon_store_opener, handle_purge
 from agent.sim.master import free_ports
 from tests.support.factories import make_assignment, make_group, make_model, make_node, make_release, make_tenant
+from tests.support.waiting import wait_for as _wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -60,16 +60,6 @@ def _prompts() -> dict[str, tuple[list[int], str | None]]:
     a = random_prompt(150, seed=1)
     b = a[:96] + random_prompt(64, seed=2)
     return {"a": (a, None), "b": (b, None), "c": (a, SALT)}
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _present(ledger: Ledger, scope: CacheScope | None = None) -> set[str]:
@@ -169,7 +159,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         assert stats.prefix_cache_queries > 0 and stats.store_keys.get("save_put") == len(every)
 
         # the ledger equals the Store per scope after a reconcile, also when an object goes behind its back
-        assert engines.reconcile_now() == {"checked": len(every), "missing": 0, "removed": 0}
+        assert engines.reconcile_now() == {"checked": len(every), "missing": 0, "removed": 0, "orphans_removed": 0}
         leaf = keys.vllm_key("tiny-llama", VllmBlockHasher("sha256", block_size=BLOCK, seed=SEED, cache_salt=SALT)
                              .block_hashes(prompts["c"][0])[-1], cache_prefix=NAMESPACE)
         assert probe.remove([leaf]) == [0]  # gone behind the agent's back, as the master's eviction does
@@ -202,11 +192,13 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         def under_budget() -> bool:
             nonlocal removed
             removed += engines.tick()["removed"]
-            return len(_present(ledger)) * OBJECT_BYTES <= 5 * OBJECT_BYTES * 0.9
+            # at most the budget: an enforcement round aims at 90 % of it, but a block still under a read
+            # lease stays, and a release at (not over) its budget is left alone
+            return len(_present(ledger)) * OBJECT_BYTES <= 5 * OBJECT_BYTES
 
         _wait(under_budget, 30, "the release under its budget")
         held = _present(ledger)
-        assert removed == len(every) - 1 - len(held) and 0 < len(held) <= 4
+        assert removed == len(every) - 1 - len(held) and 0 < len(held) <= 5
         assert all(row["orphaned_bytes"] == 0 for row in ledger.snapshot())
         assert probe.exists(sorted(held)) == [1] * len(held)
         assert master.metrics()["master_key_count"] == len(held)

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -23,6 +22,7 @@ from django.conf import settings as django_settings
 
 from agent.sim.master import MasterProcess, free_ports
 from tests.support.paths import ROOT
+from tests.support.waiting import wait_for  # noqa: F401  (re-exported for telemetry tests)
 
 PYTHON = sys.executable
 
@@ -38,18 +38,6 @@ def _no_leftover_pushes():
 
     discard_pending()
     yield
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
-    """Poll ``predicate`` until it returns something truthy; fail the test with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 class RedisServer:

@@ -1,4 +1,5 @@
-"""``manage.py render_config``: print or write the engine (or master) configuration the registry implies."""
+"""``manage.py render_config``: print or write the engine (or master, or a node's store client) configuration the
+registry implies."""
 from __future__ import annotations
 
 import os
@@ -7,13 +8,14 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tenants.models import Release, Tenant
+from tenants.models import Node, Release, Tenant
 from tenants.rendering import (
     ENGINE_PYTHON,
     RenderedConfig,
     RenderTarget,
     render_assignment,
     render_master,
+    render_store_client,
 )
 from tenants.validators import parse_object_id
 
@@ -55,10 +57,12 @@ def output_dir(raw: str | None) -> Path | None:
     return out
 
 
-def launch_script(config: RenderedConfig) -> str:
+def launch_script(config: RenderedConfig, comments: tuple[str, ...] = ()) -> str:
     """A POSIX shell script that exports the environment and execs the command; an engine launch's
-    ``argv[0] == "python"`` placeholder runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"`` (the engine's interpreter)."""
-    lines = ["#!/bin/sh", f"# rendered by manage.py render_config: {config.kind}", "set -e"]
+    ``argv[0] == "python"`` placeholder runs ``"${KVPOOL_ENGINE_PYTHON:-python3}"`` (the engine's interpreter).
+    ``comments`` are extra ``#`` lines after the header."""
+    lines = ["#!/bin/sh", f"# rendered by manage.py render_config: {config.kind}", *(f"# {c}" for c in comments),
+             "set -e"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(config.env.items())]
     argv = list(config.argv)
     if config.instance_id and argv and argv[0] == ENGINE_PYTHON:
@@ -80,13 +84,15 @@ def _rendered(render, *args) -> RenderedConfig:
 class Command(BaseCommand):
     help = (
         "Render the SGLang/vLLM command line and config files of a release's instance assignments "
-        "(or, with --master, the mooncake_master flags and tenant_quotas.yaml)."
+        "(or, with --master, the mooncake_master flags and tenant_quotas.yaml; with --node, a standalone-store "
+        "node's mooncake_client command line and its kv_events_port)."
     )
 
     def add_arguments(self, parser):
         target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--release", help="Release id or namespace.")
         target.add_argument("--master", action="store_true", help="Render the Mooncake master instead.")
+        target.add_argument("--node", help="Node name: render its mooncake_client (standalone-store nodes).")
         parser.add_argument("--assignment", help="Only this instance assignment id of the release.")
         parser.add_argument(
             "--out",
@@ -96,6 +102,10 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         out = output_dir(options["out"])
         endpoints = RenderTarget.from_settings(**({"config_dir": str(out)} if out else {}))
+        if options["node"] is not None:
+            if options["assignment"] is not None:
+                raise CommandError("--assignment applies to --release, not --node.")
+            return self._node(options["node"], endpoints, out)
         if options["master"]:
             if options["assignment"] is not None:
                 raise CommandError("--assignment applies to --release, not --master.")
@@ -132,6 +142,33 @@ class Command(BaseCommand):
             except OSError as error:
                 where = error.filename or out
                 raise CommandError(f"--out: cannot write {where}: {error.strerror or error}.") from None
+
+    def _node(self, name: str, endpoints: RenderTarget, out: Path | None) -> None:
+        """Print (or write as ``<out>/store-client/launch.sh``) ``node``'s ``mooncake_client`` command line with its
+        ``kv_events_port``; an unknown name or an embedded-store node is a ``CommandError``."""
+        node = Node.objects.filter(name=name).first()
+        if node is None:
+            known = ", ".join(Node.objects.order_by("name").values_list("name", flat=True)[:20]) or "none"
+            raise CommandError(f"--node: no node named '{name}' (nodes: {known}).")
+        config = _rendered(render_store_client, node, endpoints)
+        if config is None:
+            raise CommandError(
+                f"Node '{node.name}' is an embedded-store node: each engine mounts its own segment, so it runs no "
+                f"mooncake_client (its engines publish KV events to port {node.kv_events_port})."
+            )
+        comment = f"node {node.name}: kv_events_port={node.kv_events_port} (the agent's engine event socket)"
+        if out is None:
+            self.stdout.write(f"# mooncake_client of {comment}")
+            self.stdout.write(config.shell_line)
+            return
+        script = out / "store-client" / "launch.sh"
+        try:
+            script.parent.mkdir(parents=True, exist_ok=True)
+            script.write_text(launch_script(config, (comment,)), encoding="utf-8")
+            os.chmod(script, 0o755)
+        except OSError as error:
+            raise CommandError(f"--out: cannot write {error.filename or script}: {error.strerror or error}.") from None
+        self.stdout.write(f"wrote {script}")
 
     def _print(self, assignment, config: RenderedConfig) -> None:
         title = config.kind if assignment is None else f"assignment {assignment.pk}: {assignment}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -16,14 +16,7 @@ from agent.datapath.ledger import Ledger
 from agent.engines.vllm.observer import EngineObserver
 from tests.agent.engines.test_metrics import metrics_text
 from tests.support.captures import frames, instance, meta, retopic
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

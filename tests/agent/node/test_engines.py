@@ -29,17 +29,10 @@ from agent.node.instance_dirs import read_launch
 from agent.sim.master import free_ports
 from tests.support.captures import frames, instance, meta, retopic, store_blocks
 from tests.support.fakes import FakeStore
+from tests.support.waiting import wait_for
 
 RUN = "embedded-int"
 SECRET = "s3cret"
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def launch(instance_id: str) -> LaunchSpec:
@@ -201,7 +194,7 @@ def test_schema_1_documents_and_simulated_engines_run_no_observer(tmp_path):
     simulated.on_apply(document([spec("7")], port))
     assert simulated.observer is None and simulated.segment is None and simulated.budget is None
     assert [p.name for p in simulated.instance_dirs] == ["7"]
-    assert simulated.tick() == {"checked": 0, "missing": 0, "removed": 0}
+    assert simulated.tick() == {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}
     plain.close()
     simulated.close()
 
@@ -230,8 +223,12 @@ def test_reconcile_drops_blocks_the_store_lost(engines, pub):
     assert counts["missing"] == 7 and present_keys(engines.ledger) == set(keys[:12])
     endpoints, opened_for = opener.opened[-1]
     assert opened_for == tenant and endpoints.global_segment_size == 0  # the maintenance client mounts nothing
-    engines.tick(full=True)
-    assert present_keys(engines.ledger) == set(keys[:12])
+    orphaned = sum(t.orphaned_blocks for t in engines.ledger.tables())
+    assert orphaned > 0  # blocks below an evicted one: unreachable by prefix lookup
+    counts = engines.tick(full=True)  # collects them: removed by exact key, the ledger forgets them
+    assert counts["orphans_removed"] == orphaned and counts["missing"] == 0
+    assert present_keys(engines.ledger) == set(store.objects) and len(store.objects) == 12 - orphaned
+    assert all(row["orphaned_bytes"] == 0 for row in engines.ledger.snapshot())
 
 
 def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_block(engines, pub):
@@ -244,7 +241,7 @@ def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_bloc
     store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
     assert engines.tick()["checked"] == 19  # the first tick reconciles; the next reconcile is 30 s away
     engines.probe_interval = 0
-    assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0}  # no probe
+    assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}  # no probe
     store.objects = {}  # the master restarted: every object is gone
     engines.probe_interval = 0.01
     time.sleep(0.02)

@@ -285,3 +285,12 @@ def test_agent_run_restores_the_ledger_before_the_worker_starts_and_keeps_it(tmp
     again = Ledger()
     open_ledger_file(again, state_dir, flush_interval=3600).close()
     assert again.table(vllm()).blocks == 7
+
+
+def test_an_agent_without_a_writable_ledger_file_still_starts(tmp_path, caplog):
+    from agent.node import cli
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert cli._restore_ledger(Ledger(), not_a_dir) is None
+    assert "running without one" in caplog.text

@@ -19,6 +19,7 @@ from agent.node.segment import (
     find_client_binary,
     supervisor_for,
 )
+from tests.support.waiting import wait_for as _wait
 
 MIB = 1 << 20
 
@@ -28,16 +29,6 @@ def _config(**overrides) -> SegmentConfig:
               "segment_bytes": 32 * MIB}
     fields.update(overrides)
     return SegmentConfig(**fields)
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_flags_round_trip_with_the_rendered_line():

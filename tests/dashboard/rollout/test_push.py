@@ -187,10 +187,10 @@ def test_one_broken_document_does_not_block_the_other_nodes(registry, sent):
 
     real = push._instance
 
-    def broken_for_node_b(assignment, groups):
+    def broken_for_node_b(assignment, groups, *shares):
         if assignment.node.name == "node-b":
             raise ValueError("registry holds something the schema refuses")
-        return real(assignment, groups)
+        return real(assignment, groups, *shares)
 
     with mock.patch.object(push, "_instance", broken_for_node_b):
         counts = push_nodes(["node-a", "node-b"])

@@ -12,14 +12,16 @@ from tests.support.factories import make_assignment, make_model, make_node, make
 pytestmark = pytest.mark.django_db
 
 
-def _registry(**node):
+def _registry(*, with_sglang: bool = True, **node):
     tenant = make_tenant("acme", quota="8GB")
     release = make_release(make_model(tenant, "qwen3-8b", "/models/Qwen3-8B"), "prod-2026-07", hash_seed="42")
     node = make_node("node-a", **node)
     vllm = make_assignment(node, release, port=8000)
-    sglang_release = make_release(make_model(tenant, "other", "/models/Other"), "other-2026-07", engine="sglang",
-                                  hash_algo="sha256")
-    sglang = make_assignment(node, sglang_release, port=8001)
+    sglang = None
+    if with_sglang:  # SGLang mounts its own segment: only on embedded-store nodes
+        sglang_release = make_release(make_model(tenant, "other", "/models/Other"), "other-2026-07",
+                                      engine="sglang", hash_algo="sha256")
+        sglang = make_assignment(node, sglang_release, port=8001)
     return node, vllm, sglang
 
 
@@ -39,8 +41,8 @@ def test_documents_carry_launch_specs_and_node_settings():
 
 
 def test_standalone_store_nodes_carry_their_store_client_and_changes_make_a_new_version():
-    node, _vllm, _sglang = _registry(store_mode="standalone-store", store_segment_bytes=256 << 20,
-                                     store_client_port=50099)
+    node, _vllm, _sglang = _registry(with_sglang=False, store_mode="standalone-store",
+                                     store_segment_bytes=256 << 20, store_client_port=50099)
     settings = render_content(node)["node_settings"]
     assert settings["store_mode"] == "standalone-store"
     assert settings["store_client_argv"] == list(render_store_client(node, RenderTarget.from_settings()).argv)
