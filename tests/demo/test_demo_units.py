@@ -411,7 +411,9 @@ def test_result_totals_sum_requests_failures_and_corrupted_blocks():
 def test_the_demo_verdict_reads_the_agents_result_files_not_their_logs(tmp_path):
     from agent.sim.workload import RESULTS_FILE, BatchResult, ResultFile
 
-    demo = cli.Demo(cli.parse_args(["--var-dir", str(tmp_path / "run")]))
+    trace = tmp_path / "trace.jsonl"  # the verdict reads no trace; any file will do where ../shared is absent
+    trace.write_text("")
+    demo = cli.Demo(cli.parse_args(["--var-dir", str(tmp_path / "run"), "--trace", str(trace)]))
     demo.agents = {"node-a": None, "node-b": None}  # only the names are read
     for node, failed in (("node-a", 0), ("node-b", 1)):
         demo.agent_state_dir(node).mkdir(parents=True)
