@@ -348,7 +348,7 @@ def check_timing_relations(app_configs=None, **kwargs) -> list[checks.CheckMessa
             f"KVPOOL_HEARTBEAT_SILENCE_SECONDS ({silence}) is shorter than two agent heartbeats "
             f"({AGENT_HEARTBEAT_INTERVAL} s apart by default).",
             hint="Healthy nodes would be flagged silent between heartbeats; use at least "
-                 f"{2 * AGENT_HEARTBEAT_INTERVAL} s (default 30).",
+                 f"{2 * AGENT_HEARTBEAT_INTERVAL} s (default 12).",
             obj="KVPOOL_HEARTBEAT_SILENCE_SECONDS", id="kvpool.W004"))
     window = _integer("KVPOOL_METRICS_WINDOW_SECONDS")
     if window is not None and 1 <= window < 2 * AGENT_REPORT_INTERVAL:

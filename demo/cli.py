@@ -351,13 +351,9 @@ class Demo:
         value of its misconfigured instance)."""
         from demo.scenario import DECODE_NODE, NODES, launch_overrides
 
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
-        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+        argvs: dict[str, list[str]] = {}
         for node in NODES:
-            secret = self.api.get(f"nodes/{self.deployment.node_ids[node]}/secret/")["signing_secret"]
-            secret_file = self.var / f"{node}.secret"
-            secret_file.write_text(secret)
-            secret_file.chmod(0o600)
+            secret_file = self.agent_secret_file(node, self.deployment.node_ids[node])
             argv = [*AGENT_COMMAND, "--node", node, "--broker", self.broker_url, "--secret-file", str(secret_file),
                     "--state-dir", str(self.agent_state_dir(node)), "--report-interval", "1",
                     "--heartbeat-interval", "2", "--pool", "solo", "--simulate-engines"]
@@ -365,11 +361,27 @@ class Demo:
                 overrides = self.var / f"{node}-launch.json"
                 overrides.write_text(json.dumps(launch_overrides(), indent=2) + "\n")
                 argv += ["--launch-overrides", str(overrides)]
+            argvs[node] = argv
+        self.launch_agents(argvs)
+        self.say("agents node-a (prefill) and node-b (decode) running")
+
+    def agent_secret_file(self, node: str, node_id: int) -> Path:
+        """Write ``node``'s signing secret, read through the REST API, to ``<var-dir>/<node>.secret`` (mode 0600)."""
+        secret_file = self.var / f"{node}.secret"
+        secret_file.write_text(self.api.get(f"nodes/{node_id}/secret/")["signing_secret"])
+        secret_file.chmod(0o600)
+        return secret_file
+
+    def launch_agents(self, argvs: dict[str, list[str]]) -> None:
+        """Start one agent per node (``{node: argv}``; a dead agent is restarted, see ``demo.procs``) and wait up to
+        120 s for each to be ready."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
+        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+        for node, argv in argvs.items():
             self.agents[node] = self.sup.start(Service(f"agent {node}", argv, env, self.logs / f"agent-{node}.log",
-                                                       restart=True))  # a dead agent is restarted (demo.procs)
+                                                       restart=True))
         for node, service in self.agents.items():
             service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"agent {node} to be ready")
-        self.say("agents node-a (prefill) and node-b (decode) running")
 
     def wait_synced(self, timeout: float = 90) -> None:
         """Wait until both agents acked the newest config, the master has both tenants' quotas and both

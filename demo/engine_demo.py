@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.cli import ADMIN, AGENT_COMMAND, ENGINE_CONVERSATIONS, Demo
-from demo.procs import ROOT, DemoError, Service
+from demo.procs import ROOT, DemoError
 
 #: Conversations (and turns of each) the demo sends without ``--requests``.
 DEFAULT_CONVERSATIONS = ENGINE_CONVERSATIONS
@@ -147,17 +147,8 @@ class EngineDemo(Demo):
         """Start the agents of node-a and node-b."""
         from demo.engine_scenario import NODES
 
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
-        env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
-        for node in NODES:
-            secret = self.api.get(f"nodes/{self.dep.node_ids[node]}/secret/")["signing_secret"]
-            secret_file = self.var / f"{node}.secret"
-            secret_file.write_text(secret)
-            secret_file.chmod(0o600)
-            self.agents[node] = self.sup.start(Service(f"agent {node}", self.agent_argv(node, secret_file), env,
-                                                       self.logs / f"agent-{node}.log", restart=True))
-        for node, service in self.agents.items():
-            service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"agent {node} to be ready")
+        self.launch_agents({node: self.agent_argv(node, self.agent_secret_file(node, self.dep.node_ids[node]))
+                            for node in NODES})
         self.say("agents node-a and node-b running (real engines: instance directories, mooncake_client, "
                  "KV-events socket)")
 
