@@ -1,4 +1,6 @@
-"""Fixtures of the REST API tests: users, token clients, a small registry (autouse: cheap password hashing)."""
+"""Fixtures of the REST API tests: users, token clients, a small registry (autouse: cheap password hashing), the
+real engine environment."""
+from tests.support.engine import engine_python
 from tests.support.registry import (
     admin_api,
     anon,

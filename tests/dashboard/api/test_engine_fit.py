@@ -4,10 +4,8 @@ nodes nor beside a standalone-store node's ``mooncake_client``."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from tenants.choices import VLLM_KV_DTYPES
@@ -26,11 +24,12 @@ def test_vllm_release_refuses_a_float32_kv_cache(api, release):
     assert api.patch(f"/api/v1/releases/{release.pk}/", {"kv_dtype": "bfloat16"}, format="json").status_code == 200
 
 
-def test_vllm_dtypes_are_what_vllm_parses():
-    """Against the installed vLLM's ``CacheDType`` (the engine venv of ``scripts/engine_env.sh``)."""
-    found = sorted(Path(settings.BASE_DIR, "var", "vllm-venv").glob("lib/python*/site-packages/vllm/config/cache.py"))
-    if not found:
-        pytest.skip("no vLLM engine venv (scripts/engine_env.sh)")
+@pytest.mark.integration
+def test_vllm_dtypes_are_what_vllm_parses(engine_python):
+    """Against the installed vLLM's ``CacheDType`` (the engine venv of ``scripts/engine_env.sh``, installed here on
+    first use: on a fresh clone this test runs, it does not skip)."""
+    found = sorted(engine_python.parent.parent.glob("lib/python*/site-packages/vllm/config/cache.py"))
+    assert found, f"no vllm/config/cache.py under {engine_python.parent.parent}"
     tree = ast.parse(found[0].read_text())
     literal = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == "CacheDType" for t in node.targets))

@@ -11,7 +11,9 @@ out-of-range ids, pattern violations, missing fields), sent with that token. Eac
   enforced.
 
 Bounded: ``MAX_EXAMPLES`` valid and as many invalid requests per operation, no shrinking, a fixed seed
-(reproducible in CI): about 2,000 requests, 90 s on two cores (SQLite; 110 s on PostgreSQL), 280 s at most.
+(reproducible in CI): about 2,000 requests, 90 s on two cores (SQLite; 110 s on PostgreSQL). The work is bounded
+by the number of examples, not by time: the pytest timeout is only a hang guard, far above what a loaded machine
+needs.
 """
 from __future__ import annotations
 
@@ -92,7 +94,7 @@ def _fuzz(operation, mode: GenerationMode, token: str) -> None:
     run()
 
 
-@pytest.mark.timeout(280)
+@pytest.mark.timeout(1800)  # hang guard only (see the module docstring)
 def test_api_conforms_to_its_schema(live_schema, token):
     """Every operation, positive and negative examples: no 5xx, nothing the schema does not document."""
     operations = [result.ok() for result in live_schema.get_all_operations()]
