@@ -74,6 +74,20 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return value
 
 
+def env_ratio(name: str, default: float) -> float:
+    """Parse ``$name`` as a decimal ratio in ``(0, 1]`` (``0.9``), as the Mooncake master's ratio flags take."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfiguredValue(f"{name}={raw!r} is not a number") from None
+    if not 0 < value <= 1:  # also refuses nan
+        raise ImproperlyConfiguredValue(f"{name}={raw} must be in (0, 1]")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """Parse ``$name`` as a comma-separated list; blanks are dropped."""
     raw = os.environ.get(name, "")

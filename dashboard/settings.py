@@ -16,6 +16,7 @@ from dashboard.env import (
     env_list,
     env_proxy_ssl_header,
     env_rate,
+    env_ratio,
     env_secret_key,
     env_str,
 )
@@ -244,6 +245,11 @@ KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS = env_int("KVPOOL_MASTER_SAMPLE_RETENTION
 KVPOOL_MASTER_SYNC = env_bool("KVPOOL_MASTER_SYNC", True)
 KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS = env_int("KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", 3, minimum=1)
 KVPOOL_TENANT_QUOTAS_PATH = env_str("KVPOOL_TENANT_QUOTAS_PATH", str(VAR_DIR / "tenant_quotas.yaml"))
+# The master's global eviction flags (rendered into its command line by tenants.rendering.render_master, and the
+# watermark the budget checks and implicit budgets keep under: tenants.room): --eviction_high_watermark_ratio and
+# --eviction_ratio, in (0, 1]. Set them to what the running master was started with.
+KVPOOL_MASTER_EVICTION_HIGH_WATERMARK_RATIO = env_ratio("KVPOOL_MASTER_EVICTION_HIGH_WATERMARK_RATIO", 0.9)
+KVPOOL_MASTER_EVICTION_RATIO = env_ratio("KVPOOL_MASTER_EVICTION_RATIO", 0.05)
 # Optional bearer token for /metrics (empty: open, as Prometheus scrapers usually expect on a private network).
 KVPOOL_METRICS_TOKEN = env_str("KVPOOL_METRICS_TOKEN", "")
 # /metrics sums each node's newest occupancy report younger than this (older nodes drop out of the sums).

@@ -8,6 +8,7 @@ import yaml
 
 from tenants.quota import format_quota
 from tenants.rendering.types import RenderedConfig, RenderTarget
+from tenants.room import MasterEviction
 
 #: File name of the quota policy under ``RenderTarget.config_dir``.
 QUOTA_FILE_NAME = "tenant_quotas.yaml"
@@ -36,14 +37,17 @@ def _host_port(address: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), parts.port
 
 
-def render_master(tenants: Iterable, endpoints: RenderTarget, *, binary: str = "mooncake_master") -> RenderedConfig:
+def render_master(tenants: Iterable, endpoints: RenderTarget, *, binary: str = "mooncake_master",
+                  eviction: MasterEviction | None = None) -> RenderedConfig:
     """``mooncake_master`` flags for ``endpoints`` with multi-tenancy and the rendered quota policy file.
 
     Flags: ``--rpc_address``/``--rpc_port`` from ``master_server_address``; ``--enable_http_metadata_server=true``
     with ``--http_metadata_server_host``/``_port`` when ``metadata_server`` is an ``http(s)://`` URL;
     ``--metrics_port`` from ``admin_url``; ``--enable_multi_tenants=true``,
-    ``--tenant_quota_connector_type=file``, ``--tenant_quota_connector_uri=<config_dir>/tenant_quotas.yaml``.
-    Raises ``ValueError`` when an address has no port.
+    ``--tenant_quota_connector_type=file``, ``--tenant_quota_connector_uri=<config_dir>/tenant_quotas.yaml``;
+    ``--eviction_high_watermark_ratio`` and ``--eviction_ratio`` from ``eviction`` (default: the settings,
+    ``MasterEviction.from_settings()``: the watermark the budget checks and implicit budgets assume,
+    ``tenants.room``). Raises ``ValueError`` when an address has no port.
     """
     rpc_host, rpc_port = _host_port(endpoints.master_server_address, "master_server_address")
     quota_path = f"{endpoints.config_dir.rstrip('/')}/{QUOTA_FILE_NAME}"
@@ -61,6 +65,7 @@ def render_master(tenants: Iterable, endpoints: RenderTarget, *, binary: str = "
         "--enable_multi_tenants=true",
         "--tenant_quota_connector_type=file",
         f"--tenant_quota_connector_uri={quota_path}",
+        *(eviction or MasterEviction.from_settings()).argv(),
     ]
     tenants = list(tenants)
     return RenderedConfig(

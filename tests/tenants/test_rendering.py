@@ -255,6 +255,8 @@ def test_master_line_and_quota_yaml(db, endpoints):
         "--enable_multi_tenants=true",
         "--tenant_quota_connector_type=file",
         "--tenant_quota_connector_uri=/etc/kvpool/tenant_quotas.yaml",
+        "--eviction_high_watermark_ratio=0.9",
+        "--eviction_ratio=0.05",
     ]
     assert shlex.split(config.command_line) == list(config.argv)
     document = yaml.safe_load(config.files["/etc/kvpool/tenant_quotas.yaml"])
@@ -264,6 +266,29 @@ def test_master_line_and_quota_yaml(db, endpoints):
         key=lambda entry: entry["name"],
     )
     assert document == {"version": 1, "tenants": expected}
+
+
+def test_master_eviction_flags_come_from_the_settings(db, endpoints, settings):
+    """The registry knows the watermark it budgets against: the flags it renders are the settings' values."""
+    settings.KVPOOL_MASTER_EVICTION_HIGH_WATERMARK_RATIO, settings.KVPOOL_MASTER_EVICTION_RATIO = 0.75, 0.2
+    argv = render_master([], endpoints).argv
+    assert argv[-2:] == ("--eviction_high_watermark_ratio=0.75", "--eviction_ratio=0.2")
+    from tenants.room import MasterEviction
+
+    assert render_master([], endpoints, eviction=MasterEviction(0.5, 1)).argv[-2:] == (
+        "--eviction_high_watermark_ratio=0.5", "--eviction_ratio=1.0")
+
+
+def test_eviction_ratio_settings_are_parsed_strictly(monkeypatch):
+    from dashboard.env import ImproperlyConfiguredValue, env_ratio
+
+    assert env_ratio("KVPOOL_TEST_RATIO", 0.9) == 0.9
+    monkeypatch.setenv("KVPOOL_TEST_RATIO", " 0.8 ")
+    assert env_ratio("KVPOOL_TEST_RATIO", 0.9) == 0.8
+    for bad in ("0", "1.5", "-0.1", "nan", "ninety"):
+        monkeypatch.setenv("KVPOOL_TEST_RATIO", bad)
+        with pytest.raises(ImproperlyConfiguredValue, match="KVPOOL_TEST_RATIO"):
+            env_ratio("KVPOOL_TEST_RATIO", 0.9)
 
 
 def test_master_without_http_metadata(db):
