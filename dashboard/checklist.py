@@ -38,11 +38,15 @@ And the pool's capacity:
    requested one (the master scales every quota down when the requested total exceeds the mounted memory —
    ``tenants.capacity``) and not below what the tenant is charged (the master then refuses its writes).
 
+10. ``budgets_fit`` — *Budgets keep the master from evicting* (issue 18): no tenant's budgets (explicit, and the
+    implicit ones of its releases without a budget) can hold more than its effective quota, and all tenants' no
+    more than the master's eviction watermark of the mounted capacity (``tenants.room``; ``dashboard.master.room``).
+
 And the faults (``bench.faults``):
 
-10. ``master_healthy`` — the Mooncake master answers its ``/metrics`` probe and did not restart within
+11. ``master_healthy`` — the Mooncake master answers its ``/metrics`` probe and did not restart within
     ``KVPOOL_MASTER_RESTART_FLAG_SECONDS`` (``dashboard.master.health``).
-11. ``nodes_reporting`` — every registered node's agent sent a heartbeat within
+12. ``nodes_reporting`` — every registered node's agent sent a heartbeat within
     ``KVPOOL_HEARTBEAT_SILENCE_SECONDS``.
 
 Each check reads the database only (registry, config versions, node states, telemetry, audit log).
@@ -505,6 +509,51 @@ def check_quota_capacity(now: datetime) -> CheckResult:
                        "Applying a Mooncake quota to each logical tenant.", passed, summary, _capped(details))
 
 
+def check_budgets_fit(now: datetime) -> CheckResult:
+    """Fail when budgets let the master's prefix-blind eviction start (``tenants.room``, measured in
+    ``docs/eviction.md``): a tenant's explicit and implicit budgets can hold more than its effective quota (the master
+    evicts inside the tenant), or all tenants' more than the watermark of the mounted capacity (it evicts across the
+    pool). Each failing line says which of the tenant's own budgets to lower to what."""
+    from dashboard.master.room import current_pool_room
+
+    pool = current_pool_room()
+    problems, fine = [], []
+    for tenant_id, room in sorted(pool.tenants.items()):
+        if room.quota_excess_bytes:
+            problems.append(room.advice("quota"))
+        elif room.unbudgeted and not room.unbudgeted_room_bytes:
+            fine.append(f"tenant {tenant_id}: its explicit budgets reach its eviction point, so its "
+                        f"{len(room.unbudgeted)} release(s) without a budget keep nothing (give them budgets, or "
+                        "lower the others)")
+        else:
+            fine.append(f"tenant {tenant_id}: budgets can hold {humanize_bytes(room.held_bytes)} of its "
+                        f"{room.eviction_point_source} {humanize_bytes(room.eviction_point_bytes)}")
+    watermark = pool.watermark_bytes
+    if pool.watermark_excess_bytes:
+        problems.append(
+            f"all tenants can hold {humanize_bytes(pool.held_bytes)}, {humanize_bytes(pool.watermark_excess_bytes)} "
+            f"above the pool's eviction watermark of {humanize_bytes(watermark or 0)} "
+            f"({pool.eviction.high_watermark_ratio:g} of {humanize_bytes(pool.capacity_bytes or 0)} mounted), where "
+            "the master starts evicting across tenants, least recently used first"
+            + (f" (tenants only the master holds: {humanize_bytes(sum(pool.others.values()))})" if pool.others else ""))
+        problems.extend(room.advice("watermark") for _, room in sorted(pool.tenants.items())
+                        if room.watermark_excess_bytes)
+    passed = not problems
+    if pool.capacity_bytes is None:
+        summary = ("mounted capacity unknown (no master probe yet, or nothing mounted): budgets checked against the "
+                   "requested quotas only")
+    elif passed:
+        summary = (f"every tenant's budgets fit its effective quota; all fit the watermark "
+                   f"{humanize_bytes(watermark or 0)} of {humanize_bytes(pool.capacity_bytes)} mounted")
+    else:
+        summary = f"{len(problems)} budget problem(s): the master would evict before the agents choose"
+    if not passed and pool.capacity_bytes is None:
+        summary = f"{len(problems)} budget problem(s) against the requested quotas (mounted capacity unknown)"
+    return CheckResult("budgets_fit", "Budgets keep the master from evicting",
+                       "Budgets, not the Store's prefix-blind eviction, choose what goes.", passed, summary,
+                       _capped(problems + fine))
+
+
 # --- faults: the master and the agents ------------------------------------------------------------------------
 
 
@@ -574,7 +623,7 @@ def check_nodes_reporting(now: datetime) -> CheckResult:
 CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
     check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
     check_engines_hash_registered, check_blocks_registered, check_engine_events_flow, check_quota_capacity,
-    check_master_healthy, check_nodes_reporting,
+    check_budgets_fit, check_master_healthy, check_nodes_reporting,
 )
 
 

@@ -16,6 +16,11 @@ An unreachable master does not block the delete: the tenant is marked ``pending_
 Releases: a deleted release's namespace is reserved by the registry (``tenants.models.ReservedNamespace``); after
 the commit the tenant's agents are asked to purge its keys (``dashboard.rollout.purge.request_reserved_purge``).
 
+Implicit budgets (``dashboard.master.room``: a live release without a budget shares what its tenant's budgets leave
+under the master's eviction point) follow every tenant's quota and every budget of the tenant: a saved tenant also
+re-renders every node with implicit budgets, a saved or deleted release every node of its tenant; a change of the
+mounted capacity is seen by the master probe (``dashboard.tasks.probe_master``), which re-renders those nodes too.
+
 Senders are given as lazy ``"app_label.Model"`` strings, so this module imports no registry model at load.
 """
 from __future__ import annotations
@@ -108,10 +113,23 @@ def _node_names(**lookup) -> set[str]:
     return set(Node.objects.filter(**lookup).values_list("name", flat=True).distinct())
 
 
+def implicit_budget_nodes() -> set[str]:
+    """Nodes running an instance of a live release without a budget: their documents carry implicit budgets, which
+    follow every tenant's quota and the mounted capacity (``dashboard.master.room``)."""
+    from tenants.choices import ReleaseState
+    from tenants.models import InstanceAssignment
+
+    live = (InstanceAssignment.objects.filter(release__budget_bytes__isnull=True)
+            .exclude(release__state=ReleaseState.RETIRED))
+    return _node_names(assignments__in=live)
+
+
 @receiver(post_save, sender="tenants.Tenant", dispatch_uid="kvpool-push-tenant-save")
 def tenant_saved(sender, instance, created, **kwargs):
-    """Quota or tenant_id changed: re-render the tenant's nodes and sync the master."""
-    schedule_push(_node_names(assignments__release__model__tenant=instance))
+    """Quota or tenant_id changed: re-render the tenant's nodes, and every node with implicit budgets (a quota
+    change moves other tenants' effective quotas and watermark shares when the pool is overcommitted); sync the
+    master."""
+    schedule_push(_node_names(assignments__release__model__tenant=instance) | implicit_budget_nodes())
     schedule_quota_sync({instance.tenant_id, getattr(instance, "_kvpool_old_tenant_id", "")})
 
 
@@ -151,7 +169,15 @@ def served_model_saved(sender, instance, **kwargs):
 
 @receiver(post_save, sender="tenants.Release", dispatch_uid="kvpool-push-release-save")
 def release_saved(sender, instance, **kwargs):
-    schedule_push(_node_names(assignments__release=instance))
+    """Re-render every node of the tenant: a release's budget or state moves the implicit budgets of the tenant's
+    releases without one (``dashboard.master.room``)."""
+    schedule_push(_node_names(assignments__release__model__tenant_id=instance.model.tenant_id))
+
+
+@receiver(pre_delete, sender="tenants.Release", dispatch_uid="kvpool-push-release-delete")
+def release_deleting(sender, instance, **kwargs):
+    """A deleted release frees its budget (or its implicit share) for the tenant's other releases."""
+    schedule_push(_node_names(assignments__release__model__tenant_id=instance.model.tenant_id))
 
 
 @receiver(post_delete, sender="tenants.Release", dispatch_uid="kvpool-purge-deleted-release")

@@ -115,12 +115,19 @@ def sample_master_quotas() -> int:
 @app.task(name="dashboard.probe_master", ignore_result=True)
 def probe_master() -> dict[str, Any]:
     """Periodic: read the master's ``/metrics``, record up/down and detect a restart
-    (``dashboard.master.health``); after a restart, push the registry's quotas to the new master at once."""
+    (``dashboard.master.health``); after a restart, push the registry's quotas to the new master at once; when the
+    mounted capacity changed, re-render the nodes whose documents carry implicit budgets."""
     from django.conf import settings
 
+    from dashboard.master.health import current_health
     from dashboard.master.health import probe_master as run
 
+    capacity = current_health().capacity_bytes
     row, restart = run()
     if restart and settings.KVPOOL_MASTER_SYNC:
         sync_master_quotas.delay()
+    if row.up and row.capacity_bytes != capacity:  # implicit budgets follow the mounted capacity
+        from dashboard.signals import implicit_budget_nodes, schedule_push
+
+        schedule_push(implicit_budget_nodes())
     return {"up": row.up, "restarted": bool(restart), "restarts": row.restarts}

@@ -38,6 +38,35 @@ def budgeted_bytes(tenant: Tenant, *, exclude: object | None = None) -> int:
     return total + (groups.aggregate(total=Sum("budget_bytes"))["total"] or 0)
 
 
+def budget_claims(tenant_ids=None) -> tuple[dict[str, dict[tuple[str, str], int]], dict[str, list]]:
+    """The rows ``budgeted_bytes`` sums, for many tenants in two queries, and the live releases without a budget.
+
+    Returns ``(claims, unbudgeted)``: ``claims[tenant_id]`` maps ``("release", "<served_model_name>/<namespace>")``
+    and ``("request group", name)`` to budget bytes (non-retired releases and every request group with a budget,
+    so ``sum(claims[t].values()) == budgeted_bytes(t)``); ``unbudgeted[tenant_id]`` lists the pks of its non-retired
+    releases without a budget, ascending. ``tenant_ids`` limits both to those tenants (``None`` = all).
+    """
+    from tenants.models import Release, RequestGroup
+
+    releases = Release.objects.exclude(state=ReleaseState.RETIRED)
+    groups = RequestGroup.objects.filter(budget_bytes__isnull=False)
+    if tenant_ids is not None:
+        releases = releases.filter(model__tenant__tenant_id__in=list(tenant_ids))
+        groups = groups.filter(tenant__tenant_id__in=list(tenant_ids))
+    claims: dict[str, dict[tuple[str, str], int]] = {}
+    unbudgeted: dict[str, list] = {}
+    rows = releases.order_by("pk").values_list("pk", "model__tenant__tenant_id", "model__served_model_name",
+                                               "namespace", "budget_bytes")
+    for pk, tenant_id, model, namespace, budget in rows:
+        if budget is None:
+            unbudgeted.setdefault(tenant_id, []).append(pk)
+        else:
+            claims.setdefault(tenant_id, {})[("release", f"{model}/{namespace}")] = budget
+    for tenant_id, name, budget in groups.values_list("tenant__tenant_id", "name", "budget_bytes"):
+        claims.setdefault(tenant_id, {})[("request group", name)] = budget
+    return claims, unbudgeted
+
+
 def check_budget(obj: Release | RequestGroup, tenant: Tenant) -> None:
     """Raise ``ValidationError({"budget_bytes": ...})`` when ``obj``'s budget would push the tenant over quota."""
     budget = obj.budget_bytes

@@ -6,7 +6,8 @@
   (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
   ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
-  request groups with salts, budgets — this node's share of each (``budget_share``) — and its ``launch``:
+  request groups with salts, budgets — this node's share of each (``budget_share``) of the release's effective
+  budget, its own or the implicit one (``dashboard.master.room``) — and its ``launch``:
   ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
   dashboard never sends what the agent would refuse as ``invalid``.
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
@@ -92,6 +93,13 @@ def budget_share(budget: int | None, node_writers: int, all_writers: int) -> int
     return budget * min(node_writers, all_writers) // all_writers
 
 
+def _release_budgets() -> dict:
+    """Implicit budgets of every live release without a budget (``dashboard.master.room.release_budgets``)."""
+    from dashboard.master.room import current_pool_room, release_budgets
+
+    return release_budgets(current_pool_room())
+
+
 def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
     """Writer instances per release id, over every node, and per (node id, release id), of the releases of
     ``assignments`` (one query)."""
@@ -111,7 +119,12 @@ def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], i
 
 
 def _instance(assignment, groups: list[RequestGroupSpec], node_writers: int = 1,
-              all_writers: int = 1) -> InstanceSpec:
+              all_writers: int = 1, budgets: dict | None = None) -> InstanceSpec:
+    """The instance's spec; ``budget_bytes`` is the node's share of the release's effective budget: its own, or
+    the implicit one of a live release without a budget (``dashboard.master.room.effective_budget``; ``budgets``
+    from ``release_budgets``, read now when not given)."""
+    from dashboard.master.room import effective_budget
+
     release = assignment.release
     model = release.model
     tenant = model.tenant
@@ -146,7 +159,7 @@ def _instance(assignment, groups: list[RequestGroupSpec], node_writers: int = 1,
             dcp_rank=assignment.dcp_rank, dcp_size=assignment.dcp_size,
         ),
         request_groups=groups,
-        budget_bytes=budget_share(release.budget_bytes, node_writers, all_writers),
+        budget_bytes=budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
     )
 
 
@@ -169,6 +182,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
         groups[group.tenant_id].append(
             RequestGroupSpec(name=group.name, cache_salt=group.cache_salt, budget_bytes=group.budget_bytes))
     writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
+    budgets = _release_budgets() if any(by_node.values()) else {}
     target = _render_target()
     store = target.store_endpoints().model_dump(mode="json")
     return {
@@ -176,7 +190,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
             "instances": [{**_instance(a, groups[a.release.model.tenant_id],
                                        writers_on_node.get((node.pk, a.release_id), 0),
-                                       writers.get(a.release_id, 0)).model_dump(mode="json"),
+                                       writers.get(a.release_id, 0), budgets).model_dump(mode="json"),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
             "node_settings": _node_settings(node, target).model_dump(mode="json"),
         }
