@@ -538,7 +538,7 @@ def check_budgets_fit(now: datetime) -> CheckResult:
             + (f" (tenants only the master holds: {humanize_bytes(sum(pool.others.values()))})" if pool.others else ""))
         problems.extend(room.advice("watermark") for _, room in sorted(pool.tenants.items())
                         if room.watermark_excess_bytes)
-    passed = not problems
+    passed = pool.fits
     if pool.capacity_bytes is None:
         summary = ("mounted capacity unknown (no master probe yet, or nothing mounted): budgets checked against the "
                    "requested quotas only")

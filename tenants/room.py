@@ -273,6 +273,12 @@ class PoolRoom:
         watermark = self.watermark_bytes
         return 0 if watermark is None else max(0, self.held_bytes - watermark)
 
+    @property
+    def fits(self) -> bool:
+        """No budget lets the master's eviction start: every tenant within its effective quota, all within the
+        watermark (what the ``budgets_fit`` check and ``kvpool_budgets_fit`` say)."""
+        return not self.watermark_excess_bytes and not any(room.quota_excess_bytes for room in self.tenants.values())
+
 
 def pool_room(requested: Mapping[str, int], capacity_bytes: int | None, eviction: MasterEviction,
               tenants: Mapping[str, dict]) -> PoolRoom:

@@ -16,6 +16,16 @@ Families (labels):
   ``kvpool_tenant_quota_scaled_down`` / ``kvpool_tenant_quota_effective_below_charged`` (tenant_id) — 1 when the
       newest read-back has effective < requested / effective < charged; ``kvpool_pool_requested_quota_bytes`` (sum
       of the registry's quotas), ``kvpool_pool_effective_quota_bytes`` (sum of the newest effective quotas)
+  ``kvpool_tenant_eviction_point_bytes`` (tenant_id) — what the tenant may hold before the master evicts
+      prefix-blind: its effective quota, or its watermark share when smaller (``tenants.room``; the requested quota
+      while the mounted capacity is unknown); ``kvpool_tenant_watermark_share_bytes``,
+      ``kvpool_tenant_quota_room_bytes`` (effective quota - charged), ``kvpool_tenant_watermark_room_bytes``
+      (watermark share - charged) (tenant_id; while capacity and read-back are known);
+      ``kvpool_tenant_budget_excess_bytes`` (tenant_id, limit: ``effective_quota`` / ``watermark_share``) — bytes by
+      which the tenant's budgets pass it (0: fit); ``kvpool_pool_watermark_bytes``, ``kvpool_pool_budget_excess_bytes``
+      (all tenants' budgets above the watermark) and ``kvpool_budgets_fit`` (1 when the ``budgets_fit`` check
+      passes); ``kvpool_release_budget_bytes`` (tenant_id, served_model_name, namespace, implicit) — the budget each
+      live release works under, its own or implicit
   ``kvpool_node_config_{desired,acked}_version``, ``kvpool_node_{behind,silent,digest_mismatch}``,
   ``kvpool_node_heartbeat_age_seconds``, ``kvpool_node_outbox_pending`` (node)
   ``kvpool_engine_store_blocks_total`` (tenant_id, served_model_name, namespace, instance_id, node, outcome:
@@ -87,6 +97,7 @@ class KVPoolCollector:
         yield from self._master()
         yield from self._occupancy()
         yield from self._quotas()
+        yield from self._room()
         yield from self._nodes()
         yield self._rejections()
         yield from self._engines()
@@ -287,6 +298,60 @@ class KVPoolCollector:
             scaled.add_metric([row.tenant_id], int(row.effective_quota_bytes < row.requested_quota_bytes))
             below.add_metric([row.tenant_id], int(row.effective_quota_bytes < row.charged_bytes))
         yield from (requested, effective, scaled, below)
+
+    def _room(self):
+        """Room under the master's eviction points and the budgets against it (``dashboard.master.room``)."""
+        from dashboard.master.room import current_pool_room, release_budgets
+        from tenants.choices import ReleaseState
+        from tenants.models import Release
+
+        pool = current_pool_room()
+        labels = ["tenant_id"]
+        point = GaugeMetricFamily("kvpool_tenant_eviction_point_bytes", "Bytes the tenant may hold before the master "
+                                  "evicts prefix-blind (effective quota or watermark share)", labels=labels)
+        share = GaugeMetricFamily("kvpool_tenant_watermark_share_bytes", "The tenant's share of the pool's eviction "
+                                  "watermark", labels=labels)
+        quota_room = GaugeMetricFamily("kvpool_tenant_quota_room_bytes", "Effective quota minus charged bytes",
+                                       labels=labels)
+        watermark_room = GaugeMetricFamily("kvpool_tenant_watermark_room_bytes", "Watermark share minus charged "
+                                           "bytes", labels=labels)
+        excess = GaugeMetricFamily("kvpool_tenant_budget_excess_bytes", "Bytes by which the tenant's budgets pass "
+                                   "the limit (0: they fit)", labels=[*labels, "limit"])
+        for tenant_id, room in sorted(pool.tenants.items()):
+            point.add_metric([tenant_id], room.eviction_point_bytes)
+            excess.add_metric([tenant_id, "effective_quota"], room.quota_excess_bytes)
+            if room.watermark_share_bytes is not None:
+                share.add_metric([tenant_id], room.watermark_share_bytes)
+                excess.add_metric([tenant_id, "watermark_share"], room.watermark_excess_bytes)
+            if room.quota_room_bytes is not None:
+                quota_room.add_metric([tenant_id], room.quota_room_bytes)
+            if room.watermark_room_bytes is not None:
+                watermark_room.add_metric([tenant_id], room.watermark_room_bytes)
+        yield from (point, share, quota_room, watermark_room, excess)
+        watermark = GaugeMetricFamily("kvpool_pool_watermark_bytes", "Allocated bytes above which the master "
+                                      "evicts across tenants (eviction_high_watermark_ratio of the mounted capacity)")
+        if pool.watermark_bytes is not None:
+            watermark.add_metric([], pool.watermark_bytes)
+        pool_excess = GaugeMetricFamily("kvpool_pool_budget_excess_bytes", "Bytes by which all tenants' budgets pass "
+                                        "the pool's eviction watermark (0: they fit)")
+        pool_excess.add_metric([], pool.watermark_excess_bytes)
+        fit = GaugeMetricFamily("kvpool_budgets_fit", "1 when no budget lets the master's prefix-blind eviction start "
+                                "(the budgets_fit check)")
+        fit.add_metric([], int(pool.fits))
+        yield from (watermark, pool_excess, fit)
+        budget = GaugeMetricFamily("kvpool_release_budget_bytes", "Budget the live release works under: its own, "
+                                   "or implicit (a share of what its tenant's budgets leave)",
+                                   labels=["tenant_id", "served_model_name", "namespace", "implicit"])
+        implicit = release_budgets(pool)
+        rows = (Release.objects.exclude(state=ReleaseState.RETIRED).order_by("model__tenant__tenant_id",
+                                                                   "model__served_model_name", "namespace")
+                .values_list("pk", "model__tenant__tenant_id", "model__served_model_name", "namespace", "budget_bytes"))
+        for pk, tenant_id, model, namespace, own in rows:
+            if own is not None:
+                budget.add_metric([tenant_id, model, namespace, "0"], own)
+            elif pk in implicit and implicit[pk].budget_bytes is not None:
+                budget.add_metric([tenant_id, model, namespace, "1"], implicit[pk].budget_bytes)
+        yield budget
 
     def _nodes(self):
         from dashboard.rollout.push import drift
