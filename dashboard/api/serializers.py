@@ -174,12 +174,20 @@ class AdapterListField(serializers.ListField):
 
 
 class ReleaseSerializer(ValidatedModelSerializer):
-    """A release namespace with its cache settings; ``fingerprint`` and ``first_served_at`` are computed."""
+    """A release namespace with its cache settings; ``fingerprint`` and ``first_served_at`` are computed, and so
+    are ``effective_budget_bytes`` / ``budget_is_implicit``: the budget the agents hold the release under (its own
+    ``budget_bytes``, or for a live release without one its implicit budget, ``dashboard.master.room``)."""
 
     tenant = serializers.IntegerField(source="model.tenant_id", read_only=True)
     tenant_id = serializers.CharField(source="model.tenant.tenant_id", read_only=True)
     served_model_name = serializers.CharField(source="model.served_model_name", read_only=True)
     adapters = AdapterListField(required=False, validators=[validate_adapters])
+    effective_budget_bytes = serializers.SerializerMethodField(
+        help_text="Budget the agents hold the release under: budget_bytes, or for a live release without one its "
+        "implicit budget (an even share of what the tenant's budgets leave under the point where the Mooncake "
+        "master starts evicting: its effective quota or watermark share); null for a retired release without one.")
+    budget_is_implicit = serializers.SerializerMethodField(
+        help_text="True when effective_budget_bytes is the implicit budget (the release has no budget_bytes).")
 
     class Meta:
         model = Release
@@ -187,9 +195,23 @@ class ReleaseSerializer(ValidatedModelSerializer):
             "id", "model", "tenant", "tenant_id", "served_model_name", "namespace", "state",
             "weights_revision", "num_layers", "num_kv_heads", "head_dim", "block_size", "kv_dtype",
             "quantization", "adapters", "engine", "engine_version", "hash_algo", "hash_seed", "max_model_len",
-            "fingerprint", "budget_bytes", "first_served_at", "description", *_TIMESTAMPS,
+            "fingerprint", "budget_bytes", "effective_budget_bytes", "budget_is_implicit", "first_served_at",
+            "description", *_TIMESTAMPS,
         )  # fmt: skip
         read_only_fields = ("fingerprint", "first_served_at")
+
+    def _budget(self, obj: Release):
+        from dashboard.master.room import current_pool_room, effective_budget, release_budgets
+
+        if obj.budget_bytes is None and "release_budgets" not in self.context:  # one pool read per response
+            self.context["release_budgets"] = release_budgets(current_pool_room())
+        return effective_budget(obj, self.context.get("release_budgets", {}))
+
+    def get_effective_budget_bytes(self, obj: Release) -> int | None:
+        return self._budget(obj).budget_bytes
+
+    def get_budget_is_implicit(self, obj: Release) -> bool:
+        return self._budget(obj).implicit
 
 
 class ReleaseCopySerializer(serializers.Serializer):

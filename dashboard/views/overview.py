@@ -19,6 +19,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.checklist import run_checks
+from dashboard.master.room import current_pool_room
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.rollout.push import drift
 from dashboard.rollout.upgrade import tenant_quota
@@ -162,20 +163,23 @@ def node_rows() -> list[dict]:
     return rows
 
 
-def tenant_rows(user=None) -> list[dict]:
+def tenant_rows(user=None, pool=None) -> list[dict]:
     """Per tenant ``user`` may see (every tenant without a user): registry quota, master read-back, agent-reported
-    occupancy, budgets."""
+    occupancy, budgets, and its room under the master's eviction points (``room``: ``tenants.room.TenantRoom``)."""
     samples = latest_master_quotas()
     occupancy = tenant_bytes(current_occupancy())
+    pool = pool if pool is not None else current_pool_room()
     rows = []
     tenants = visible_tenants(user) if user is not None else Tenant.objects.all()
     for tenant in tenants:
         quota = tenant_quota(tenant, samples)
+        room = pool.tenants.get(tenant.tenant_id)
         charged = quota.charged_bytes
         limit = quota.limit_bytes
         rows.append({
             "tenant": tenant, "quota": quota, "occupancy_bytes": occupancy.get(tenant.tenant_id, 0),
-            "budgeted_bytes": budgets.budgeted_bytes(tenant),
+            "budgeted_bytes": budgets.budgeted_bytes(tenant), "room": room,
+            "room_advice": (room.advice("quota") or room.advice("watermark")) if room else "",
             "charged_percent": round(100 * charged / limit) if charged is not None and limit else None,
             "occupancy_percent": round(100 * occupancy.get(tenant.tenant_id, 0) / limit) if limit else None,
         })
@@ -185,11 +189,12 @@ def tenant_rows(user=None) -> list[dict]:
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     nodes = node_rows()
-    tenants = tenant_rows(request.user)
+    pool = current_pool_room()
+    tenants = tenant_rows(request.user, pool)
     platform = is_platform_admin(request.user)
     checks = run_checks() if platform else []
     context = {
-        "capacity": store_capacity(), "nodes": nodes, "tenants": tenants, "checks": checks,
+        "capacity": store_capacity(), "nodes": nodes, "tenants": tenants, "checks": checks, "pool": pool,
         "reported_bytes": sum(row["occupancy_bytes"] for row in tenants),
         "warnings": collect_warnings(nodes, tenants, checks, request.user)[:50],
     }

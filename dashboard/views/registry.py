@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from dashboard.api.telemetry import node_states
 from dashboard.checklist import applied_instances, prescribed_values
 from dashboard.forms import AdaptersField
+from dashboard.master.room import current_pool_room, effective_budget
 from dashboard.models import InstanceStats, MessageRejection, NodeState
 from dashboard.rollout.purge import purges_for_release
 from dashboard.rollout.push import drift
@@ -56,8 +57,10 @@ def tenant_detail(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = get_object_or_404(visible(request, Tenant), pk=pk)
     occupancy = current_occupancy(OccupancyFilter(tenant_id=tenant.tenant_id))
     models = list(tenant.served_models.prefetch_related("releases"))
+    room = current_pool_room().tenants.get(tenant.tenant_id)
+    advice = [line for line in (room.advice("quota"), room.advice("watermark")) if line] if room else []
     context = {
-        "tenant": tenant, "quota": tenant_quota(tenant), "models": models,
+        "tenant": tenant, "quota": tenant_quota(tenant), "models": models, "room": room, "room_advice": advice,
         "groups": tenant.request_groups.all(), "budgeted_bytes": budgets.budgeted_bytes(tenant),
         "occupancy": sorted(occupancy.values(), key=lambda entry: entry.key),
         "occupancy_bytes": sum(entry.bytes for entry in occupancy.values()),
@@ -121,7 +124,7 @@ def release_detail(request: HttpRequest, pk: int) -> HttpResponse:
                                                   namespace=namespace)).get(release_key(release))
     context = {
         "release": release, "model": release.model, "tenant": release.model.tenant,
-        "instances": instance_rows(release), "occupancy": occupancy,
+        "budget": effective_budget(release), "instances": instance_rows(release), "occupancy": occupancy,
         "purges": purges_for_release(release), "audit": _audit(request, "tenants.release", release.pk),
         "perms": ObjectPerms(request.user, release),
         "settings": [(name, getattr(release, name)) for name in (
