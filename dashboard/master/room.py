@@ -44,9 +44,8 @@ def _newest_round(samples: dict) -> dict:
 def current_pool_room() -> PoolRoom:
     """Every registry tenant's ``TenantRoom`` against the master as the dashboard last saw it (module docstring)."""
     from dashboard.master.health import current_health
-    from tenants.models import Tenant
-
     from dashboard.telemetry.queries import latest_master_quotas
+    from tenants.models import Tenant
 
     samples = latest_master_quotas()
     quotas = dict(Tenant.objects.values_list("tenant_id", "quota_bytes"))
