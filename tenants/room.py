@@ -230,9 +230,11 @@ class TenantRoom:
         steps = [f"{kind} '{name}' from {humanize_bytes(budget)} to {humanize_bytes(lowered[(kind, name)])}"
                  for (kind, name), budget in sorted(self.budgets.items(), key=lambda item: (-item[1], item[0]))
                  if lowered[(kind, name)] < budget]
+        when = ("where the master starts evicting inside the tenant" if limit == "quota" else
+                "the most it may hold when every tenant fills its share without the master evicting across the pool")
         text = (f"the budgets of tenant '{self.tenant_id}' can hold {humanize_bytes(self.held_bytes)}, "
-                f"{humanize_bytes(excess)} ({excess} bytes) above {where} of {humanize_bytes(limit_bytes)}, where "
-                "the master starts evicting prefix-blind: lower them by that much")
+                f"{humanize_bytes(excess)} ({excess} bytes) above {where} of {humanize_bytes(limit_bytes)}, {when} "
+                "(prefix-blind): lower them by that much")
         if steps:
             text += " (e.g. " + ", ".join(steps[:5]) + (", ..." if len(steps) > 5 else "") + ")"
         if limit == "quota" and self.effective_quota_bytes is not None \
