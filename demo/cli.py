@@ -290,6 +290,12 @@ class Demo:
             "KVPOOL_MASTER_SYNC_SECONDS": "30", "KVPOOL_MASTER_SAMPLE_SECONDS": "5",
             "KVPOOL_HEARTBEAT_SILENCE_SECONDS": "15",
         })
+        # the flags start_master gives the master: the watermark the dashboard's budget checks assume
+        master = self.master
+        for setting, value in (("KVPOOL_MASTER_EVICTION_HIGH_WATERMARK_RATIO", master.eviction_high_watermark_ratio),
+                               ("KVPOOL_MASTER_EVICTION_RATIO", master.eviction_ratio)):
+            if value is not None:
+                env[setting] = str(value)
         return env
 
     def start_dashboard(self) -> None:
