@@ -135,6 +135,8 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks, use
         if quota.admission_closed:
             warnings.append(Notice(quota.sampled_at, "tenant",
                                      f"tenant {quota.tenant_id}: the master closed admission (writes refused)"))
+        if row.get("room_advice"):  # names only the tenant's own budgets
+            warnings.append(Notice(now, "budget", row["room_advice"]))
     syncs = MasterQuotaSync.objects.exclude(last_error="")
     for sync in (syncs if platform else scope(syncs, user)):
         warnings.append(Notice(sync.last_error_at, "master", f"quota sync of tenant {sync.tenant_id}: "

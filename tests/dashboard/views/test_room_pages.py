@@ -68,3 +68,5 @@ def test_overview_shows_the_watermark_and_each_tenants_room(ui, pool):
     acme_row = next(row for row in table.split("<tr>") if ">acme<" in row)
     assert f'<td class="num quota-room"><span data-bytes="{20 * MiB}"' in acme_row
     assert "budgets above watermark share" in acme_row
+    warnings = page.split('id="warnings"')[1]
+    assert "the budgets of tenant &#x27;acme&#x27; can hold 50 MB, 5 MB (5242880 bytes) above its share" in warnings
