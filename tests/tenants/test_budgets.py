@@ -83,3 +83,27 @@ def test_retired_release_frees_its_budget(small_tenant):
 def test_budgets_of_other_tenants_do_not_count(small_tenant):
     make_group(make_tenant("big", quota="1TB"), budget_bytes=512 << 30)
     make_group(small_tenant, budget_bytes=10 * MB)
+
+
+def test_budget_claims_are_the_rows_budgeted_bytes_sums(small_tenant):
+    """``budget_claims`` (many tenants at once, for the room and implicit budgets) counts what ``budgeted_bytes``
+    counts: non-retired releases and request groups with a budget; it lists the live releases without one."""
+    from tenants.services import validated_save
+
+    model = make_model(small_tenant)
+    make_release(model, "v1", budget_bytes=3 * MB)
+    gone = make_release(model, "v0", state="serving", budget_bytes=2 * MB)
+    for state in ("draining", "retired"):
+        gone.state = state
+        validated_save(gone)
+    open_release = make_release(model, "v2")
+    make_group(small_tenant, "g", budget_bytes=1 * MB)
+    make_group(small_tenant, "free")
+    other = make_tenant("other", quota="10MB")
+    make_group(other, "x", budget_bytes=4 * MB)
+    claims, unbudgeted = budgets.budget_claims()
+    assert claims["small"] == {("release", "qwen3-8b/v1"): 3 * MB, ("request group", "g"): 1 * MB}
+    assert sum(claims["small"].values()) == budgets.budgeted_bytes(small_tenant)
+    assert sum(claims["other"].values()) == budgets.budgeted_bytes(other) == 4 * MB
+    assert unbudgeted == {"small": [open_release.pk]}
+    assert budgets.budget_claims(["other"]) == ({"other": {("request group", "x"): 4 * MB}}, {})
