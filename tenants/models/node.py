@@ -183,6 +183,12 @@ class Node(RegistryModel):
 _RANKS = ("tp", "pp", "pcp", "dcp")
 
 
+def port_not_available(port: int, node: Node) -> str:
+    """Why ``port`` is refused for an instance on ``node`` when another instance uses it: the node is seen by
+    every user, the other instance (perhaps another tenant's) is not named."""
+    return f"Port {port} is not available on node '{node}': another instance uses it. Choose another port."
+
+
 def sglang_node_refusal(node: Node) -> tuple[str, str] | None:
     """Why ``node`` cannot run SGLang 0.5.23 instances: ``(node field, message)``, or ``None`` when it can.
 
@@ -271,20 +277,8 @@ class InstanceAssignment(RegistryModel):
         if errors:
             raise ValidationError(errors)
         if self.node_id is not None and isinstance(self.port, int):
-            self.unique_together_check(
-                "port",
-                f"Node '{self.node}' already runs an instance on port {self.port}.",
-                node_id=self.node_id,
-                port=self.port,
-            )
-            if self.bootstrap_port is not None:
-                clash = (
-                    InstanceAssignment.objects.filter(node_id=self.node_id)
-                    .filter(models.Q(port=self.bootstrap_port) | models.Q(bootstrap_port=self.bootstrap_port))
-                    .exclude(pk=self.pk)
-                    .exists()
-                )
-                if clash:
-                    raise ValidationError(
-                        {"bootstrap_port": f"Port {self.bootstrap_port} is already used on node '{self.node}'."}
-                    )
+            others = InstanceAssignment._base_manager.filter(node_id=self.node_id).exclude(pk=self.pk)
+            for name in ("port", "bootstrap_port"):
+                value = getattr(self, name)
+                if value is not None and others.filter(models.Q(port=value) | models.Q(bootstrap_port=value)).exists():
+                    raise ValidationError({name: port_not_available(value, self.node)}, code="unique")

@@ -283,7 +283,9 @@ def test_empty_salt_is_the_single_default_shared_group(tenant):
 def test_cache_salt_unique_across_tenants(tenant):
     make_group(tenant, "a", cache_salt="application-a")
     errors = refused(RequestGroup(tenant=make_tenant("other"), name="b", cache_salt="application-a"))
-    assert errors["cache_salt"] == ["This cache_salt is already used by another request group; salts must be unique."]
+    assert errors["cache_salt"] == ["This cache_salt is not available; omit cache_salt to get a fresh one."]
+    errors = refused(RequestGroup(tenant=tenant, name="b", cache_salt="application-a"))
+    assert errors["cache_salt"] == ["Request group 'a' of this tenant already uses this cache_salt; salts must be unique."]
 
 
 def test_cache_salt_is_stable(tenant):
@@ -374,10 +376,10 @@ def test_assignment_engine_defaults_to_release_engine(node, release):
 def test_assignment_ports_unique_per_node(node, release):
     make_assignment(node, release, port=8000, role="prefill", bootstrap_port=8998)
     assert refused(InstanceAssignment(node=node, release=release, port=8000))["port"] == [
-        "Node 'node-a' already runs an instance on port 8000."
+        "Port 8000 is not available on node 'node-a': another instance uses it. Choose another port."
     ]
     assert refused(InstanceAssignment(node=node, release=release, port=8001, bootstrap_port=8998))["bootstrap_port"] == [
-        "Port 8998 is already used on node 'node-a'."
+        "Port 8998 is not available on node 'node-a': another instance uses it. Choose another port."
     ]
     make_assignment(make_node("node-b"), release, port=8000)
 
