@@ -8,7 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from tenants import budgets, collisions
+from tenants import budgets, collisions, placement
 from tenants.choices import VLLM_KV_DTYPES, Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.fields import ByteSizeField
 from tenants.fingerprint import CACHE_SETTING_FIELDS, compute_fingerprint
@@ -21,10 +21,10 @@ from tenants.validators import (
     validate_adapters,
     validate_hash_seed,
     validate_new_adapter,
-    validate_no_whitespace,
     validate_release_namespace,
     validate_token,
     validate_version,
+    validate_weights_revision,
 )
 
 #: Upper bounds of the KV layout fields, far above any real model and inside a signed 32-bit column, so that
@@ -77,7 +77,7 @@ class Release(RegistryModel):
         help_text="SGLang extra_backend_tag and vLLM cache_prefix, e.g. 'production-2026-07'.",
     )
     state = models.CharField(max_length=16, choices=ReleaseState.choices, default=ReleaseState.WARMING)
-    weights_revision = models.CharField(max_length=255, blank=True, validators=[validate_no_whitespace])
+    weights_revision = models.CharField(max_length=255, blank=True, validators=[validate_weights_revision])
     num_layers = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(MAX_NUM_LAYERS)],
         help_text=f"Transformer layers holding KV cache, 1 to {MAX_NUM_LAYERS}.",
@@ -178,6 +178,10 @@ class Release(RegistryModel):
                     }
                 )
         self._clean_new_adapters(stored)
+        if stored is not None and _differs(stored, self, "adapters"):
+            refusal = placement.check_release_paths(self)
+            if refusal is not None:
+                raise ValidationError({"adapters": refusal})
         if (self.engine == Engine.VLLM and self.kv_dtype in KVCacheDtype.values and self.kv_dtype not in VLLM_KV_DTYPES
                 and (stored is None or (stored.engine, stored.kv_dtype) != (self.engine, self.kv_dtype))):
             raise ValidationError({"kv_dtype": f"vLLM 0.33.0 has no '{self.kv_dtype}' KV cache (--kv-cache-dtype); "
