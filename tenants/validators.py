@@ -296,6 +296,10 @@ def validate_gpu_ids(value: str) -> None:
 #: whose rank exceeds the value it runs with (default 16).
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MAX_LORA_RANK = VLLM_MAX_LORA_RANKS[-1]
+#: Most LoRA adapters one release loads: each is an engine argument and part of every instance's entry in its node's
+#: config document (which the node's other tenants share). vLLM 0.33.0 keeps ``--max-loras`` (here: the count) in GPU
+#: memory at once; SGLang 0.5.23 batches ``--max-loras-per-batch``.
+MAX_ADAPTERS = 64
 _ADAPTER_FIELDS = ("name", "path", "rank")
 # A Hugging Face hub repository id as both engines download it: owner/name, letters, digits, '.', '_', '-',
 # each part starting and ending with a letter or digit (the hub also refuses '--' and '..'), at most 96 chars.

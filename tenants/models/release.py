@@ -15,6 +15,7 @@ from tenants.fingerprint import CACHE_SETTING_FIELDS, compute_fingerprint
 from tenants.models.base import RegistryModel
 from tenants.models.served_model import ServedModel
 from tenants.validators import (
+    MAX_ADAPTERS,
     MAX_HASH_SEED,
     LoraAdapter,
     lora_adapters,
@@ -210,13 +211,18 @@ class Release(RegistryModel):
     def _clean_new_adapters(self, stored: Release | None) -> None:
         """Rules for adapters added or changed now; what is stored stays valid unchanged (nothing stored is lost).
 
-        A new adapter needs a path (one stored without a path may stay as it is), and an adapter whose
-        (name, path) pair is not stored follows ``validate_new_adapter`` (no ``;``).
+        A new adapter needs a path (one stored without a path may stay as it is), an adapter whose (name, path)
+        pair is not stored follows ``validate_new_adapter`` (no ``;``), and a release lists at most
+        ``MAX_ADAPTERS`` adapters (one stored with more may keep them, not add any).
         """
         try:
             validate_adapters(self.adapters)
         except ValidationError:
             return  # reported by clean_fields
+        stored_count = len(stored.lora_adapters) if stored is not None and _adapter_identity(stored.adapters) else 0
+        if len(self.lora_adapters) > max(MAX_ADAPTERS, stored_count):
+            raise ValidationError({"adapters": f"A release loads at most {MAX_ADAPTERS} LoRA adapters (it lists "
+                                               f"{len(self.lora_adapters)})."})
         stored_pairs = set(_adapter_identity(stored.adapters) or []) if stored is not None else set()
         for adapter in self.lora_adapters:
             if (adapter.name, adapter.path) not in stored_pairs:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import secrets
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -29,7 +30,8 @@ class RequestGroup(RegistryModel):
     vLLM puts the salt into the first block hash, so every later block hash differs between salts. The salt is
     generated once when the group is created without one and never changes afterwards; an explicitly empty
     salt means the default shared cache (one such group per tenant). Non-empty salts are unique. ``budget_bytes``
-    (optional) is the group's share of the tenant quota.
+    (optional) is the group's share of the tenant quota. A tenant has at most ``KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT``
+    groups (each is in the config document of every node running one of its instances).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="request_groups")
@@ -91,7 +93,21 @@ class RequestGroup(RegistryModel):
             if stored is None or stored.cache_salt != self.cache_salt:
                 self._refuse_reserved_salt()
             self._refuse_used_salt()
+        if stored is None:
+            self._refuse_over_cap()
         budgets.check_budget(self, self.tenant)
+
+    def _refuse_over_cap(self) -> None:
+        """Raise ``ValidationError`` on ``tenant`` when the tenant already has ``KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT``
+        groups: every instance of the tenant carries all of them in the config document of its node, which the
+        node's other tenants' instances share."""
+        cap = settings.KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT
+        if RequestGroup._base_manager.filter(tenant_id=self.tenant_id).count() >= cap:
+            raise ValidationError(
+                {"tenant": f"Tenant '{self.tenant}' already has {cap} request groups, the most one tenant may have "
+                           "(KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT). Delete one first."},
+                code="max_count",
+            )
 
     def _refuse_reserved_salt(self) -> None:
         """Raise ``ValidationError`` on ``cache_salt`` when it belonged to a deleted group (see ``ReservedSalt``).

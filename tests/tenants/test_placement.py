@@ -8,11 +8,13 @@ import pytest
 from django.apps import apps as django_apps
 
 from tenants import placement
-from tenants.models import InstanceAssignment, Node, Release, ServedModel
+from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel
 from tenants.services import validated_save
+from tenants.validators import MAX_ADAPTERS
 from tests.support.factories import (
     RELEASE_DEFAULTS,
     make_assignment,
+    make_group,
     make_model,
     make_node,
     make_release,
@@ -128,6 +130,25 @@ def test_instances_saved_before_a_cap_was_lowered_stay_editable(settings, releas
     settings.KVPOOL_MAX_INSTANCES_PER_NODE = 1
     first.port = 8005
     validated_save(first)
+
+
+def test_a_tenant_has_a_request_group_cap(settings, tenant):
+    """Every instance of the tenant carries all its groups in its node's document."""
+    settings.KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT = 2
+    make_group(tenant, "g1")
+    make_group(tenant, "g2")
+    assert refused(RequestGroup(tenant=tenant, name="g3"))["tenant"] == [
+        "Tenant 'acme' already has 2 request groups, the most one tenant may have "
+        "(KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT). Delete one first."]
+    make_group(make_tenant("other"), "g3")
+
+
+def test_a_release_loads_a_bounded_number_of_adapters(served_model):
+    adapters = [{"name": f"a{i}", "path": f"org/a{i}"} for i in range(MAX_ADAPTERS + 1)]
+    release = Release(model=served_model, namespace="ns", adapters=adapters, **RELEASE_DEFAULTS)
+    assert refused(release)["adapters"] == [f"A release loads at most {MAX_ADAPTERS} LoRA adapters (it lists 65)."]
+    release.adapters = adapters[:-1]
+    release.full_clean()
 
 
 # --- model roots ------------------------------------------------------------------------------------------------
