@@ -234,7 +234,7 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
             names = [f"bench-{i:03d}" for i in range(nodes)]
             with transaction.atomic():
                 for name in names:
-                    node = validated_save(Node(name=name, hostname="10.0.0.1"))
+                    node = validated_save(Node(name=name, hostname="10.0.0.1", model_roots=["/models"]))
                     validated_save(InstanceAssignment(node=node, release=release, port=8000))
             redis.client.flushdb()  # the set-up's own pushes: the first round sends every first document
             secrets = sorted(Node.objects.values_list("name", "signing_secret"))

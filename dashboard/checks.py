@@ -7,9 +7,10 @@ module such as ``demo.settings``, ``override_settings``) and at relations betwee
 parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings (``kvpool.W…``) are printed.
 
 =============  ===========================================================================================
-``E001``       a ``KVPOOL_*`` duration, size or request limit is missing or not an integer
-``E002``       a ``KVPOOL_*`` duration, size or request limit is below its minimum (seconds positive, sizes
-               non-negative, request bodies at least 64 KiB, JSON depth at least 8)
+``E001``       a ``KVPOOL_*`` duration, size, request limit or registry cap is missing or not an integer
+``E002``       a ``KVPOOL_*`` duration, size, request limit or registry cap is below its minimum (seconds
+               positive, sizes non-negative, request bodies at least 64 KiB, JSON depth at least 8, instance
+               and request group caps at least 1)
 ``E003``       rollup ages not increasing: raw-after < minute-after < retention
 ``E004``       ``CELERY_BROKER_URL`` is not a ``redis://``/``rediss://`` URL with a host and a numeric database
 ``E005``       ``KVPOOL_MASTER_ADMIN_URL`` is not ``http(s)://host:port`` (no path, query or fragment)
@@ -69,10 +70,15 @@ _INTEGERS: dict[str, int] = {
     "KVPOOL_LOCAL_BUFFER_SIZE": 0,
     "KVPOOL_MAX_REQUEST_BYTES": 64 << 10,
     "KVPOOL_MAX_JSON_DEPTH": 8,
+    "KVPOOL_MAX_INSTANCES_PER_NODE": 1,
+    "KVPOOL_MAX_INSTANCES_PER_TENANT_PER_NODE": 1,
+    "KVPOOL_MAX_INSTANCES_PER_TENANT": 1,
+    "KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT": 1,
 }
 
 #: Unit of each integer setting in messages, by the end of its name (seconds otherwise).
-_UNITS = {"_SIZE": "bytes", "_BYTES": "bytes", "_DEPTH": "levels"}
+_UNITS = {"_SIZE": "bytes", "_BYTES": "bytes", "_DEPTH": "levels", "_GROUPS_PER_TENANT": "request groups",
+          "_NODE": "instances", "_TENANT": "instances"}
 
 #: Ratio settings (checked to lie in (0, 1]); none today.
 _RATIOS: tuple[str, ...] = ()

@@ -238,15 +238,38 @@ class RequestGroupForm(RegistryModelForm):
         self.fields["cache_salt"].strip = False
 
 
+class ModelRootsField(forms.CharField):
+    """``Node.model_roots`` as text: one absolute directory per line (blank lines ignored); the model's rule
+    (``validate_model_roots``) checks each."""
+
+    widget = forms.Textarea(attrs={"rows": 3})
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("strip", False)
+        kwargs.setdefault("help_text", "One absolute directory per line (e.g. /models) the node's engines may load "
+                          "models and adapters from; empty: hub ids only.")
+        super().__init__(**kwargs)
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        return [line.strip() for line in text.splitlines() if line.strip()]
+
+    def prepare_value(self, value):
+        return "\n".join(value) if isinstance(value, list) else value
+
+
 class NodeForm(RegistryModelForm):
     #: Settings with a model default that a post may leave out (as the API may): the node keeps its value, a
     #: new node gets the default.
-    OPTIONAL_WITH_DEFAULT = ("device", "kv_events_port", "store_mode", "store_client_port", "cpu_kvcache_space_gib")
+    OPTIONAL_WITH_DEFAULT = ("device", "kv_events_port", "store_mode", "store_client_port", "cpu_kvcache_space_gib",
+                             "model_roots")
+
+    model_roots = ModelRootsField()
 
     class Meta:
         model = Node
         fields = ("name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
-                  "store_client_port", "cpu_kvcache_space_gib", "description")
+                  "store_client_port", "cpu_kvcache_space_gib", "model_roots", "description")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

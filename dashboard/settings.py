@@ -272,6 +272,14 @@ KVPOOL_HEARTBEAT_SILENCE_SECONDS = env_int("KVPOOL_HEARTBEAT_SILENCE_SECONDS", 1
 # Agent messages are accepted this long after the agent signed them, and this far ahead (dashboard.agent_auth).
 KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS = env_int("KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS", 6 * 3600, minimum=60)
 KVPOOL_AGENT_CLOCK_SKEW_SECONDS = env_int("KVPOOL_AGENT_CLOCK_SKEW_SECONDS", 300, minimum=0)
+# Instance caps (tenants.placement): per node (every instance is in the document each of the node's tenants gets,
+# about 2.7 KB each: 64 make ~170 KB; a node of 8 GPUs split by MIG runs at most 56), per tenant on one node
+# (so one tenant cannot fill a shared node), and per tenant in all.
+KVPOOL_MAX_INSTANCES_PER_NODE = env_int("KVPOOL_MAX_INSTANCES_PER_NODE", 64, minimum=1)
+KVPOOL_MAX_INSTANCES_PER_TENANT_PER_NODE = env_int("KVPOOL_MAX_INSTANCES_PER_TENANT_PER_NODE", 16, minimum=1)
+KVPOOL_MAX_INSTANCES_PER_TENANT = env_int("KVPOOL_MAX_INSTANCES_PER_TENANT", 256, minimum=1)
+# Request groups per tenant: every instance of the tenant carries all of them in its node's document.
+KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT = env_int("KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT", 256, minimum=1)
 
 LOGGING = {
     "version": 1,

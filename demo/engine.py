@@ -142,8 +142,9 @@ def register_tiny_release(*, tenant_id: str = "acme", quota_bytes: int = 1 << 30
     from tenants.services import validated_save
 
     tenant = validated_save(Tenant(tenant_id=tenant_id, quota_bytes=quota_bytes))
+    model_dir = Path(model_path).resolve()
     model = validated_save(ServedModel(tenant=tenant, served_model_name=served_model_name,
-                                       model_path=str(Path(model_path).resolve())))
+                                       model_path=str(model_dir)))
     release_fields: dict[str, Any] = dict(TINY_LAYOUT, engine="vllm", engine_version=engine_version,
                                           hash_algo="sha256", state="serving")
     if hash_seed is not None:
@@ -153,7 +154,7 @@ def register_tiny_release(*, tenant_id: str = "acme", quota_bytes: int = 1 << 30
               for name, salt in (request_groups or {}).items()}
     node = validated_save(Node(name=node_name, hostname="127.0.0.1", device="cpu", kv_events_port=kv_events_port,
                                store_mode=store_mode, store_segment_bytes=store_segment_bytes,
-                               store_client_port=store_client_port))
+                               store_client_port=store_client_port, model_roots=[str(model_dir.parent)]))
     assignments = [validated_save(InstanceAssignment(node=node, release=release, port=port)) for port in ports]
     return TinyDeployment(tenant=tenant, model=model, release=release, node=node, assignments=assignments,
                           groups=groups)

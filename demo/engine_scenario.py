@@ -110,8 +110,11 @@ def seed(api: Any, dep: EngineDeployment, ports: EnginePorts, model_path: str | 
     """
     dep.tenant_id = api.post("tenants/", {"tenant_id": TENANT, "quota_bytes": QUOTA_BYTES,
                                           "description": "Tenant of the real-engine demo."})["id"]
+    model_dir = Path(model_path).resolve()
+    for node_id in dep.node_ids.values():  # the nodes may load models from the model's directory
+        api.patch(f"nodes/{node_id}/", {"model_roots": [str(model_dir.parent)]})
     dep.model_id = api.post("models/", {"tenant": dep.tenant_id, "served_model_name": MODEL,
-                                        "model_path": str(Path(model_path).resolve())})["id"]
+                                        "model_path": str(model_dir)})["id"]
     release = api.post("releases/", {"model": dep.model_id, "namespace": OLD_NAMESPACE, "state": "serving",
                                      **LAYOUT, "engine": "vllm", "engine_version": ENGINE_VERSION,
                                      "hash_algo": HASH_ALGO, "description": "The tiny model, first release."})

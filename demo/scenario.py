@@ -100,6 +100,10 @@ TENANTS = (("acme", "Tenant with a rolling upgrade and two request groups."),
 MODELS = {"acme": ("qwen3-8b", "/models/Qwen3-8B"), "globex": ("llama-3.1-8b", "/models/Llama-3.1-8B-Instruct")}
 ENGINES = {"acme": ("vllm", "0.33.0", "sha256_cbor"), "globex": ("sglang", "0.5.23", "sha256")}
 GROUPS = {"acme": ("support-bot", "code-assistant")}
+#: Where the nodes load models from (``Node.model_roots``) and the GPUs each tenant's instances hold on a node (two
+#: tenants' instances may not share a GPU; the releases of one model may, as in the rolling upgrade).
+MODEL_ROOTS = ["/models"]
+GPUS = {"acme": "0", "globex": "1"}
 
 
 def seed(api: Any, sizes: Sizes) -> Deployment:
@@ -136,16 +140,17 @@ def seed(api: Any, sizes: Sizes) -> Deployment:
             group = api.post("request-groups/", {"tenant": dep.tenant_ids[tenant_id], "name": name})
             dep.group_salts[(tenant_id, name)] = group["cache_salt"]
     for node in NODES:
-        dep.node_ids[node] = api.post("nodes/", {"name": node, "hostname": "127.0.0.1"})["id"]
+        dep.node_ids[node] = api.post("nodes/", {"name": node, "hostname": "127.0.0.1",
+                                                 "model_roots": MODEL_ROOTS})["id"]
     port = {PREFILL_NODE: 8100, DECODE_NODE: 8200}
     for (tenant_id, namespace), release_id in sorted(dep.release_ids.items()):
         for node, role in ((PREFILL_NODE, "prefill"), (DECODE_NODE, "decode")):
             assignment = api.post("assignments/", {"node": dep.node_ids[node], "release": release_id, "role": role,
-                                                   "port": port[node]})
+                                                   "port": port[node], "gpu_ids": GPUS[tenant_id]})
             port[node] += 1
             dep.instances[(tenant_id, namespace, role)] = str(assignment["id"])
     extra = api.post("assignments/", {"node": dep.node_ids[DECODE_NODE], "release": dep.release_ids[("acme", SERVING)],
-                                      "role": "decode", "port": MISCONFIGURED_PORT})
+                                      "role": "decode", "port": MISCONFIGURED_PORT, "gpu_ids": GPUS["acme"]})
     dep.misconfigured_instance = str(extra["id"])
     return dep
 

@@ -86,6 +86,7 @@ SCOPES: dict[str, TenantScope] = {
     "tenants.auditentry": TenantScope("pk", "tenant_pk"),
     "tenants.reservednamespace": TenantScope("name", "tenant_id"),
     "tenants.reservedsalt": TenantScope("name", "tenant_id"),
+    "tenants.reservedtenantid": TenantScope("platform"),
     "tenants.node": TenantScope("all"),
     "auth.user": TenantScope("platform"),
     "dashboard.occupancysample": TenantScope("name", "tenant_id"),

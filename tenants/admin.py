@@ -12,6 +12,7 @@ from tenants.models import (
     RequestGroup,
     ReservedNamespace,
     ReservedSalt,
+    ReservedTenantId,
     ServedModel,
     Tenant,
     TenantMembership,
@@ -130,6 +131,15 @@ class ReservedNamespaceAdmin(ReadOnlyAdmin):
     list_display = ("namespace", "served_model_name", "tenant_id", "reason", "release_state", "purge_id", "created_at")
     list_filter = ("reason", "release_state")
     search_fields = ("namespace", "served_model_name", "vllm_model_name", "tenant_id")
+
+
+@admin.register(ReservedTenantId)
+class ReservedTenantIdAdmin(ReadOnlyAdmin):
+    """Every tenant_id ever given to a tenant: read only, never deleted (deleting one would let another tenant take
+    the id and see what the old tenant left under it)."""
+
+    list_display = ("tenant_id", "tenant_pk", "created_at")
+    search_fields = ("tenant_id",)
 
 
 @admin.register(TenantMembership)

@@ -1,7 +1,9 @@
 """Domain operations that span more than one save: validated writes under a tenant lock, release copies.
 
 Each runs in one transaction and locks the owning tenant row first (``SELECT ... FOR UPDATE`` on PostgreSQL;
-SQLite serialises writers anyway), so two concurrent budget changes cannot both pass the budget check.
+SQLite serialises writers anyway), so two concurrent budget changes cannot both pass the budget check, then the
+nodes whose placement rules the write checks (``tenants.placement``: GPUs, instance caps, model roots), so two
+tenants' concurrent assignments cannot both take one GPU or the last place on a node.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from tenants import placement
 from tenants.choices import ReleaseState
 from tenants.fingerprint import CACHE_SETTING_FIELDS
 from tenants.models import (
@@ -42,7 +45,8 @@ def lock_tenant(tenant_pk: int | None) -> None:
 
 
 def validated_save(obj: Any, **save_kwargs: Any) -> Any:
-    """``full_clean()`` then ``save()`` inside one transaction holding the owning tenant's lock; returns ``obj``.
+    """``full_clean()`` then ``save()`` inside one transaction holding the owning tenant's lock and the locks of the
+    nodes it places instances on (``tenants.placement.placement_node_pks``); returns ``obj``.
 
     Raises Django ``ValidationError`` (keyed by field) and writes nothing when a rule refuses the change. An
     update that changes no field (after ``clean()`` derived its values) is not saved at all: ``updated_at``
@@ -50,6 +54,7 @@ def validated_save(obj: Any, **save_kwargs: Any) -> Any:
     """
     with transaction.atomic():
         lock_tenant(owning_tenant_pk(obj))
+        placement.lock_nodes(placement.placement_node_pks(obj))
         obj.full_clean()
         stored = obj.stored() if isinstance(obj, RegistryModel) else None
         if stored is not None and obj.unchanged_since(stored):

@@ -17,6 +17,10 @@ page forms all refuse the same input with the same message. Rules and the upstre
   ``,`` is refused in names and paths, ``=`` in names, and ``;`` in the names and paths of adapters added or
   changed from now on, so that the engines' lists and the dashboard's ``name=path;rank=N`` field read back
   exactly what was stored.
+* launch arguments — a value the engines receive as its own ``argv`` element (served model name, model path,
+  weights revision) must not start with ``-``: argparse would read it as an option (``--served-model-name
+  --trust-remote-code``). Node model roots and model paths are absolute directories in normal form or hub ids
+  (``validate_model_location``), so ``tenants.placement`` can tell whether a path lies under a root.
 """
 from __future__ import annotations
 
@@ -123,13 +127,30 @@ def validate_served_model_name(value: str) -> None:
         raise ValidationError(
             "served_model_name must not contain '@' (the separator of vLLM store keys).", code="at_sign"
         )
+    refuse_option_like(value, "served_model_name")
+
+
+def refuse_option_like(value: str, what: str) -> None:
+    """Refuse a value that becomes its own engine ``argv`` element and starts with ``-`` (argparse would read it as
+    an option, e.g. ``--served-model-name --trust-remote-code``)."""
+    if value.startswith("-"):
+        raise ValidationError(
+            f"{what} must not start with '-': the engines get it as a command-line argument, where it would read "
+            "as an option.",
+            code="option_like",
+        )
 
 
 def validate_model_path(value: str) -> None:
-    """Model path / hub id passed to both engines; its vLLM identifier must be a valid key component."""
+    """Model path / hub id passed to both engines; its vLLM identifier must be a valid key component, and it must
+    not start with ``-`` (it is the argument of ``--model`` / ``--model-path``).
+
+    This is the rule every stored path keeps passing; ``validate_model_location`` adds the form a path set or
+    changed now must have."""
     if value.strip() == "":
         raise ValidationError("model_path must not be empty.", code="empty")
     _refuse_invisible(value, "model_path")
+    refuse_option_like(value, "model_path")
     try:
         name = vllm_model_name(value)
     except ValueError:
@@ -143,6 +164,76 @@ def validate_model_path(value: str) -> None:
             "whitespace ('@' separates the fields of vLLM store keys).",
             code="invalid_vllm_name",
         )
+
+
+#: Longest absolute path the registry takes for a model, adapter or model root.
+MAX_PATH_LENGTH = 1024
+_MODEL_LOCATION_HINT = "give an absolute directory such as '/models/Qwen3-8B' or a hub id such as 'Qwen/Qwen3-8B'"
+
+
+def validate_absolute_directory(value: object, what: str) -> None:
+    """An absolute directory in normal form: starts with one ``/``, below ``/``, no ``.``/``..`` parts, ``//`` or
+    trailing ``/`` (``posixpath.normpath`` leaves it unchanged), no control or invisible characters, at most
+    ``MAX_PATH_LENGTH`` characters. Normal form is what lets a string comparison tell whether a path lies under a
+    root (``/models/../etc`` is refused, not resolved); symbolic links are not followed (the registry does not
+    see the node's file system), so a root must not hold links that lead out of it."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValidationError(f"{what} must be an absolute directory such as '/models'.", code="invalid_value")
+    _refuse_invisible(value, what)
+    if len(value) > MAX_PATH_LENGTH:
+        raise ValidationError(f"{what} must be at most {MAX_PATH_LENGTH} characters.", code="max_length")
+    normal = posixpath.normpath(value)
+    if normal == "/" or value.startswith("//"):
+        raise ValidationError(f"{what} '{value}' must name a directory below '/'.", code="invalid_value")
+    if normal != value:
+        raise ValidationError(
+            f"{what} '{value}' must be written in normal form, '{normal}' (no '.', '..', '//' or trailing '/').",
+            code="invalid_value",
+        )
+
+
+def validate_model_location(value: str) -> None:
+    """The form of a model path set or changed now: an absolute directory in normal form
+    (``validate_absolute_directory``) or a hub id, ``owner/name`` or a bare ``name`` (letters, digits, ``.``,
+    ``_``, ``-``, each part starting and ending with a letter or digit, at most 96 characters).
+
+    Relative paths, ``~`` and ``..`` are refused: they resolve against the engine's working or home directory, so
+    the registry could not tell whether they lie under the node's model roots (``Node.model_roots``).
+    """
+    if value.startswith("/"):
+        validate_absolute_directory(value, "model_path")
+        return
+    if not (_HUB_ID_RE.fullmatch(value) or _HUB_ID_PART_RE.fullmatch(value)) or len(value) > _MAX_HUB_ID or (
+            "--" in value or ".." in value):
+        raise ValidationError(
+            f"model_path '{value}' is neither an absolute directory in normal form nor a hub id; "
+            f"{_MODEL_LOCATION_HINT}.",
+            code="invalid_value",
+        )
+
+
+#: Most model roots one node declares.
+MAX_MODEL_ROOTS = 32
+
+
+def validate_model_roots(value: object) -> None:
+    """``Node.model_roots``: a list of at most ``MAX_MODEL_ROOTS`` distinct absolute directories in normal form
+    (``validate_absolute_directory``); empty means the node loads hub ids only."""
+    if not isinstance(value, list):
+        raise ValidationError("model_roots must be a list of absolute directories, e.g. [\"/models\"].",
+                              code="invalid_value")
+    if len(value) > MAX_MODEL_ROOTS:
+        raise ValidationError(f"model_roots holds at most {MAX_MODEL_ROOTS} directories.", code="max_length")
+    for root in value:
+        validate_absolute_directory(root, "each model root")
+    if len(set(value)) != len(value):
+        raise ValidationError("model_roots lists a directory twice.", code="duplicate")
+
+
+def validate_weights_revision(value: str) -> None:
+    """``--revision`` of both engines: printable, no whitespace, not starting with ``-``."""
+    validate_no_whitespace(value)
+    refuse_option_like(value, "weights_revision")
 
 
 def validate_hash_seed(value: str) -> None:
@@ -205,11 +296,16 @@ def validate_gpu_ids(value: str) -> None:
 #: whose rank exceeds the value it runs with (default 16).
 VLLM_MAX_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MAX_LORA_RANK = VLLM_MAX_LORA_RANKS[-1]
+#: Most LoRA adapters one release loads: each is an engine argument and part of every instance's entry in its node's
+#: config document (which the node's other tenants share). vLLM 0.33.0 keeps ``--max-loras`` (here: the count) in GPU
+#: memory at once; SGLang 0.5.23 batches ``--max-loras-per-batch``.
+MAX_ADAPTERS = 64
 _ADAPTER_FIELDS = ("name", "path", "rank")
 # A Hugging Face hub repository id as both engines download it: owner/name, letters, digits, '.', '_', '-',
 # each part starting and ending with a letter or digit (the hub also refuses '--' and '..'), at most 96 chars.
 _HUB_ID_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _HUB_ID_RE = re.compile(f"{_HUB_ID_PART}/{_HUB_ID_PART}")
+_HUB_ID_PART_RE = re.compile(_HUB_ID_PART)
 _MAX_HUB_ID = 96
 _ADAPTER_SHAPE = '{"name": ..., "path": ...} (and optionally "rank")'
 
@@ -346,6 +442,7 @@ def validate_new_adapter(adapter: LoraAdapter) -> None:
     Raises:
         ValidationError: naming the adapter and whether its name or its path holds the ``;``.
     """
+    refuse_option_like(adapter.name, f"adapter name '{adapter.name}'")
     why = "it separates an adapter's path from its rank in the dashboard's adapters field, name=path;rank=N"
     if ADAPTER_FORM_SEPARATOR in adapter.name:
         raise ValidationError(f"adapter name '{adapter.name}' must not contain '{ADAPTER_FORM_SEPARATOR}' ({why}).",
@@ -409,11 +506,12 @@ SCHEMA_PATTERNS = {
     validate_tenant_id: r"^[^_\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$",
     validate_release_namespace: f"^{_DNS_LABEL_RE.pattern}$",
     validate_dns_label: f"^{_DNS_LABEL_RE.pattern}$",
-    validate_served_model_name: r"^[^\s@\u0000-\u001f\u007f-\u009f]+$",
+    validate_served_model_name: r"^[^\s@\u0000-\u001f\u007f-\u009f-][^\s@\u0000-\u001f\u007f-\u009f]*$",
     validate_hash_seed: f"^(?:{_HASH_SEED_RE.pattern})$",
     validate_version: f"^{_VERSION_RE.pattern}$",
     validate_token: f"^{_TOKEN_RE.pattern}$",
     validate_no_whitespace: r"^[^\s\u0000-\u001f\u007f-\u009f]*$",
+    validate_weights_revision: r"^(?:[^\s\u0000-\u001f\u007f-\u009f-][^\s\u0000-\u001f\u007f-\u009f]*)?$",
     validate_hostname: f"^(?:{_HOSTNAME_RE.pattern})$",
     validate_gpu_ids: r"^(?:[0-9]+(?:,[0-9]+)*)?$",
 }

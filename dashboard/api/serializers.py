@@ -20,7 +20,7 @@ from tenants.models import (
     TenantMembership,
 )
 from tenants.quota import format_quota
-from tenants.validators import validate_adapters
+from tenants.validators import MAX_MODEL_ROOTS, MAX_PATH_LENGTH, validate_adapters
 
 _TIMESTAMPS = ("created_at", "updated_at")
 
@@ -250,15 +250,22 @@ class NodeSerializer(ValidatedModelSerializer):
     """A node; its signing secret is never part of this representation (see ``/nodes/{id}/secret/``).
 
     ``store_segment_bytes`` accepts ``8MB``-style strings and is returned in bytes (required, at least 16MB,
-    when ``store_mode`` is ``standalone-store``)."""
+    when ``store_mode`` is ``standalone-store``); ``model_roots`` lists the directories its engines may load
+    from (``tenants.placement``)."""
 
     queue_name = serializers.CharField(read_only=True, help_text="Celery queue of the node's agent.")
+    model_roots = serializers.ListField(
+        child=serializers.CharField(max_length=MAX_PATH_LENGTH, trim_whitespace=False), max_length=MAX_MODEL_ROOTS,
+        required=False,
+        help_text="Absolute directories in normal form (e.g. \"/models\") the node's engines may load models and "
+        "adapters from: an absolute model_path or adapter path of an instance on the node must lie under one. "
+        "Empty (the default for a new node): hub ids only.")
 
     class Meta:
         model = Node
         fields = (
             "id", "name", "hostname", "device", "kv_events_port", "store_mode", "store_segment_bytes",
-            "store_client_port", "cpu_kvcache_space_gib", "queue_name", "description", *_TIMESTAMPS,
+            "store_client_port", "cpu_kvcache_space_gib", "model_roots", "queue_name", "description", *_TIMESTAMPS,
         )  # fmt: skip
 
 

@@ -6,8 +6,9 @@ from tenants.models.release import Release
 from tenants.models.request_group import RequestGroup
 from tenants.models.reserved_namespace import ReservedNamespace
 from tenants.models.reserved_salt import ReservedSalt
+from tenants.models.reserved_tenant_id import ReservedTenantId
 from tenants.models.served_model import ServedModel
 from tenants.models.tenant import Tenant
 
 __all__ = ["AuditEntry", "InstanceAssignment", "Node", "Release", "RequestGroup", "ReservedNamespace", "ReservedSalt",
-           "ServedModel", "Tenant", "TenantMembership"]
+           "ReservedTenantId", "ServedModel", "Tenant", "TenantMembership"]

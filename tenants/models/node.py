@@ -7,11 +7,12 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from tenants import placement
 from tenants.choices import Engine, InstanceRole, NodeDevice, ReleaseState, StoreMode
 from tenants.fields import ByteSizeField
 from tenants.models.base import RegistryModel
 from tenants.models.release import Release
-from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname
+from tenants.validators import validate_dns_label, validate_gpu_ids, validate_hostname, validate_model_roots
 
 #: Largest parallel size (tensor/pipeline/context parallel ranks of one instance). Explicit because SQLite does
 #: not enforce the range of a small integer column, so PostgreSQL and SQLite must refuse the same values here.
@@ -57,6 +58,9 @@ class Node(RegistryModel):
     * ``store_mode`` (``StoreMode``) — ``embedded`` (each engine mounts its own segment) or
       ``standalone-store`` (the agent runs one ``mooncake_client`` on ``store_client_port`` that mounts
       ``store_segment_bytes``, required then, at least 16 MiB; ignored in embedded mode).
+    * ``model_roots`` — the directories its engines may load an absolute ``model_path`` or adapter path from
+      (``tenants.placement``); empty: hub ids only. Node writes are platform-admin only, so a tenant's operator
+      cannot widen them.
 
     The node's ports (``kv_events_port``, ``store_client_port`` in standalone-store mode) may not collide with
     each other or with an instance's port or bootstrap port on the node.
@@ -106,6 +110,13 @@ class Node(RegistryModel):
         validators=[MinValueValidator(1), MaxValueValidator(MAX_CPU_KVCACHE_SPACE_GIB)],
         help_text="device=cpu nodes: GiB of KV cache each vLLM instance allocates in host memory "
         f"(VLLM_CPU_KVCACHE_SPACE), 1 to {MAX_CPU_KVCACHE_SPACE_GIB}; ignored on cuda nodes.",
+    )
+    model_roots = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_model_roots],
+        help_text="Absolute directories (normal form) the node's engines may load models and adapters from; an "
+        "absolute model_path or adapter path must lie under one. Empty: hub ids only. Platform admins set it.",
     )
     description = models.TextField(blank=True)
 
@@ -170,6 +181,15 @@ class Node(RegistryModel):
             refusal = sglang_node_refusal(self) if sglang is not None else None
             if refusal is not None:
                 errors[refusal[0]] = f"{refusal[1]} Instance '{sglang}' runs SGLang on this node."
+        if stored is not None and stored.model_roots != self.model_roots and "model_roots" not in errors:
+            try:
+                validate_model_roots(self.model_roots)
+            except ValidationError:
+                pass  # reported by clean_fields
+            else:
+                refusal = placement.check_node_roots(self)
+                if refusal is not None:
+                    errors["model_roots"] = refusal
         if self.pk is not None and not errors:
             ports = self.reserved_ports()
             for assignment in self.assignments.all():
@@ -181,6 +201,12 @@ class Node(RegistryModel):
 
 
 _RANKS = ("tp", "pp", "pcp", "dcp")
+
+
+def port_not_available(port: int, node: Node) -> str:
+    """Why ``port`` is refused for an instance on ``node`` when another instance uses it: the node is seen by
+    every user, the other instance (perhaps another tenant's) is not named."""
+    return f"Port {port} is not available on node '{node}': another instance uses it. Choose another port."
 
 
 def sglang_node_refusal(node: Node) -> tuple[str, str] | None:
@@ -208,6 +234,11 @@ class InstanceAssignment(RegistryModel):
     optional P/D bootstrap port (vLLM ``VLLM_MOONCAKE_BOOTSTRAP_PORT``, SGLang
     ``--disaggregation-bootstrap-port``), ``gpu_ids`` the ``CUDA_VISIBLE_DEVICES`` list. Namespace values are
     never stored here: rendering takes them from the release, so prefill and decode always agree.
+
+    Between the tenants of a node (``tenants.placement``): no two instances hold a common GPU (a blank ``gpu_ids``
+    on a ``cuda`` node holds them all), except instances of one served model; the node, and each tenant on it, run
+    at most the configured number of instances; the model and adapter paths lie under the node's ``model_roots``.
+    A port, bootstrap port or GPU another instance uses is refused as "not available", naming nothing of it.
     """
 
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="assignments")
@@ -271,20 +302,14 @@ class InstanceAssignment(RegistryModel):
         if errors:
             raise ValidationError(errors)
         if self.node_id is not None and isinstance(self.port, int):
-            self.unique_together_check(
-                "port",
-                f"Node '{self.node}' already runs an instance on port {self.port}.",
-                node_id=self.node_id,
-                port=self.port,
-            )
-            if self.bootstrap_port is not None:
-                clash = (
-                    InstanceAssignment.objects.filter(node_id=self.node_id)
-                    .filter(models.Q(port=self.bootstrap_port) | models.Q(bootstrap_port=self.bootstrap_port))
-                    .exclude(pk=self.pk)
-                    .exists()
-                )
-                if clash:
-                    raise ValidationError(
-                        {"bootstrap_port": f"Port {self.bootstrap_port} is already used on node '{self.node}'."}
-                    )
+            others = InstanceAssignment._base_manager.filter(node_id=self.node_id).exclude(pk=self.pk)
+            for name in ("port", "bootstrap_port"):
+                value = getattr(self, name)
+                if value is not None and others.filter(models.Q(port=value) | models.Q(bootstrap_port=value)).exists():
+                    raise ValidationError({name: port_not_available(value, self.node)}, code="unique")
+        if self.node_id is not None and self.release_id is not None:
+            stored = self.stored()
+            moved = stored is None or (stored.node_id, stored.release_id) != (self.node_id, self.release_id)
+            placement_errors = placement.check_assignment(self, moved)
+            if placement_errors:
+                raise ValidationError(placement_errors)

@@ -8,23 +8,24 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from tenants import budgets, collisions
+from tenants import budgets, collisions, placement
 from tenants.choices import VLLM_KV_DTYPES, Engine, HashAlgo, KVCacheDtype, ReleaseState
 from tenants.fields import ByteSizeField
 from tenants.fingerprint import CACHE_SETTING_FIELDS, compute_fingerprint
 from tenants.models.base import RegistryModel
 from tenants.models.served_model import ServedModel
 from tenants.validators import (
+    MAX_ADAPTERS,
     MAX_HASH_SEED,
     LoraAdapter,
     lora_adapters,
     validate_adapters,
     validate_hash_seed,
     validate_new_adapter,
-    validate_no_whitespace,
     validate_release_namespace,
     validate_token,
     validate_version,
+    validate_weights_revision,
 )
 
 #: Upper bounds of the KV layout fields, far above any real model and inside a signed 32-bit column, so that
@@ -77,7 +78,7 @@ class Release(RegistryModel):
         help_text="SGLang extra_backend_tag and vLLM cache_prefix, e.g. 'production-2026-07'.",
     )
     state = models.CharField(max_length=16, choices=ReleaseState.choices, default=ReleaseState.WARMING)
-    weights_revision = models.CharField(max_length=255, blank=True, validators=[validate_no_whitespace])
+    weights_revision = models.CharField(max_length=255, blank=True, validators=[validate_weights_revision])
     num_layers = models.PositiveIntegerField(
         validators=[MinValueValidator(1), MaxValueValidator(MAX_NUM_LAYERS)],
         help_text=f"Transformer layers holding KV cache, 1 to {MAX_NUM_LAYERS}.",
@@ -178,6 +179,10 @@ class Release(RegistryModel):
                     }
                 )
         self._clean_new_adapters(stored)
+        if stored is not None and _differs(stored, self, "adapters"):
+            refusal = placement.check_release_paths(self)
+            if refusal is not None:
+                raise ValidationError({"adapters": refusal})
         if (self.engine == Engine.VLLM and self.kv_dtype in KVCacheDtype.values and self.kv_dtype not in VLLM_KV_DTYPES
                 and (stored is None or (stored.engine, stored.kv_dtype) != (self.engine, self.kv_dtype))):
             raise ValidationError({"kv_dtype": f"vLLM 0.33.0 has no '{self.kv_dtype}' KV cache (--kv-cache-dtype); "
@@ -206,13 +211,18 @@ class Release(RegistryModel):
     def _clean_new_adapters(self, stored: Release | None) -> None:
         """Rules for adapters added or changed now; what is stored stays valid unchanged (nothing stored is lost).
 
-        A new adapter needs a path (one stored without a path may stay as it is), and an adapter whose
-        (name, path) pair is not stored follows ``validate_new_adapter`` (no ``;``).
+        A new adapter needs a path (one stored without a path may stay as it is), an adapter whose (name, path)
+        pair is not stored follows ``validate_new_adapter`` (no ``;``), and a release lists at most
+        ``MAX_ADAPTERS`` adapters (one stored with more may keep them, not add any).
         """
         try:
             validate_adapters(self.adapters)
         except ValidationError:
             return  # reported by clean_fields
+        stored_count = len(stored.lora_adapters) if stored is not None and _adapter_identity(stored.adapters) else 0
+        if len(self.lora_adapters) > max(MAX_ADAPTERS, stored_count):
+            raise ValidationError({"adapters": f"A release loads at most {MAX_ADAPTERS} LoRA adapters (it lists "
+                                               f"{len(self.lora_adapters)})."})
         stored_pairs = set(_adapter_identity(stored.adapters) or []) if stored is not None else set()
         for adapter in self.lora_adapters:
             if (adapter.name, adapter.path) not in stored_pairs:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import secrets
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -12,6 +13,10 @@ from tenants.fields import ByteSizeField
 from tenants.models.base import RegistryModel
 from tenants.models.tenant import Tenant
 from tenants.validators import validate_dns_label, validate_no_whitespace
+
+#: Why a salt held by another tenant (a live group or a deleted one's reservation) is refused: the message names
+#: nothing outside the caller's tenant, and is the same whether the other group exists or was deleted.
+SALT_NOT_AVAILABLE = "This cache_salt is not available; omit cache_salt to get a fresh one."
 
 
 def generate_cache_salt() -> str:
@@ -25,7 +30,8 @@ class RequestGroup(RegistryModel):
     vLLM puts the salt into the first block hash, so every later block hash differs between salts. The salt is
     generated once when the group is created without one and never changes afterwards; an explicitly empty
     salt means the default shared cache (one such group per tenant). Non-empty salts are unique. ``budget_bytes``
-    (optional) is the group's share of the tenant quota.
+    (optional) is the group's share of the tenant quota. A tenant has at most ``KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT``
+    groups (each is in the config document of every node running one of its instances).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="request_groups")
@@ -86,24 +92,54 @@ class RequestGroup(RegistryModel):
         elif self.cache_salt is not None:
             if stored is None or stored.cache_salt != self.cache_salt:
                 self._refuse_reserved_salt()
-            self.unique_together_check(
-                "cache_salt",
-                "This cache_salt is already used by another request group; salts must be unique.",
-                cache_salt=self.cache_salt,
-            )
+            self._refuse_used_salt()
+        if stored is None:
+            self._refuse_over_cap()
         budgets.check_budget(self, self.tenant)
 
+    def _refuse_over_cap(self) -> None:
+        """Raise ``ValidationError`` on ``tenant`` when the tenant already has ``KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT``
+        groups: every instance of the tenant carries all of them in the config document of its node, which the
+        node's other tenants' instances share."""
+        cap = settings.KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT
+        if RequestGroup._base_manager.filter(tenant_id=self.tenant_id).count() >= cap:
+            raise ValidationError(
+                {"tenant": f"Tenant '{self.tenant}' already has {cap} request groups, the most one tenant may have "
+                           "(KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT). Delete one first."},
+                code="max_count",
+            )
+
     def _refuse_reserved_salt(self) -> None:
-        """Raise ``ValidationError`` on ``cache_salt`` when it belonged to a deleted group (see ``ReservedSalt``)."""
+        """Raise ``ValidationError`` on ``cache_salt`` when it belonged to a deleted group (see ``ReservedSalt``).
+
+        A salt of a deleted group of this tenant is named with that group; one of another tenant gets
+        ``SALT_NOT_AVAILABLE`` (nothing of the other tenant, nor whether its group still exists)."""
         from tenants.models.reserved_salt import ReservedSalt
 
         reserved = ReservedSalt.objects.filter(cache_salt=self.cache_salt).first()
-        if reserved is not None:
-            raise ValidationError(
-                {
-                    "cache_salt": f"This cache_salt belonged to deleted request group '{reserved.group_name}' "
-                    f"(tenant '{reserved.tenant_id}'); a new group with it would read that group's cached "
-                    "prefixes. Salts stay reserved forever: omit cache_salt to get a fresh one.",
-                },
-                code="reserved",
-            )
+        if reserved is None:
+            return
+        if reserved.tenant_id != self.tenant.tenant_id:
+            raise ValidationError({"cache_salt": SALT_NOT_AVAILABLE}, code="unique")
+        raise ValidationError(
+            {
+                "cache_salt": f"This cache_salt belonged to this tenant's deleted request group "
+                f"'{reserved.group_name}'; a new group with it would read that group's cached prefixes. Salts stay "
+                "reserved forever: omit cache_salt to get a fresh one.",
+            },
+            code="reserved",
+        )
+
+    def _refuse_used_salt(self) -> None:
+        """Raise ``ValidationError`` on ``cache_salt`` when another group holds it (salts are unique across
+        tenants): naming the group when it is this tenant's, else ``SALT_NOT_AVAILABLE``."""
+        other = RequestGroup._base_manager.filter(cache_salt=self.cache_salt).exclude(pk=self.pk).first()
+        if other is None:
+            return
+        if other.tenant_id != self.tenant_id:
+            raise ValidationError({"cache_salt": SALT_NOT_AVAILABLE}, code="unique")
+        raise ValidationError(
+            {"cache_salt": f"Request group '{other.name}' of this tenant already uses this cache_salt; salts must "
+                           "be unique."},
+            code="unique",
+        )

@@ -5,10 +5,11 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from agent.contract.keys import sglang_model_component, vllm_model_name
-from tenants import collisions
+from tenants import collisions, placement
 from tenants.models.base import RegistryModel
 from tenants.models.tenant import Tenant
 from tenants.validators import (
+    validate_model_location,
     validate_model_path,
     validate_served_model_name,
 )
@@ -19,7 +20,9 @@ class ServedModel(RegistryModel):
 
     * ``served_model_name`` — SGLang 0.5.23 ``--served-model-name``; its key prefix replaces ``/`` by ``-``,
       so two names that differ only there are refused.
-    * ``model_path`` — what both engines load (hub id or directory).
+    * ``model_path`` — what both engines load: a hub id, or an absolute directory in normal form, which must lie
+      under the ``model_roots`` of every node running the model (``tenants.placement``); a path set or changed
+      now follows ``validate_model_location``, stored ones keep their value.
     * ``vllm_model_name`` — derived, stored, read-only: vLLM 0.33.0's key identifier (last path component).
       Two models of a tenant with the same ``vllm_model_name`` may exist only while their releases use
       distinct ``cache_prefix`` values (release namespaces).
@@ -65,6 +68,22 @@ class ServedModel(RegistryModel):
         self._derive_vllm_model_name()
         super().save(*args, **kwargs)
 
+    def _clean_new_model_path(self) -> None:
+        """Rules for a model path set or changed now: its form (``validate_model_location``), and the model roots
+        of the nodes that run the model's releases (``tenants.placement``). Raises ``ValidationError`` on
+        ``model_path``; a path the field's own rule refuses is left to it."""
+        try:
+            validate_model_path(self.model_path)
+        except ValidationError:
+            return
+        try:
+            validate_model_location(self.model_path)
+        except ValidationError as error:
+            raise ValidationError({"model_path": error.messages}) from None
+        refusal = placement.check_model_paths(self)
+        if refusal is not None:
+            raise ValidationError({"model_path": refusal})
+
     def clean(self) -> None:
         self._derive_vllm_model_name()
         if self.tenant_id is None or not self.served_model_name or not self.model_path:
@@ -103,6 +122,8 @@ class ServedModel(RegistryModel):
             tenant_id=self.tenant_id,
             served_model_name=self.served_model_name,
         )
+        if stored is None or stored.model_path != self.model_path:
+            self._clean_new_model_path()
         collisions.check_sglang_prefix(self)
         collisions.check_model_vllm_collisions(self)
         if stored is not None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
 
 from tenants import budgets, collisions
 from tenants.fields import ByteSizeField
@@ -17,6 +17,8 @@ class Tenant(RegistryModel):
     is the requested quota in bytes, 1..2**63-1. Served models, request groups (and through the models,
     releases) belong to one tenant; the budgets of its releases and request groups may not exceed the quota.
     ``tenant_id`` cannot change once one of its releases has served: its cached objects live under that name.
+    A ``tenant_id`` once given to a tenant is never given to another one, even after that tenant is deleted or
+    renamed (``ReservedTenantId``).
     """
 
     tenant_id = models.CharField(
@@ -43,8 +45,21 @@ class Tenant(RegistryModel):
 
         return Release.objects.filter(model__tenant=self, first_served_at__isnull=False).exists()
 
+    def save(self, *args, **kwargs):
+        update_fields = kwargs.get("update_fields")
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if update_fields is None or "tenant_id" in update_fields:
+                from tenants.models.reserved_tenant_id import record_tenant_id
+
+                record_tenant_id(self)
+
     def clean(self) -> None:
+        from tenants.models.reserved_tenant_id import refuse_reserved_tenant_id
+
         stored = self.stored()
+        if stored is None or stored.tenant_id != self.tenant_id:
+            refuse_reserved_tenant_id(self)
         if stored is not None and stored.tenant_id != self.tenant_id and stored.has_served():
             raise ValidationError(
                 {

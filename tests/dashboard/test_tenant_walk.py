@@ -74,12 +74,12 @@ class World:
     b_token_key: str = ""
 
 
-def _tenant(world: dict, name: str, port: int, node: Node, *, salt: str, prefix: str) -> None:
+def _tenant(world: dict, name: str, port: int, node: Node, *, salt: str, prefix: str, gpu: str) -> None:
     tenant = make_tenant(f"{prefix}-t", "10GB", description=f"{prefix} description")
     model = make_model(tenant, f"{prefix}-model", f"org/{prefix}-weights", description=f"{prefix} model")
     release = make_release(model, f"{prefix}-ns", state="serving", description=f"{prefix} release")
     group = make_group(tenant, f"{prefix}-grp", cache_salt=salt, description=f"{prefix} group")
-    assignment = make_assignment(node, release, port=port)
+    assignment = make_assignment(node, release, port=port, gpu_ids=gpu)
     world.update({Tenant: tenant, ServedModel: model, Release: release, RequestGroup: group,
                   InstanceAssignment: assignment})
 
@@ -92,8 +92,8 @@ def world(django_user_model, monkeypatch, settings) -> World:
     settings.KVPOOL_METRICS_TOKEN = "scrape-token"
     monkeypatch.setattr(purge.app, "send_task", lambda *args, **kwargs: None)
     w = World(node=make_node("node-shared", "10.0.0.5"))
-    _tenant(w.a, "alpha", 8000, w.node, salt="alpha-salt-1", prefix="alpha")
-    _tenant(w.b, "bravo", 8001, w.node, salt=f"{MARK}-salt-1", prefix=MARK)
+    _tenant(w.a, "alpha", 8000, w.node, salt="alpha-salt-1", prefix="alpha", gpu="0")
+    _tenant(w.b, "bravo", 8001, w.node, salt=f"{MARK}-salt-1", prefix=MARK, gpu="1")
     b_tenant, b_model = w.b[Tenant], w.b[ServedModel]
     # B's history: a renamed release (reserved namespace), a deleted group (reserved salt), a purged old release
     renamed = make_release(b_model, f"{MARK}-ns0", weights_revision="r0")

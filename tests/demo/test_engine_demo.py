@@ -125,7 +125,8 @@ def test_form_messages_are_read_from_the_page():
 
 
 class Rest:
-    """``demo.api.RestClient``'s ``post`` on Django's test client (the real API, its validation included)."""
+    """``demo.api.RestClient``'s ``post`` and ``patch`` on Django's test client (the real API, its validation
+    included)."""
 
     def __init__(self, client) -> None:
         self.client = client
@@ -135,6 +136,11 @@ class Rest:
             body = {**body, "confirm_overcommit": True}
         response = self.client.post(f"/api/v1/{path}", body, format="json")
         assert response.status_code == 201, (path, response.content)
+        return response.json()
+
+    def patch(self, path: str, body: dict) -> dict:
+        response = self.client.patch(f"/api/v1/{path}", body, format="json")
+        assert response.status_code == 200, (path, response.content)
         return response.json()
 
 
@@ -152,6 +158,7 @@ def test_seed_makes_a_valid_engine_registry(admin_api, tmp_path):  # noqa: F811 
     for node in Node.objects.all():
         assert node.store_mode == "standalone-store" and node.store_segment_bytes == engine_scenario.SEGMENT_BYTES
         assert node.kv_events_port == ports.events[node.name]
+        assert node.model_roots == [str(tmp_path)]  # the directory the model is loaded from
     assignments = InstanceAssignment.objects.order_by("port")
     assert [(a.node.name, a.port) for a in assignments] == [("node-a", 9104), ("node-b", 9105)]
     assert dep.instances["a"] == ("node-a", engine_scenario.OLD_NAMESPACE, str(assignments[0].pk))

@@ -83,7 +83,8 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
     make_group(tenant, "shared", cache_salt="")  # the default shared cache: requests without a salt
     make_group(tenant, "app-b", cache_salt=SALT)
     node = make_node("cpu-a", hostname="127.0.0.1", device="cpu", kv_events_port=events_port,
-                     store_mode="standalone-store", store_segment_bytes=128 << 20, store_client_port=client_port)
+                     store_mode="standalone-store", store_segment_bytes=128 << 20, store_client_port=client_port,
+                     model_roots=[str(TINY_MODEL.parent)])
     assignment = make_assignment(node, release, port=api_port)
 
     # the master with the registry's tenants and quotas; the dashboard renders for it

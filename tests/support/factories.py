@@ -65,7 +65,12 @@ def make_group(tenant: Tenant, name: str = "app-a", **kwargs: Any) -> RequestGro
     return validated_save(RequestGroup(tenant=tenant, name=name, **kwargs))
 
 
+#: The model roots a test node declares unless told otherwise: where the tests' absolute model and adapter paths lie.
+TEST_MODEL_ROOTS = ["/adapters", "/models", "/srv"]
+
+
 def make_node(name: str = "node-a", hostname: str = "10.0.0.1", **kwargs: Any) -> Node:
+    kwargs.setdefault("model_roots", list(TEST_MODEL_ROOTS))
     return validated_save(Node(name=name, hostname=hostname, **kwargs))
 
 

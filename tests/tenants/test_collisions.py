@@ -25,7 +25,7 @@ MESSAGE = (
 @pytest.fixture
 def two_models(tenant):
     hub = make_model(tenant, "qwen3-8b-hub", model_path="Qwen/Qwen3-8B")
-    local = make_model(tenant, "qwen3-8b-local", model_path="/models/Qwen3-8B/")
+    local = make_model(tenant, "qwen3-8b-local", model_path="/models/Qwen3-8B")
     assert hub.vllm_model_name == local.vllm_model_name == "Qwen3-8B"
     return hub, local
 

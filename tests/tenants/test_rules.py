@@ -97,6 +97,16 @@ def test_served_model_name_refused(tenant, name, message):
             "('@' separates the fields of vLLM store keys).",
         ),
         ("/models/\x01x", "model_path must not contain control or invisible characters (found U+0001)."),
+        ("-Qwen3-8B", "model_path must not start with '-': the engines get it as a command-line argument, where it "
+                      "would read as an option."),
+        ("/models/Qwen3-8B/", "model_path '/models/Qwen3-8B/' must be written in normal form, '/models/Qwen3-8B' (no "
+                              "'.', '..', '//' or trailing '/')."),
+        ("/models/../etc/Qwen3-8B", "model_path '/models/../etc/Qwen3-8B' must be written in normal form, "
+                                    "'/etc/Qwen3-8B' (no '.', '..', '//' or trailing '/')."),
+        ("../Qwen3-8B", "model_path '../Qwen3-8B' is neither an absolute directory in normal form nor a hub id; give "
+                        "an absolute directory such as '/models/Qwen3-8B' or a hub id such as 'Qwen/Qwen3-8B'."),
+        ("~/Qwen3-8B", "model_path '~/Qwen3-8B' is neither an absolute directory in normal form nor a hub id; give "
+                       "an absolute directory such as '/models/Qwen3-8B' or a hub id such as 'Qwen/Qwen3-8B'."),
     ],
 )
 def test_model_path_refused(tenant, path, message):
@@ -105,7 +115,7 @@ def test_model_path_refused(tenant, path, message):
 
 @pytest.mark.parametrize(
     ("path", "vllm_name"),
-    [("Qwen/Qwen3-8B", "Qwen3-8B"), ("/models/Qwen3-8B", "Qwen3-8B"), ("/models/Qwen3-8B/", "Qwen3-8B"), ("m", "m")],
+    [("Qwen/Qwen3-8B", "Qwen3-8B"), ("/models/Qwen3-8B", "Qwen3-8B"), ("m", "m")],
 )
 def test_vllm_model_name_is_derived_and_stored(tenant, path, vllm_name):
     model = make_model(tenant, model_path=path)
@@ -283,7 +293,9 @@ def test_empty_salt_is_the_single_default_shared_group(tenant):
 def test_cache_salt_unique_across_tenants(tenant):
     make_group(tenant, "a", cache_salt="application-a")
     errors = refused(RequestGroup(tenant=make_tenant("other"), name="b", cache_salt="application-a"))
-    assert errors["cache_salt"] == ["This cache_salt is already used by another request group; salts must be unique."]
+    assert errors["cache_salt"] == ["This cache_salt is not available; omit cache_salt to get a fresh one."]
+    errors = refused(RequestGroup(tenant=tenant, name="b", cache_salt="application-a"))
+    assert errors["cache_salt"] == ["Request group 'a' of this tenant already uses this cache_salt; salts must be unique."]
 
 
 def test_cache_salt_is_stable(tenant):
@@ -374,10 +386,10 @@ def test_assignment_engine_defaults_to_release_engine(node, release):
 def test_assignment_ports_unique_per_node(node, release):
     make_assignment(node, release, port=8000, role="prefill", bootstrap_port=8998)
     assert refused(InstanceAssignment(node=node, release=release, port=8000))["port"] == [
-        "Node 'node-a' already runs an instance on port 8000."
+        "Port 8000 is not available on node 'node-a': another instance uses it. Choose another port."
     ]
     assert refused(InstanceAssignment(node=node, release=release, port=8001, bootstrap_port=8998))["bootstrap_port"] == [
-        "Port 8998 is already used on node 'node-a'."
+        "Port 8998 is not available on node 'node-a': another instance uses it. Choose another port."
     ]
     make_assignment(make_node("node-b"), release, port=8000)
 

@@ -155,7 +155,7 @@ def test_release_fields_computed_and_read_only(api, served_model):
     assert data["tenant_id"] == "acme" and data["served_model_name"] == "qwen3-8b" and data["hash_seed"] == release.hash_seed
     assert data["adapters"] == ADAPTERS
     model = api.post(
-        f"{V1}/models/", {"tenant": served_model.tenant_id, "served_model_name": "m2", "model_path": "/x/Y/", "vllm_model_name": "hacked"}, format="json"
+        f"{V1}/models/", {"tenant": served_model.tenant_id, "served_model_name": "m2", "model_path": "/x/Y", "vllm_model_name": "hacked"}, format="json"
     ).json()
     assert model["vllm_model_name"] == "Y" and model["tenant_id"] == "acme"
 

@@ -16,12 +16,12 @@ def _registry(*, with_sglang: bool = True, **node):
     tenant = make_tenant("acme", quota="8GB")
     release = make_release(make_model(tenant, "qwen3-8b", "/models/Qwen3-8B"), "prod-2026-07", hash_seed="42")
     node = make_node("node-a", **node)
-    vllm = make_assignment(node, release, port=8000)
+    vllm = make_assignment(node, release, port=8000, gpu_ids="0" if with_sglang else "")
     sglang = None
     if with_sglang:  # SGLang mounts its own segment: only on embedded-store nodes
         sglang_release = make_release(make_model(tenant, "other", "/models/Other"), "other-2026-07",
                                       engine="sglang", hash_algo="sha256")
-        sglang = make_assignment(node, sglang_release, port=8001)
+        sglang = make_assignment(node, sglang_release, port=8001, gpu_ids="1")
     return node, vllm, sglang
 
 

@@ -77,8 +77,9 @@ def test_create_every_kind_through_the_forms_and_audit_it(ui, operator):
     assert release.hash_seed == "42"
     ui.post(reverse("ui:request-group-new"), {"tenant": tenant.pk, "name": "app-a", "cache_salt": "salt-a"})
     assert RequestGroup.objects.get(name="app-a").cache_salt == "salt-a"
-    ui.post(reverse("ui:node-new"), {"name": "node-a", "hostname": "10.0.0.1"})
+    ui.post(reverse("ui:node-new"), {"name": "node-a", "hostname": "10.0.0.1", "model_roots": "/adapters\n"})
     node = Node.objects.get(name="node-a")
+    assert node.model_roots == ["/adapters"]
     response = ui.post(reverse("ui:assignment-new"), {
         "node": node.pk, "release": release.pk, "engine": "", "role": "prefill", "port": 8000,
         **{f"{r}_{k}": 0 if k == "rank" else 1 for r in ("tp", "pp", "pcp", "dcp") for k in ("rank", "size")}})

@@ -39,6 +39,7 @@ def test_default_settings_pass():
     ("KVPOOL_HEARTBEAT_SILENCE_SECONDS", True),
     ("KVPOOL_GLOBAL_SEGMENT_SIZE", None),
     ("KVPOOL_AGENT_CLOCK_SKEW_SECONDS", "300"),
+    ("KVPOOL_MAX_INSTANCES_PER_NODE", "64"),
 ])
 def test_e001_non_integer(name, value):
     messages = _messages(**{name: value})
@@ -62,6 +63,8 @@ def test_e001_missing_setting(settings):
     ("KVPOOL_LOCAL_BUFFER_SIZE", -1),
     ("KVPOOL_MAX_REQUEST_BYTES", 1024),
     ("KVPOOL_MAX_JSON_DEPTH", 2),
+    ("KVPOOL_MAX_INSTANCES_PER_TENANT_PER_NODE", 0),
+    ("KVPOOL_MAX_INSTANCES_PER_TENANT", -1),
 ])
 def test_e002_below_minimum(name, value):
     messages = _messages(**{name: value})
@@ -73,6 +76,7 @@ def test_e002_below_minimum(name, value):
     ("KVPOOL_MAX_REQUEST_BYTES", 1024, "65536 bytes"),
     ("KVPOOL_MAX_JSON_DEPTH", 2, "8 levels"),
     ("KVPOOL_LOCAL_BUFFER_SIZE", -1, "0 bytes"),
+    ("KVPOOL_MAX_INSTANCES_PER_NODE", 0, "1 instances"),
     ("KVPOOL_REPUSH_AFTER_SECONDS", 0, "1 seconds"),
 ])
 def test_e002_names_the_unit(name, value, unit):
