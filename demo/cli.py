@@ -368,8 +368,11 @@ class Demo:
     def agent_secret_file(self, node: str, node_id: int) -> Path:
         """Write ``node``'s signing secret, read through the REST API, to ``<var-dir>/<node>.secret`` (mode 0600)."""
         secret_file = self.var / f"{node}.secret"
-        secret_file.write_text(self.api.get(f"nodes/{node_id}/secret/")["signing_secret"])
-        secret_file.chmod(0o600)
+        secret = self.api.get(f"nodes/{node_id}/secret/")["signing_secret"]
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # the agent refuses a secret file others may read
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret)
         return secret_file
 
     def launch_agents(self, argvs: dict[str, list[str]]) -> None:

@@ -124,11 +124,32 @@ def secure_state_dir(path: Path, *, traversable: bool = False) -> None:
             os.chmod(entry.path, 0o600)
 
 
+def private_file(path: Path) -> None:
+    """Create ``path`` (empty) when missing and make it 0600: the agent's alone. SQLite gives a database's ``-wal``
+    and ``-shm`` files the database file's mode, so calling this before ``sqlite3.connect`` covers them too."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600))
+    os.chmod(path, 0o600)
+
+
+def secret_file_problem(path: Path) -> str | None:
+    """Why the node's signing secret file ``path`` must not be used, else None: it is readable or writable by
+    group or others (whoever reads it can sign documents for this node and read its encrypted queue), or it
+    belongs to another account than the agent's or root (that account could replace it). ``chmod 600`` fixes
+    the first."""
+    info = os.stat(path)
+    if info.st_mode & 0o077:
+        return (f"{path} is readable or writable by group or others (mode {info.st_mode & 0o7777:04o}): "
+                f"chmod 600 {path}")
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"{path} belongs to uid {info.st_uid}, not to the agent (uid {os.geteuid()}) or root"
+    return None
+
+
 def inside(child: Path, parent: Path) -> bool:
     """Whether ``child`` is ``parent`` or below it (both made absolute, not resolved)."""
     child, parent = Path(os.path.abspath(child)), Path(os.path.abspath(parent))
     return child == parent or parent in child.parents
 
 
-__all__ = ["AGENT_UMASK", "INSTANCE_ROOT_MODE", "Account", "AccountError", "agent_account", "inside", "privileged",
-           "resolve_account", "restrict_umask", "secure_state_dir"]
+__all__ = ["AGENT_UMASK", "INSTANCE_ROOT_MODE", "Account", "AccountError", "agent_account", "inside", "private_file",
+           "privileged", "resolve_account", "restrict_umask", "secret_file_problem", "secure_state_dir"]

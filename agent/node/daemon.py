@@ -112,6 +112,9 @@ def _lock_state_dir(state_dir: Path):
     Raises ``RuntimeError`` when another agent already uses the directory (two agents would each keep their
     own applied version and interleave sequences).
     """
+    from agent.node.accounts import private_file
+
+    private_file(state_dir / "lock")
     handle = open(state_dir / "lock", "a+")  # noqa: SIM115 (held, and the lock with it, until the process exits)
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -165,7 +168,7 @@ class Daemon:
         self.node = node
         self._secret = secret
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock_file = _lock_state_dir(self.state_dir)
         self._publish = publish
         self._binder = binder
@@ -214,7 +217,10 @@ class Daemon:
     def _persist(self, raw: Mapping[str, Any]) -> None:
         path = self._applied_path
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
+        # 0600: the document holds the seed and salts of every co-located tenant
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(raw, sort_keys=True))  # same text as json.dump, but the C encoder
             handle.flush()
             os.fsync(handle.fileno())
