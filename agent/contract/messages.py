@@ -78,12 +78,13 @@ NonNegative = Annotated[int, Field(ge=0)]
 
 #: Reason codes an ``Ack`` carries when ``status`` is ``rejected``.
 REJECT_REASONS = (
+    "undecryptable",  # a sealed envelope that does not open with this node's secret (agent.contract.sealing)
     "unsigned",  # no signature member
     "bad_signature",  # HMAC mismatch: tampered, or signed with another node's secret
     "invalid",  # not a config document of this schema (field named in ``error``)
     "unsupported_schema",  # a ``schema`` this agent does not speak
     "wrong_node",  # addressed to another node
-    "stale",  # version older than the applied one
+    "stale",  # version older than the applied one, or issued too long ago for an agent without state (freshness)
     "version_conflict",  # same version as the applied one, different content
     "apply_failed",  # valid, but building or persisting the new bindings failed
 )

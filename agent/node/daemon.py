@@ -2,7 +2,8 @@
 
 ``Daemon.handle_document`` is what the Celery task ``agent.apply_config`` runs for each received document:
 
-1. verify the HMAC signature over the document exactly as received (``unsigned`` / ``bad_signature``);
+1. open the envelope it arrives in, encrypted to this node (``agent.contract.sealing``: ``undecryptable``), then
+   verify the HMAC signature over the document exactly as it came out (``unsigned`` / ``bad_signature``);
 2. validate it against ``agent.contract.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``: schemas 1
    and 2 apply, ``agent.contract.messages.DOCUMENT_SCHEMAS``), check it is
    addressed to this node (``wrong_node``) and newer than the applied one (``stale`` /
@@ -46,7 +47,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from agent.contract import signing
+from agent.contract import sealing, signing
 from agent.contract.messages import (
     DOCUMENT_SCHEMAS,
     Ack,
@@ -188,6 +189,7 @@ class Daemon:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._broker_ok = True
+        self._plain_warned = False
         self.current: AppliedConfig | None = self._load_applied()
 
     # --- applied state ------------------------------------------------------------------------------------
@@ -250,13 +252,15 @@ class Daemon:
 
         Never raises for a bad document: the rejection is logged (WARNING, with the reason) and acked.
         """
-        version = raw.get("version") if isinstance(raw, Mapping) else None
-        version = version if isinstance(version, int) and not isinstance(version, bool) else None
         digest: str | None = None
+        version: int | None = None
         with self._apply_lock:
             try:
                 if not isinstance(raw, Mapping):
                     raise Rejected("invalid", f"expected a JSON object, got {type(raw).__name__}")
+                raw = self._unsealed(raw)
+                number = raw.get("version")
+                version = number if isinstance(number, int) and not isinstance(number, bool) else None
                 try:
                     signing.verify(raw, self._secret)
                 except signing.SignatureError as exc:
@@ -275,6 +279,20 @@ class Daemon:
             ack = self._queue_ack(status, version, digest, reason, error)
         self._wake.set()
         return ack
+
+    def _unsealed(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The document inside a sealed envelope (``agent.contract.sealing``); a plain one (a dashboard that does
+        not seal yet) as it is, with a warning once. Raises ``Rejected`` (``undecryptable`` / ``invalid``)."""
+        if not sealing.is_sealed(raw):
+            if not self._plain_warned:
+                self._plain_warned = True
+                log.warning("node %s: a config document arrived unencrypted: its seeds and salts were readable on "
+                            "the broker (upgrade the dashboard: it seals documents to their node)", self.node)
+            return raw
+        try:
+            return sealing.unseal(raw, self._secret, node=self.node)
+        except sealing.SealError as exc:
+            raise Rejected(exc.reason, str(exc)) from None
 
     def _validate(self, raw: Mapping[str, Any]) -> ConfigDocument:
         if raw.get("schema") not in DOCUMENT_SCHEMAS:

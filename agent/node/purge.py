@@ -1,10 +1,11 @@
 """Agent side of a release purge: remove every Store key of one release namespace with ``remove_by_regex``.
 
-The dashboard sends a signed :class:`PurgeRequest` (Celery task ``agent.purge_namespace`` on queue
-``agent.<node>``) after an operator confirmed the purge of a **retired** release. The agent verifies the HMAC
-signature with its node secret (the same scheme as config documents, ``agent.contract.signing``), builds the regex of
-the release namespace from the key grammar (``agent.contract.keys.release_regex``: every rank, group and block of the
-release's model under that namespace), opens a Store client of the request's tenant, calls
+The dashboard sends a signed :class:`PurgeRequest`, sealed to the node (``agent.contract.sealing``; Celery task
+``agent.purge_namespace`` on queue ``agent.<node>``) after an operator confirmed the purge of a **retired**
+release. The agent opens the envelope and verifies the HMAC signature with its node secret (the same scheme as
+config documents, ``agent.contract.signing``), builds the regex of the release namespace from the key grammar
+(``agent.contract.keys.release_regex``: every rank, group and block of the release's model under that namespace),
+opens a Store client of the request's tenant, calls
 ``remove_by_regex`` and answers with a :class:`PurgeResult` (task ``dashboard.purge_result`` on queue
 ``dashboard.control``) carrying the number of objects the master removed.
 
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.contract import signing
+from agent.contract import sealing, signing
 from agent.contract.keys import release_keys_regex
 from agent.contract.messages import (  # the purge messages live with every other wire format; re-exported here
     PURGE_RESULT_QUEUE,
@@ -74,12 +75,18 @@ def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str]
     comes back with ``error`` set and ``removed`` 0 (logged at WARNING); one without a readable ``purge_id``
     is answered as purge ``unknown``, which the dashboard matches to no request and drops.
     """
-    purge_id = raw.get("purge_id") if isinstance(raw, dict) else None
-    purge_id = purge_id if isinstance(purge_id, str) and 0 < len(purge_id) <= 64 else "unknown"
     removed, error = 0, ""
+    purge_id = "unknown"
     try:
         if not isinstance(raw, dict):
             raise MessageError(f"expected a JSON object, got {type(raw).__name__}")
+        if sealing.is_sealed(raw):
+            try:
+                raw = sealing.unseal(raw, secret, node=node)
+            except sealing.SealError as exc:
+                raise MessageError(f"{exc.reason}: {exc}") from None
+        found = raw.get("purge_id")
+        purge_id = found if isinstance(found, str) and 0 < len(found) <= 64 else "unknown"
         try:
             signing.verify(raw, secret)
         except signing.SignatureError as exc:

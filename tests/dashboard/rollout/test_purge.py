@@ -174,14 +174,17 @@ def test_request_is_audited_and_signed_per_node(retired, sent):
     assert [kw["queue"] for _, kw in sent] == ["agent.node-a", "agent.node-b"]
     assert all(kw["expires"] > 0 for _, kw in sent)
     assert {name for name, _ in sent} == {PURGE_TASK}
+    from agent.contract.sealing import is_sealed, unseal
     from tenants.models import Node
 
     for _, kwargs in sent:
-        raw = kwargs["args"][0]
-        node = Node.objects.get(name=raw["node"])
-        signing.verify(raw, node.signing_secret)  # each node's own secret
+        envelope = kwargs["args"][0]
+        assert is_sealed(envelope) and "prod-a" not in str(envelope) and "prod-a" not in kwargs["argsrepr"]
+        node = Node.objects.get(name=envelope["node"])
+        raw = unseal(envelope, node.signing_secret, node=node.name)  # sealed to each node with its own secret
+        signing.verify(raw, node.signing_secret)
         store = RegexStore(vllm_keys("prod-a"))
-        result = handle_purge(raw, node=node.name, secret=node.signing_secret,
+        result = handle_purge(envelope, node=node.name, secret=node.signing_secret,
                               open_store=lambda t, store=store: store)
         assert purge.record_purge_result(result) is True
     status = purge.purge_status(purge_id)
