@@ -456,7 +456,12 @@ class ConfigDocument(Message):
 
     ``version`` grows by one for each change of content for this node (the dashboard keeps the counter in its
     database); the agent refuses a version below the one it applied (``stale``). ``issued_at`` is when the
-    version was created. ``signature`` = HMAC-SHA256 over the canonical encoding (``agent.contract.signing``).
+    version was created. ``sent_at`` is when the dashboard sent this delivery of it (stamped and signed at each
+    send, re-pushes included; not part of the version's digest, ``agent.contract.signing.document_digest``): the
+    agent refuses a delivery sent longer ago than its freshness window (``stale``), so a captured document
+    replayed later applies nowhere, a fresh agent's empty state included, while a re-push of the current
+    version after an outage does. "" from dashboards before it. ``signature`` = HMAC-SHA256 over the canonical
+    encoding (``agent.contract.signing``).
 
     ``schema`` is ``DOCUMENT_SCHEMA_VERSION`` (2) as the dashboard writes it; schema 1 (no ``node_settings``, no
     instance ``launch``) is still read. ``node_settings`` (schema 2) says what the agent runs for the node's
@@ -470,6 +475,7 @@ class ConfigDocument(Message):
     node: NodeName
     version: Annotated[int, Field(ge=1)]
     issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
+    sent_at: str = ""  # ISO-8601 UTC of this delivery ("" from older dashboards)
     store: StoreEndpoints
     instances: list[InstanceSpec] = Field(default_factory=list)
     node_settings: NodeSettings | None = None

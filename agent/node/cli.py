@@ -200,8 +200,10 @@ def run(args: argparse.Namespace) -> int:
         _usage_error(f"state directory {state_dir}: {exc}")
     ledger_file = _restore_ledger(ledger, state_dir)
     register_tasks(app, daemon)
+    from agent.node.freshness import SEEN_PURGES_FILE, SeenPurges
+
     register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
-                        ledger=daemon.ledger)
+                        ledger=daemon.ledger, seen=SeenPurges(state_dir / SEEN_PURGES_FILE))
     if simulator is not None:
         from agent.sim.workload import register_workload_task
 

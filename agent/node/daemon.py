@@ -6,7 +6,9 @@
    verify the HMAC signature over the document exactly as it came out (``unsigned`` / ``bad_signature``);
 2. validate it against ``agent.contract.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``: schemas 1
    and 2 apply, ``agent.contract.messages.DOCUMENT_SCHEMAS``), check it is
-   addressed to this node (``wrong_node``) and newer than the applied one (``stale`` /
+   addressed to this node (``wrong_node``), fresh (``stale``: sent within the freshness window,
+   ``agent.node.freshness``; a replayed document applies nowhere, a re-push of the current version does) and newer
+   than the applied one (``stale`` /
    ``version_conflict``; a re-delivery of the applied version with the same digest is acked again);
 3. build the new bindings — per instance, made by ``binder``; by default the connector's frozen
    ``agent.datapath.keyspace.KeySpace`` objects keyed by ``(tp_rank, request group)`` — into a new, immutable
@@ -144,6 +146,8 @@ class Daemon:
         report_fields: extra fields of every ``Report`` (per-instance engine facts), read when it is built.
         report_interval / heartbeat_interval: seconds between reports / heartbeats.
         outbox_max: most undelivered messages kept on disk.
+        max_message_age / clock_skew: the freshness window of received documents' ``sent_at`` (seconds;
+            ``agent.node.freshness``: 2 h back, 5 min ahead by default).
     """
 
     def __init__(
@@ -161,7 +165,11 @@ class Daemon:
         report_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         outbox_max: int = DEFAULT_MAX_MESSAGES,
+        max_message_age: float | None = None,
+        clock_skew: float | None = None,
     ) -> None:
+        from agent.node.freshness import DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS
+
         if not secret:
             raise ValueError("the node's signing secret is empty")
         if report_interval <= 0 or heartbeat_interval <= 0:
@@ -178,6 +186,8 @@ class Daemon:
         self._on_apply: list[Callable[[AppliedConfig], None]] = (
             [] if on_apply is None else [on_apply] if callable(on_apply) else list(on_apply))
         self._report_fields = report_fields
+        self.max_message_age = DEFAULT_MAX_AGE_SECONDS if max_message_age is None else max_message_age
+        self.clock_skew = DEFAULT_CLOCK_SKEW_SECONDS if clock_skew is None else clock_skew
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
         self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max,
@@ -204,7 +214,7 @@ class Daemon:
             return None
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            applied = self._build(parse_document(raw), signing.digest(raw))
+            applied = self._build(parse_document(raw), signing.document_digest(raw))
         except (OSError, ValueError) as exc:  # MessageError and the binders' errors are ValueErrors
             raise RuntimeError(f"cannot resume from {path}: {exc} (move the file away to accept any version "
                                "again)") from None
@@ -265,8 +275,9 @@ class Daemon:
                     signing.verify(raw, self._secret)
                 except signing.SignatureError as exc:
                     raise Rejected(exc.reason, str(exc)) from None
-                digest = signing.digest(raw)
+                digest = signing.document_digest(raw)
                 document = self._validate(raw)
+                self._check_fresh(document)
                 applied = self._apply(raw, document, digest)
                 status, reason, error = "applied", "", ""
                 if applied:
@@ -293,6 +304,22 @@ class Daemon:
             return sealing.unseal(raw, self._secret, node=self.node)
         except sealing.SealError as exc:
             raise Rejected(exc.reason, str(exc)) from None
+
+    def _check_fresh(self, document: ConfigDocument) -> None:
+        """Refuse (``stale``) a delivery sent outside the freshness window, and an unstamped one on an agent that
+        has applied nothing (``agent.node.freshness``)."""
+        from agent.node.freshness import NotFresh, check_fresh
+
+        if not document.sent_at:
+            if self.current is None:
+                raise Rejected("stale", "document carries no sent_at stamp and this agent has applied nothing: an "
+                                        "old document replayed cannot be told from a current one (upgrade the "
+                                        "dashboard: it stamps every delivery)")
+            return
+        try:
+            check_fresh(document.sent_at, what="sent_at", max_age=self.max_message_age, skew=self.clock_skew)
+        except NotFresh as exc:
+            raise Rejected("stale", str(exc)) from None
 
     def _validate(self, raw: Mapping[str, Any]) -> ConfigDocument:
         if raw.get("schema") not in DOCUMENT_SCHEMAS:

@@ -12,7 +12,8 @@
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
-* ``send_many(pairs)`` — signs with each node's current ``signing_secret``, seals the signed document to the node
+* ``send_many(pairs)`` — stamps each delivery's ``sent_at`` (the agent's freshness check), signs with each node's
+  current ``signing_secret``, seals the signed document to the node
   (``agent.contract.sealing``: AES-256-GCM under a key derived from that secret) and publishes the Celery task
   ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``), all documents of
   one call in one Redis pipeline (kombu ``Producer.batch``).
@@ -347,11 +348,13 @@ def send_many(pairs) -> int:
     ``pushed_version``/``pushed_at`` (one UPDATE per distinct version).
     """
     errors: dict[str, str] = {}
+    sent_at = _issued_at(timezone.now())
     documents: list[tuple[str, int, dict[str, Any]]] = []
     versions: dict[str, int] = {}
     for node, config_version in pairs:
         try:
-            signed = signing.signed(config_version.document, node.signing_secret)
+            stamped = {**config_version.document, signing.SENT_AT_FIELD: sent_at}  # this delivery's freshness
+            signed = signing.signed(stamped, node.signing_secret)
             documents.append((node.name, config_version.version, seal(signed, node.signing_secret, node=node.name)))
         except ValueError as exc:  # an empty secret: nothing the agent could verify
             errors[node.name] = f"{type(exc).__name__}: {exc}"

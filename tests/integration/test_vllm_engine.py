@@ -16,6 +16,7 @@ model is built once. About a minute once the environment exists (the engine is r
 """
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -206,7 +207,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         # a purge of the release removes exactly its keys in its tenant, and the ledger forgets them
         request = PurgeRequest(purge_id="p1", node=node.name, tenant_id=tenant.tenant_id, engine="vllm",
                                namespace=NAMESPACE, model="tiny-llama", served_model_name="tiny",
-                               issued_at="2026-12-01T00:00:00Z")
+                               issued_at=signing.timestamp(datetime.now(UTC)))
         result = handle_purge(signed_request(request, node.signing_secret), node=node.name,
                               secret=node.signing_secret, open_store=daemon_store_opener(daemon), ledger=ledger)
         assert result["error"] == "" and result["removed"] == len(held)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,7 @@ def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their
     try:
         wire = document([spec("7")], port, version=4).to_wire()
         wire.pop("signature")
+        wire["sent_at"] = signing.timestamp(datetime.now(UTC))  # stamped when the dashboard sends it
         ack = daemon.handle_document(signing.signed(wire, SECRET))
         assert ack["status"] == "applied" and calls == ["first"]  # a failing hook does not skip the next one
         assert (tmp_path / "instances" / "7" / "launch.sh").is_file()

@@ -279,3 +279,21 @@ def test_another_client_reading_the_raw_broker_finds_no_seed_or_salt(registry, d
                                                                 ["body"]))
     opened = unseal(envelope, registry.node_a.signing_secret, node="node-a")
     assert any(g["cache_salt"] == "salt-a" for g in opened["instances"][0]["request_groups"])
+
+
+def test_every_delivery_is_stamped_fresh_and_keeps_the_version_s_digest(registry, sent):
+    """Issue 16 item 10: a re-push of the same version carries a new signed ``sent_at`` (the agent's freshness check)
+    but the same digest, so the agent's ack matches the version the dashboard stored."""
+    from agent.contract.sealing import unseal
+    from dashboard.models import ConfigVersion
+
+    push_nodes(["node-a"])
+    push_nodes(["node-a"], force=True)
+    first, second = (unseal(call.kwargs["args"][0], registry.node_a.signing_secret, node="node-a")
+                     for call in sent.call_args_list)
+    stored = ConfigVersion.objects.get(node_name="node-a", version=1)
+    assert first["version"] == second["version"] == 1 and first["sent_at"] and first["sent_at"] <= second["sent_at"]
+    assert first["issued_at"] == second["issued_at"] and "sent_at" not in stored.document
+    for delivered in (first, second):
+        signing.verify(delivered, registry.node_a.signing_secret)  # the stamp is signed
+        assert signing.document_digest(delivered) == stored.digest
