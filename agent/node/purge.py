@@ -165,7 +165,7 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
     """
 
     def default_publish(result: dict[str, Any]) -> None:
-        app.send_task(PURGE_RESULT_TASK, args=[result], queue=PURGE_RESULT_QUEUE, retry=True,
+        app.send_task(PURGE_RESULT_TASK, args=[result], queue=PURGE_RESULT_QUEUE, declare=[], retry=True,
                       retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                                     "interval_max": 1.0})
 
