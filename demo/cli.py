@@ -62,7 +62,8 @@ DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.cont
 #: every node (also nodes added by hand during the session), the dashboard's queues and kombu's exchange bindings
 #: (``_kombu.binding.*``, ``_kombu.binding_permanent.*``, ``_kombu.binding_deadlines``).
 DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
-AGENT_COMMAND = [sys.executable, "-m", "agent", "run"]
+#: The demo runs every process as one user (``--single-user``: engines run as the agent's account, root included).
+AGENT_COMMAND = [sys.executable, "-m", "agent", "run", "--single-user"]
 #: ``--engine`` values: the engine simulator in the agents, or real vLLM instances (``demo.engine_demo``).
 ENGINES = ("simulator", "vllm")
 #: Trace conversations the ``--engine vllm`` run sends by default (``demo.engine_demo.DEFAULT_CONVERSATIONS``).

@@ -3,7 +3,7 @@
     kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D] [--instance-root D]
                         [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
                         [--metrics-interval S] [--pool solo|threads] [--outbox-max N] [--loglevel LEVEL]
-                        [--simulate-engines [--launch-overrides F]]
+                        [--single-user] [--simulate-engines [--launch-overrides F]]
 
 The signing secret comes from ``--secret-file`` (refused when group or others may read it, or another account owns
 it) or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the agent refuses to start without one (it could not
@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="most undelivered reports/acks kept on disk")
     run.add_argument("--loglevel", type=str.upper, choices=LOG_LEVELS, default="INFO",
                      help="logging level (default INFO)")
+    run.add_argument("--single-user", action="store_true",
+                     help="run every engine instance as the agent's own account, even as root (demos, development "
+                          "machines): instance directories are not given to the tenants' engine accounts, and "
+                          "instances on the node are not kept from each other's files and sockets")
     run.add_argument("--simulate-engines", action="store_true",
                      help="play the document's engine instances: run agent.run_workload batches through the "
                           "connector into the Store (where no engine runs)")
@@ -272,7 +276,8 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
     if observe:
         tune_gc()  # attribution of engine writes allocates per block (agent.node.engines.ENGINE_GC_THRESHOLD)
     return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
-                       reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval)
+                       reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
+                       is_privileged=False if args.single_user else None)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

@@ -275,10 +275,10 @@ class NodeEngines:
         if launches and not self.privileged and not self._fallback_logged:
             self._fallback_logged = True
             own = next(iter(accounts.values()))
-            log.warning("node %s: the agent is not privileged (not root, no CAP_CHOWN/CAP_DAC_OVERRIDE/CAP_FOWNER): "
-                        "every instance directory stays the agent's (uid %s) and the engines must run as it; "
-                        "instances on this node are not kept from each other's files and sockets", self.node,
-                        getattr(own, "uid", "?"))
+            log.warning("node %s: single-user mode (the agent is not privileged: not root, no CAP_CHOWN/"
+                        "CAP_DAC_OVERRIDE/CAP_FOWNER; or --single-user): every instance directory stays the agent's "
+                        "(uid %s) and the engines must run as it; instances on this node are not kept from each "
+                        "other's files and sockets", self.node, getattr(own, "uid", "?"))
         return accounts
 
     def event_source(self, instance: Any) -> Any:
