@@ -31,6 +31,11 @@ Then the real engines (from the per-instance facts of the agents' reports, ``das
 8. ``engine_events_flow`` — *Engines' events reach their agent*: every observed engine answers its ``/metrics``,
    one that serves requests sends KV events, and none were lost (``seq_gaps``) or garbled.
 
+8b. ``engine_events_trusted`` — *Only the instance publishes as the instance*: every observed instance's KV events
+   come from a socket only its account can have made (``events_status`` ``connected`` or ``waiting``); one its
+   agent refuses (another account's socket, a directory others can write: a squatter), a ``tcp://`` endpoint any
+   local process could bind, or an instance without an account on its node fails (issue 16).
+
 And the pool's capacity:
 
 9. ``quota_capacity`` — *Applying a Mooncake quota to each logical tenant.* (seed overview): every tenant gets
@@ -447,8 +452,8 @@ def check_engine_events_flow(now: datetime) -> CheckResult:
                                 f"({row.metrics_error or 'no answer'}): not started, or not on its port")
             elif row.messages == 0 and row.prefix_cache_queries > 0:
                 problems.append(f"{where}: the engine served {row.prefix_cache_queries} prompt token(s) but no "
-                                f"KV event reached the agent in {age} s (check the engine's --kv-events-config "
-                                "endpoint against the node's KV events port)")
+                                f"KV event reached the agent in {age} s (see the instance's KV events status on "
+                                "its node page)")
         if row.seq_gaps:
             problems.append(f"{where}: {row.seq_gaps} KV-event message(s) lost (sequence gaps): Store blocks are "
                             "missing from the agent's ledger")
@@ -463,6 +468,32 @@ def check_engine_events_flow(now: datetime) -> CheckResult:
     else:
         summary = f"{len(problems)} problem(s) with engine events"
     return CheckResult("engine_events_flow", "Engines' events reach their agent", "", passed, summary,
+                       _capped(problems))
+
+
+def check_engine_events_trusted(now: datetime) -> CheckResult:
+    """Fail for every observed instance whose agent does not receive its KV events from a socket only the instance's
+    account can have made (``InstanceStats.events_untrusted``: a refused socket, a tcp endpoint, no account), and
+    for messages that arrived on an instance's socket under another instance's topic (``topic_mismatch``)."""
+    problems: list[str] = []
+    rows = _observed_engines()
+    for row in rows:
+        if row.events_untrusted:
+            refusals = f" ({row.events_refusals} refused connection attempt(s))" if row.events_refusals else ""
+            problems.append(f"{_where(row)}: KV events {row.events_status}{refusals}: {row.events_problem}")
+        if row.topic_mismatch:
+            problems.append(f"{_where(row)}: {row.topic_mismatch} KV-event message(s) on its socket under another "
+                            "topic (dropped): its engine runs with another instance's --kv-events-config")
+    passed = not problems
+    connected = sum(row.events_status == "connected" for row in rows)
+    if not rows:
+        summary = "no engine instance observed"
+    elif passed:
+        summary = (f"{connected} of {len(rows)} engine instance(s) connected, each on a socket only its own account "
+                   "can have made")
+    else:
+        summary = f"{len(problems)} instance(s) whose KV events the agent cannot vouch for"
+    return CheckResult("engine_events_trusted", "Only the instance publishes as the instance", "", passed, summary,
                        _capped(problems))
 
 
@@ -622,8 +653,8 @@ def check_nodes_reporting(now: datetime) -> CheckResult:
 
 CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
     check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
-    check_engines_hash_registered, check_blocks_registered, check_engine_events_flow, check_quota_capacity,
-    check_budgets_fit, check_master_healthy, check_nodes_reporting,
+    check_engines_hash_registered, check_blocks_registered, check_engine_events_flow, check_engine_events_trusted,
+    check_quota_capacity, check_budgets_fit, check_master_healthy, check_nodes_reporting,
 )
 
 

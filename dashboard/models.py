@@ -242,7 +242,9 @@ class InstanceStats(models.Model):
     ``hash_mismatch`` + ``unresolved_parent`` + ``unverifiable``), stream troubles (``decode_errors``,
     ``seq_gaps``, ``seq_resets``), and the engine's ``/metrics`` in tokens (``prefix_cache_*``: its own prefix
     cache; ``external_prefix_cache_*``: the Store through its KV connector) and keys per Store operation
-    (``store_keys``).
+    (``store_keys``). Where its KV events come from: ``events_endpoint``, ``events_status`` / ``events_problem``
+    (``connected``, ``waiting``, or refused by its agent: ``refused``, ``insecure``, ``unobserved``),
+    ``events_refusals`` and ``topic_mismatch`` (``agent.contract.messages.InstanceStats``).
     """
 
     node_name = models.CharField(max_length=128)
@@ -279,12 +281,17 @@ class InstanceStats(models.Model):
     metrics_scrapes = models.BigIntegerField(default=0)
     metrics_errors = models.BigIntegerField(default=0)
     metrics_error = models.TextField(blank=True, default="")
+    events_endpoint = models.TextField(blank=True, default="")
+    events_status = models.CharField(max_length=16, blank=True, default="")
+    events_problem = models.TextField(blank=True, default="")
+    events_refusals = models.BigIntegerField(default=0)
+    topic_mismatch = models.BigIntegerField(default=0)
 
     #: Counter columns (the ``agent.contract.messages.InstanceStats`` integer fields).
     COUNTERS = ("messages", "events", "blocks_seen", "attributed", "unknown_salt", "unknown_adapter", "hash_mismatch",
                 "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
                 "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
-                "external_prefix_cache_hits", "metrics_scrapes", "metrics_errors")
+                "external_prefix_cache_hits", "metrics_scrapes", "metrics_errors", "events_refusals", "topic_mismatch")
 
     class Meta:
         ordering = ["node_name", "instance_id"]
@@ -307,6 +314,13 @@ class InstanceStats(models.Model):
         """Hit tokens / queried tokens of the engine's own prefix cache (None without queries)."""
         q = self.prefix_cache_queries
         return self.prefix_cache_hits / q if q else None
+
+    @property
+    def events_untrusted(self) -> bool:
+        """Whether its agent refuses or cannot vouch for the socket its KV events would come from."""
+        from agent.contract.messages import InstanceStats as Stats
+
+        return self.events_status in Stats.UNTRUSTED_EVENTS
 
     @property
     def unknown_blocks(self) -> int:

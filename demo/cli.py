@@ -62,7 +62,8 @@ DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.cont
 #: every node (also nodes added by hand during the session), the dashboard's queues and kombu's exchange bindings
 #: (``_kombu.binding.*``, ``_kombu.binding_permanent.*``, ``_kombu.binding_deadlines``).
 DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
-AGENT_COMMAND = [sys.executable, "-m", "agent", "run"]
+#: The demo runs every process as one user (``--single-user``: engines run as the agent's account, root included).
+AGENT_COMMAND = [sys.executable, "-m", "agent", "run", "--single-user"]
 #: ``--engine`` values: the engine simulator in the agents, or real vLLM instances (``demo.engine_demo``).
 ENGINES = ("simulator", "vllm")
 #: Trace conversations the ``--engine vllm`` run sends by default (``demo.engine_demo.DEFAULT_CONVERSATIONS``).
@@ -374,8 +375,11 @@ class Demo:
     def agent_secret_file(self, node: str, node_id: int) -> Path:
         """Write ``node``'s signing secret, read through the REST API, to ``<var-dir>/<node>.secret`` (mode 0600)."""
         secret_file = self.var / f"{node}.secret"
-        secret_file.write_text(self.api.get(f"nodes/{node_id}/secret/")["signing_secret"])
-        secret_file.chmod(0o600)
+        secret = self.api.get(f"nodes/{node_id}/secret/")["signing_secret"]
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # the agent refuses a secret file others may read
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret)
         return secret_file
 
     def launch_agents(self, argvs: dict[str, list[str]]) -> None:

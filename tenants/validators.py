@@ -81,6 +81,20 @@ def validate_tenant_id(value: str) -> None:
     _refuse_invisible(value, "tenant_id")
 
 
+def validate_engine_user(value: str) -> None:
+    """A tenant's ``engine_user``: a portable POSIX user name (``agent.contract.messages.ENGINE_USER_RE``), not
+    ``root`` and not of the default form ``kvpool-t<number>`` (those belong to tenants without an own name)."""
+    from agent.contract.messages import ENGINE_USER_RE
+
+    if not value:
+        return
+    if not ENGINE_USER_RE.fullmatch(value):
+        raise ValidationError("engine_user must be a POSIX user name: a lower-case letter or '_', then up to 31 "
+                              "lower-case letters, digits, '_' or '-'.", code="invalid")
+    if value == "root" or re.fullmatch(r"kvpool-t[0-9]+", value):
+        raise ValidationError(f"engine_user '{value}' is not available.", code="reserved")
+
+
 def validate_release_namespace(value: str) -> None:
     """Release namespace (= ``extra_backend_tag`` = ``cache_prefix``): ``[a-z0-9]`` and inner ``-``, 1-63 chars."""
     if _DNS_LABEL_RE.fullmatch(value):

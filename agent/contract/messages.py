@@ -78,12 +78,13 @@ NonNegative = Annotated[int, Field(ge=0)]
 
 #: Reason codes an ``Ack`` carries when ``status`` is ``rejected``.
 REJECT_REASONS = (
+    "undecryptable",  # a sealed envelope that does not open with this node's secret (agent.contract.sealing)
     "unsigned",  # no signature member
     "bad_signature",  # HMAC mismatch: tampered, or signed with another node's secret
     "invalid",  # not a config document of this schema (field named in ``error``)
     "unsupported_schema",  # a ``schema`` this agent does not speak
     "wrong_node",  # addressed to another node
-    "stale",  # version older than the applied one
+    "stale",  # version older than the applied one, or issued too long ago for an agent without state (freshness)
     "version_conflict",  # same version as the applied one, different content
     "apply_failed",  # valid, but building or persisting the new bindings failed
 )
@@ -280,6 +281,9 @@ class Ranks(BaseModel):
 
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: An engine account name (``LaunchSpec.user``): a portable POSIX user name of at most 32 characters, or "".
+ENGINE_USER_PATTERN = r"^(?:[a-z_][a-z0-9_-]{0,31})?$"
+ENGINE_USER_RE = re.compile(ENGINE_USER_PATTERN)
 #: Files the node agent writes itself into every instance directory (``agent.node.instance_dirs``); a launch's
 #: own ``files`` may not use these names.
 INSTANCE_DIR_FILES = ("launch.json", "env", "launch.sh")
@@ -297,6 +301,10 @@ class LaunchSpec(BaseModel):
     * ``file_env`` — variables whose value is the absolute path of one of ``files`` in the instance directory
       (``{"MOONCAKE_CONFIG_PATH": "mooncake.json"}``); the node fills them in when it writes the directory.
     * ``files`` — file name (no ``/``, not hidden, not one of ``INSTANCE_DIR_FILES``) -> text content.
+    * ``user`` — the unprivileged account the instance runs as on the node (the tenant's engine account in the
+      registry; ``ENGINE_USER_RE``): the agent gives the instance directory to it and accepts KV events only from a
+      socket it owns (``agent.node.accounts``); "" in documents of dashboards before it (a privileged agent then
+      gives the directory to nobody and observes no events of the instance).
 
     ``to_dict()`` / ``from_dict()`` give the JSON form. Raises ``ValueError`` (pydantic's ``ValidationError``)
     naming what is wrong.
@@ -309,6 +317,7 @@ class LaunchSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     file_env: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
+    user: str = Field("", pattern=ENGINE_USER_PATTERN)
 
     @field_validator("instance_id")
     @classmethod
@@ -352,7 +361,7 @@ class LaunchSpec(BaseModel):
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form: ``{"instance_id", "argv" (list), "env", "file_env", "files"}``."""
+        """JSON form: ``{"instance_id", "argv" (list), "env", "file_env", "files", "user"}``."""
         return self.model_dump(mode="json")
 
     @classmethod
@@ -368,8 +377,9 @@ STORE_MODES = ("embedded", "standalone-store")
 class NodeSettings(BaseModel):
     """What the node agent itself runs for the node's engines (the registry's ``Node`` launch settings).
 
-    * ``kv_events_port`` — the agent binds ``tcp://127.0.0.1:<kv_events_port>`` (one ZMQ SUB socket); every vLLM
-      instance of the node connects there and publishes under its instance id as topic.
+    * ``kv_events_port`` — the registry's node port of the shared ``tcp://127.0.0.1:<port>`` endpoint that vLLM
+      instances once published to. Not used any more: each instance binds its own ``ipc://`` socket in its
+      instance directory (``agent.contract.kv_events``); kept so documents keep their schema.
     * ``store_mode`` — ``embedded`` (each engine mounts its own segment) or ``standalone-store`` (the agent runs
       the node's one ``mooncake_client``, which mounts the node's memory; engines mount none).
     * ``store_client_argv`` — that client's command line as ``tenants.rendering.render_store_client`` renders it
@@ -446,7 +456,12 @@ class ConfigDocument(Message):
 
     ``version`` grows by one for each change of content for this node (the dashboard keeps the counter in its
     database); the agent refuses a version below the one it applied (``stale``). ``issued_at`` is when the
-    version was created. ``signature`` = HMAC-SHA256 over the canonical encoding (``agent.contract.signing``).
+    version was created. ``sent_at`` is when the dashboard sent this delivery of it (stamped and signed at each
+    send, re-pushes included; not part of the version's digest, ``agent.contract.signing.document_digest``): the
+    agent refuses a delivery sent longer ago than its freshness window (``stale``), so a captured document
+    replayed later applies nowhere, a fresh agent's empty state included, while a re-push of the current
+    version after an outage does. "" from dashboards before it. ``signature`` = HMAC-SHA256 over the canonical
+    encoding (``agent.contract.signing``).
 
     ``schema`` is ``DOCUMENT_SCHEMA_VERSION`` (2) as the dashboard writes it; schema 1 (no ``node_settings``, no
     instance ``launch``) is still read. ``node_settings`` (schema 2) says what the agent runs for the node's
@@ -460,6 +475,7 @@ class ConfigDocument(Message):
     node: NodeName
     version: Annotated[int, Field(ge=1)]
     issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
+    sent_at: str = ""  # ISO-8601 UTC of this delivery ("" from older dashboards)
     store: StoreEndpoints
     instances: list[InstanceSpec] = Field(default_factory=list)
     node_settings: NodeSettings | None = None
@@ -572,6 +588,14 @@ class InstanceStats(BaseModel):
     ``store_keys``/``store_failed_keys`` — keys per Mooncake Store operation (``lookup_exists``, ``load_get``,
     ``save_exists``, ``save_put``, …); ``metrics_scrapes``/``metrics_errors`` (failed scrapes) and
     ``metrics_error`` (the newest failure).
+
+    Where its events come from (``agent.engines.vllm.transport``): ``events_endpoint`` as its launch renders it
+    (``ipc://kv-events.sock``), ``events_status`` — ``connected`` (a socket only its account could have made),
+    ``waiting`` (no socket yet: the engine is not running), ``refused`` (a socket or directory another account
+    could have made: not connected, retried), ``insecure`` (a ``tcp://`` endpoint: any local process could bind it
+    first or publish as the instance; not observed), ``unobserved`` (no launch, or an account this node lacks) —
+    with ``events_problem`` saying why; ``events_refusals`` (ownership checks failed) and ``topic_mismatch``
+    (messages on its socket under another topic, dropped).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -606,7 +630,14 @@ class InstanceStats(BaseModel):
     metrics_scrapes: NonNegative = 0
     metrics_errors: NonNegative = 0
     metrics_error: str = ""
+    events_endpoint: str = ""
+    events_status: Literal["", "connected", "waiting", "refused", "insecure", "unobserved"] = ""
+    events_problem: str = ""
+    events_refusals: NonNegative = 0
+    topic_mismatch: NonNegative = 0
 
+    #: ``events_status`` values that the Checks page shows as failing (nobody can vouch for the events' sender).
+    UNTRUSTED_EVENTS: ClassVar[tuple[str, ...]] = ("refused", "insecure", "unobserved")
     #: The Store-block outcomes whose sum is ``blocks_seen``.
     OUTCOMES: ClassVar[tuple[str, ...]] = ("attributed", "unknown_salt", "unknown_adapter", "hash_mismatch",
                                            "unresolved_parent", "unverifiable")

@@ -61,6 +61,17 @@ def digest(document: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_bytes(document)).hexdigest()
 
 
+#: Member of dashboard → agent documents stamped at each delivery (``ConfigDocument.sent_at``): signed, but not
+#: part of the document's identity (its digest), so a re-push of the same version acks the same digest.
+SENT_AT_FIELD = "sent_at"
+
+
+def document_digest(document: Mapping[str, Any]) -> str:
+    """:func:`digest` of a config document without its per-delivery ``sent_at`` stamp: the version's digest, the
+    same for every delivery of it (what the agent acks and the dashboard stored)."""
+    return digest({key: value for key, value in document.items() if key != SENT_AT_FIELD})
+
+
 def _key(secret: str | bytes) -> bytes:
     key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
     if not key:

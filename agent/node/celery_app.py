@@ -94,6 +94,7 @@ def make_publisher(app: Celery):
             INGEST_TASK,
             args=[messages],
             queue=INGEST_QUEUE,
+            declare=[],  # no write to the dashboard's binding sets: a LPUSH onto its list is all (agent_acl_rules)
             # What monitoring shows instead of the messages themselves (Celery would repr() them per publish).
             argsrepr=f"[<{len(messages)} messages from node {node}>]",
             retry=True,

@@ -3,10 +3,13 @@
     kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D] [--instance-root D]
                         [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
                         [--metrics-interval S] [--pool solo|threads] [--outbox-max N] [--loglevel LEVEL]
-                        [--simulate-engines [--launch-overrides F]]
+                        [--single-user] [--simulate-engines [--launch-overrides F]]
 
-The signing secret comes from ``--secret-file`` or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the
-agent refuses to start without one (it could not verify any document). The state directory (default
+The signing secret comes from ``--secret-file`` (refused when group or others may read it, or another account owns
+it) or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the agent refuses to start without one (it could not
+verify any document). The agent runs with umask 077 and keeps its state directory 0700 (0711 when the instance root
+is inside it), every file there 0600 (README "Users and permissions on a node", ``agent.node.accounts``).
+The state directory (default
 ``$KVPOOL_AGENT_STATE_DIR`` or ``~/.local/state/kvpool-agent/<node>``) keeps the last applied document and the
 outbox of undelivered reports across restarts, and the blocks this node owns in the Store (``ledger.sqlite3``,
 :mod:`agent.node.ledger_file`): a restarted agent reports them again until its reconcile finds them gone.
@@ -92,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="most undelivered reports/acks kept on disk")
     run.add_argument("--loglevel", type=str.upper, choices=LOG_LEVELS, default="INFO",
                      help="logging level (default INFO)")
+    run.add_argument("--single-user", action="store_true",
+                     help="run every engine instance as the agent's own account, even as root (demos, development "
+                          "machines): instance directories are not given to the tenants' engine accounts, and "
+                          "instances on the node are not kept from each other's files and sockets")
     run.add_argument("--simulate-engines", action="store_true",
                      help="play the document's engine instances: run agent.run_workload batches through the "
                           "connector into the Store (where no engine runs)")
@@ -103,9 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _secret(args: argparse.Namespace) -> str:
     from agent.contract.signing import load_secret
+    from agent.node.accounts import secret_file_problem
 
     if args.secret_file:
         try:
+            problem = secret_file_problem(Path(args.secret_file))
+            if problem:
+                _usage_error(f"--secret-file: {problem}")
             return load_secret(args.secret_file)
         except (OSError, ValueError) as exc:
             _usage_error(f"cannot read --secret-file: {exc}")
@@ -157,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
                      "(the registry's rule, e.g. 'node-a')")
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    from agent.node.accounts import restrict_umask
+
+    restrict_umask()  # nothing the agent creates is readable by group or others (README "Users and permissions")
     from agent.datapath.ledger import Ledger
     from agent.node.celery_app import make_app, make_publisher, register_tasks, run_worker
     from agent.node.daemon import Daemon
@@ -176,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     ledger = Ledger()
     simulator = _simulator(args, ledger, state_dir)
     engines = _engines(args, ledger, state_dir, observe=simulator is None)
+    _secure_state_dir(state_dir, engines.instance_root)
     hooks: dict[str, Any] = {"snapshot": simulator.snapshot} if simulator else {}
     on_apply = ([simulator.on_apply] if simulator else []) + [engines.on_apply]
     try:
@@ -189,8 +204,10 @@ def run(args: argparse.Namespace) -> int:
         _usage_error(f"state directory {state_dir}: {exc}")
     ledger_file = _restore_ledger(ledger, state_dir)
     register_tasks(app, daemon)
+    from agent.node.freshness import SEEN_PURGES_FILE, SeenPurges
+
     register_purge_task(app, node=args.node, secret=secret, open_store=daemon_store_opener(daemon),
-                        ledger=daemon.ledger)
+                        ledger=daemon.ledger, seen=SeenPurges(state_dir / SEEN_PURGES_FILE))
     if simulator is not None:
         from agent.sim.workload import register_workload_task
 
@@ -213,6 +230,20 @@ def run(args: argparse.Namespace) -> int:
     if status:
         log.error("node %s: the Celery worker stopped with status %s (see the errors above)", args.node, status)
     return status
+
+
+def _secure_state_dir(state_dir: Path, instance_root: Path) -> None:
+    """Make the state directory the agent's alone (``agent.node.accounts.secure_state_dir``): 0700, or 0711 when the
+    instance root is inside it (engines must reach their directories); its files 0600."""
+    from agent.node.accounts import inside, secure_state_dir
+
+    traversable = inside(instance_root, state_dir)
+    try:
+        secure_state_dir(state_dir, traversable=traversable)
+    except OSError as exc:
+        _usage_error(f"state directory {state_dir}: cannot make it the agent's alone: {exc}")
+    log.info("state directory %s: mode %s, files 0600", state_dir, "0711 (it holds the instance root)"
+             if traversable else "0700")
 
 
 def _restore_ledger(ledger, state_dir: Path):
@@ -245,7 +276,8 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
     if observe:
         tune_gc()  # attribution of engine writes allocates per block (agent.node.engines.ENGINE_GC_THRESHOLD)
     return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
-                       reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval)
+                       reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
+                       is_privileged=False if args.single_user else None)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

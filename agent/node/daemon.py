@@ -2,10 +2,13 @@
 
 ``Daemon.handle_document`` is what the Celery task ``agent.apply_config`` runs for each received document:
 
-1. verify the HMAC signature over the document exactly as received (``unsigned`` / ``bad_signature``);
+1. open the envelope it arrives in, encrypted to this node (``agent.contract.sealing``: ``undecryptable``), then
+   verify the HMAC signature over the document exactly as it came out (``unsigned`` / ``bad_signature``);
 2. validate it against ``agent.contract.messages.ConfigDocument`` (``invalid`` / ``unsupported_schema``: schemas 1
    and 2 apply, ``agent.contract.messages.DOCUMENT_SCHEMAS``), check it is
-   addressed to this node (``wrong_node``) and newer than the applied one (``stale`` /
+   addressed to this node (``wrong_node``), fresh (``stale``: sent within the freshness window,
+   ``agent.node.freshness``; a replayed document applies nowhere, a re-push of the current version does) and newer
+   than the applied one (``stale`` /
    ``version_conflict``; a re-delivery of the applied version with the same digest is acked again);
 3. build the new bindings — per instance, made by ``binder``; by default the connector's frozen
    ``agent.datapath.keyspace.KeySpace`` objects keyed by ``(tp_rank, request group)`` — into a new, immutable
@@ -46,7 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from agent.contract import signing
+from agent.contract import sealing, signing
 from agent.contract.messages import (
     DOCUMENT_SCHEMAS,
     Ack,
@@ -112,6 +115,9 @@ def _lock_state_dir(state_dir: Path):
     Raises ``RuntimeError`` when another agent already uses the directory (two agents would each keep their
     own applied version and interleave sequences).
     """
+    from agent.node.accounts import private_file
+
+    private_file(state_dir / "lock")
     handle = open(state_dir / "lock", "a+")  # noqa: SIM115 (held, and the lock with it, until the process exits)
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -140,6 +146,8 @@ class Daemon:
         report_fields: extra fields of every ``Report`` (per-instance engine facts), read when it is built.
         report_interval / heartbeat_interval: seconds between reports / heartbeats.
         outbox_max: most undelivered messages kept on disk.
+        max_message_age / clock_skew: the freshness window of received documents' ``sent_at`` (seconds;
+            ``agent.node.freshness``: 2 h back, 5 min ahead by default).
     """
 
     def __init__(
@@ -157,7 +165,11 @@ class Daemon:
         report_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         outbox_max: int = DEFAULT_MAX_MESSAGES,
+        max_message_age: float | None = None,
+        clock_skew: float | None = None,
     ) -> None:
+        from agent.node.freshness import DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS
+
         if not secret:
             raise ValueError("the node's signing secret is empty")
         if report_interval <= 0 or heartbeat_interval <= 0:
@@ -165,7 +177,7 @@ class Daemon:
         self.node = node
         self._secret = secret
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock_file = _lock_state_dir(self.state_dir)
         self._publish = publish
         self._binder = binder
@@ -174,6 +186,8 @@ class Daemon:
         self._on_apply: list[Callable[[AppliedConfig], None]] = (
             [] if on_apply is None else [on_apply] if callable(on_apply) else list(on_apply))
         self._report_fields = report_fields
+        self.max_message_age = DEFAULT_MAX_AGE_SECONDS if max_message_age is None else max_message_age
+        self.clock_skew = DEFAULT_CLOCK_SKEW_SECONDS if clock_skew is None else clock_skew
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
         self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max,
@@ -185,6 +199,7 @@ class Daemon:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._broker_ok = True
+        self._plain_warned = False
         self.current: AppliedConfig | None = self._load_applied()
 
     # --- applied state ------------------------------------------------------------------------------------
@@ -199,7 +214,7 @@ class Daemon:
             return None
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            applied = self._build(parse_document(raw), signing.digest(raw))
+            applied = self._build(parse_document(raw), signing.document_digest(raw))
         except (OSError, ValueError) as exc:  # MessageError and the binders' errors are ValueErrors
             raise RuntimeError(f"cannot resume from {path}: {exc} (move the file away to accept any version "
                                "again)") from None
@@ -214,7 +229,10 @@ class Daemon:
     def _persist(self, raw: Mapping[str, Any]) -> None:
         path = self._applied_path
         tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
+        # 0600: the document holds the seed and salts of every co-located tenant
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(raw, sort_keys=True))  # same text as json.dump, but the C encoder
             handle.flush()
             os.fsync(handle.fileno())
@@ -244,19 +262,22 @@ class Daemon:
 
         Never raises for a bad document: the rejection is logged (WARNING, with the reason) and acked.
         """
-        version = raw.get("version") if isinstance(raw, Mapping) else None
-        version = version if isinstance(version, int) and not isinstance(version, bool) else None
         digest: str | None = None
+        version: int | None = None
         with self._apply_lock:
             try:
                 if not isinstance(raw, Mapping):
                     raise Rejected("invalid", f"expected a JSON object, got {type(raw).__name__}")
+                raw = self._unsealed(raw)
+                number = raw.get("version")
+                version = number if isinstance(number, int) and not isinstance(number, bool) else None
                 try:
                     signing.verify(raw, self._secret)
                 except signing.SignatureError as exc:
                     raise Rejected(exc.reason, str(exc)) from None
-                digest = signing.digest(raw)
+                digest = signing.document_digest(raw)
                 document = self._validate(raw)
+                self._check_fresh(document)
                 applied = self._apply(raw, document, digest)
                 status, reason, error = "applied", "", ""
                 if applied:
@@ -269,6 +290,36 @@ class Daemon:
             ack = self._queue_ack(status, version, digest, reason, error)
         self._wake.set()
         return ack
+
+    def _unsealed(self, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The document inside a sealed envelope (``agent.contract.sealing``); a plain one (a dashboard that does
+        not seal yet) as it is, with a warning once. Raises ``Rejected`` (``undecryptable`` / ``invalid``)."""
+        if not sealing.is_sealed(raw):
+            if not self._plain_warned:
+                self._plain_warned = True
+                log.warning("node %s: a config document arrived unencrypted: its seeds and salts were readable on "
+                            "the broker (upgrade the dashboard: it seals documents to their node)", self.node)
+            return raw
+        try:
+            return sealing.unseal(raw, self._secret, node=self.node)
+        except sealing.SealError as exc:
+            raise Rejected(exc.reason, str(exc)) from None
+
+    def _check_fresh(self, document: ConfigDocument) -> None:
+        """Refuse (``stale``) a delivery sent outside the freshness window, and an unstamped one on an agent that
+        has applied nothing (``agent.node.freshness``)."""
+        from agent.node.freshness import NotFresh, check_fresh
+
+        if not document.sent_at:
+            if self.current is None:
+                raise Rejected("stale", "document carries no sent_at stamp and this agent has applied nothing: an "
+                                        "old document replayed cannot be told from a current one (upgrade the "
+                                        "dashboard: it stamps every delivery)")
+            return
+        try:
+            check_fresh(document.sent_at, what="sent_at", max_age=self.max_message_age, skew=self.clock_skew)
+        except NotFresh as exc:
+            raise Rejected("stale", str(exc)) from None
 
     def _validate(self, raw: Mapping[str, Any]) -> ConfigDocument:
         if raw.get("schema") not in DOCUMENT_SCHEMAS:

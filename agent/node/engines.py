@@ -13,10 +13,16 @@ applied config document (schema 2, ``agent.contract.messages``):
 2. **The node's store client** (``node_settings.store_mode == "standalone-store"``): one supervised
    ``mooncake_client`` (``agent.node.segment.SegmentSupervisor``) with the rendered argv, restarted when the argv
    changes, stopped when the node goes back to ``embedded`` mode.
-3. **KV events and metrics** (vLLM 0.32.0/0.33.0): one :class:`agent.engines.vllm.observer.EngineObserver` bound at
-   ``tcp://127.0.0.1:<node_settings.kv_events_port>`` (re-bound when the port changes) attributes the engines'
-   Store writes into the node's ledger exactly as the connector records its own puts, and scrapes each
+3. **KV events and metrics** (vLLM 0.32.0/0.33.0): one :class:`agent.engines.vllm.observer.EngineObserver` connects
+   to each vLLM instance's own socket (``ipc://kv-events.sock`` in its instance directory, bound by its engine;
+   ``agent.contract.kv_events``) once it proved that only the instance's account could have made it
+   (``agent.engines.vllm.transport``; retried with backoff, refusals reported per instance), attributes the
+   engines' Store writes into the node's ledger exactly as the connector records its own puts, and scrapes each
    instance's ``/metrics``. A document without vLLM instances (or without ``node_settings``) runs no observer.
+
+Accounts (``agent.node.accounts``, README "Users and permissions on a node"): each instance's directory belongs to
+the account its launch names (``LaunchSpec.user``), which must own its socket. An agent that is not privileged
+uses its own account for every instance and logs it once.
 
 A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) makes engine-written blocks behave like
 the simulator's (hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):
@@ -69,6 +75,7 @@ from typing import Any
 
 from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoints
 from agent.contract.scope import CacheScope
+from agent.node.accounts import Account, AccountError, privileged, resolve_account
 
 log = logging.getLogger("kvpool.agent.engines")
 
@@ -123,12 +130,6 @@ def tune_gc() -> None:
     gc.set_threshold(*ENGINE_GC_THRESHOLD)
 
 
-def events_endpoint(port: int) -> str:
-    """The node's KV-event endpoint for ``kv_events_port``: ``tcp://127.0.0.1:<port>`` (what the registry renders
-    into every vLLM instance's ``--kv-events-config``, ``tenants.rendering.kv_events_config``)."""
-    return f"tcp://127.0.0.1:{port}"
-
-
 def _utc(seconds: float | None) -> datetime | None:
     return datetime.fromtimestamp(seconds, UTC) if seconds is not None else None
 
@@ -165,6 +166,8 @@ class NodeEngines:
         store_opener: opens a maintenance Store client (default ``agent.datapath.store.open_store``).
         observer_options: extra keyword arguments of each ``EngineObserver`` (tests: ``fetch``, ``metrics_host``).
         segment_options: extra keyword arguments of the ``SegmentSupervisor`` (tests: ``binary``).
+        is_privileged: whether instance directories are given to the instances' accounts (None: whether this
+            process can, ``agent.node.accounts.privileged``; False: every instance uses the agent's account).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -179,7 +182,7 @@ class NodeEngines:
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
                  observer_options: Mapping[str, Any] | None = None,
-                 segment_options: Mapping[str, Any] | None = None) -> None:
+                 segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None) -> None:
         self.node = node
         self.ledger = ledger
         self.instance_root = Path(instance_root)
@@ -211,7 +214,10 @@ class NodeEngines:
         self.removed_orphans = 0
         self.foreign_check_interval = foreign_check_interval
         self._last_foreign_check: float | None = None
-        self._endpoint = ""             # the observer's configured endpoint
+        self.privileged = privileged() if is_privileged is None else is_privileged
+        #: instance id -> the account it runs as here, or why it has none (``AccountError``)
+        self.accounts: dict[str, Account | AccountError] = {}
+        self._fallback_logged = False
         self._credits: dict[str, _Credit] = {}
         self._stores: dict[str, tuple[StoreEndpoints, Any]] = {}  # tenant -> (endpoints it was opened with, client)
         self._lock = threading.RLock()
@@ -240,8 +246,9 @@ class NodeEngines:
         from agent.node.instance_dirs import write_instance_dirs
 
         launches = [instance.launch for instance in document.instances if instance.launch is not None]
+        self.accounts = self._resolve_accounts(launches)
         try:
-            self.instance_dirs = write_instance_dirs(self.instance_root, launches)
+            self.instance_dirs = write_instance_dirs(self.instance_root, launches, accounts=self.accounts)
         except Exception as exc:  # a bad launch or the disk: keep the old directories
             self._fail("instance_dirs", f"writing instance directories under {self.instance_root} failed: {exc}")
             return
@@ -249,6 +256,41 @@ class NodeEngines:
         if launches:
             log.info("node %s: %d instance director%s under %s", self.node, len(launches),
                      "y" if len(launches) == 1 else "ies", self.instance_root)
+
+    def _resolve_accounts(self, launches: list[Any]) -> dict[str, Account | AccountError]:
+        """The account of each launch (``agent.node.accounts.resolve_account``); problems logged and kept in
+        :attr:`errors` (``account:<instance id>``)."""
+        accounts: dict[str, Account | AccountError] = {}
+        for launch in launches:
+            try:
+                account: Account | AccountError = resolve_account(launch.user, is_privileged=self.privileged)
+            except AccountError as exc:
+                account = exc
+                self._fail(f"account:{launch.instance_id}", f"instance {launch.instance_id}: {exc}")
+            else:
+                self.errors.pop(f"account:{launch.instance_id}", None)
+            accounts[launch.instance_id] = account
+        for part in [p for p in self.errors if p.startswith("account:") and p[len("account:"):] not in accounts]:
+            self.errors.pop(part)
+        if launches and not self.privileged and not self._fallback_logged:
+            self._fallback_logged = True
+            own = next(iter(accounts.values()))
+            log.warning("node %s: single-user mode (the agent is not privileged: not root, no CAP_CHOWN/"
+                        "CAP_DAC_OVERRIDE/CAP_FOWNER; or --single-user): every instance directory stays the agent's "
+                        "(uid %s) and the engines must run as it; instances on this node are not kept from each "
+                        "other's files and sockets", self.node, getattr(own, "uid", "?"))
+        return accounts
+
+    def event_source(self, instance: Any) -> Any:
+        """Where ``instance`` publishes its KV events and who must own the socket
+        (``agent.engines.vllm.transport.launch_source`` on its directory and its account)."""
+        from agent.engines.vllm.transport import launch_source
+
+        account = self.accounts.get(instance.instance_id)
+        if isinstance(account, Account):
+            return launch_source(instance, self.instance_root / instance.instance_id, account.uid)
+        why = str(account) if account is not None else "no launch: it has no instance directory here"
+        return launch_source(instance, self.instance_root / instance.instance_id, None, why)
 
     def _apply_store_client(self, document: ConfigDocument) -> None:
         from agent.node.segment import SegmentConfig, supervisor_for
@@ -275,32 +317,25 @@ class NodeEngines:
             return
         from agent.engines.vllm.observer import EngineObserver
 
-        endpoint = events_endpoint(settings.kv_events_port)
         try:
             if self.observer is None:
-                self.observer = EngineObserver(self.ledger, endpoint=endpoint, metrics_interval=self.metrics_interval,
-                                               **self.observer_options)
-                self._endpoint = endpoint
+                self.observer = EngineObserver(self.ledger, source_for=self.event_source,
+                                               metrics_interval=self.metrics_interval, **self.observer_options)
             self.observer.apply(document)
             for iid, why in self.observer.apply_errors.items():
                 log.error("node %s: instance %s is not observed: %s", self.node, iid, why)
-            if endpoint != self._endpoint:
-                log.info("node %s: KV events move from %s to %s", self.node, self._endpoint, endpoint)
-                self._endpoint = endpoint
-                self.observer.rebind(endpoint)
             self._ensure_observer_running()
         except Exception as exc:
-            self._fail("observer", f"observing engines at {endpoint}: {exc}")
+            self._fail("observer", f"observing engines: {exc}")
 
     def _ensure_observer_running(self) -> None:
         observer = self.observer
         if observer is None or observer.running:
             return
-        if observer.endpoint != self._endpoint:  # a failed rebind left the old endpoint configured
-            observer.rebind(self._endpoint)
         observer.start()
         self.errors.pop("observer", None)
-        log.info("node %s: observing engine KV events at %s", self.node, observer.endpoint)
+        log.info("node %s: observing the KV events of %d vLLM instance(s), one socket each", self.node,
+                 len(self._vllm_instances(self.document)))
 
     def _stop_observer(self, why: str = "no vLLM instance left") -> None:
         observer, self.observer = self.observer, None
@@ -349,7 +384,7 @@ class NodeEngines:
                     try:
                         self._ensure_observer_running()
                     except Exception as exc:
-                        self._fail("observer", f"observing engines at {self._endpoint}: {exc}")
+                        self._fail("observer", f"observing engines: {exc}")
             self.credit_hits()
             removed = self._enforce_budgets() if enforce else 0
             orphans = self._collect_orphans(now) if enforce else 0
@@ -595,7 +630,10 @@ class NodeEngines:
                 store_keys=_ints(totals.get("store_keys", {})),
                 store_failed_keys=_ints(totals.get("store_failed_keys", {})),
                 metrics_scrapes=metrics.get("scrapes", 0), metrics_errors=metrics.get("failures", 0),
-                metrics_error=(metrics.get("last_error") or "")[:2000]))
+                metrics_error=(metrics.get("last_error") or "")[:2000],
+                events_endpoint=row.get("events_endpoint", "")[:2000], events_status=row.get("events_status", ""),
+                events_problem=row.get("events_problem", "")[:2000], events_refusals=row.get("events_refusals", 0),
+                topic_mismatch=row.get("topic_mismatch", 0)))
         return out
 
     def report_fields(self) -> dict[str, Any]:
@@ -612,11 +650,12 @@ class NodeEngines:
 
     def status(self) -> dict[str, Any]:
         """What runs now, JSON-ready: ``instance_dirs`` (paths), ``store_client`` (pid or None), ``observer``
-        (endpoint or None), ``stores`` (tenants with an open maintenance client), ``errors``."""
+        (ids of the instances whose KV-event socket is connected, or None without an observer), ``stores``
+        (tenants with an open maintenance client), ``errors``."""
         with self._lock:
             return {"instance_dirs": [str(p) for p in self.instance_dirs],
                     "store_client": self.segment.pid if self.segment is not None else None,
-                    "observer": self.observer.endpoint if self.observer is not None else None,
+                    "observer": sorted(self.observer.connected()) if self.observer is not None else None,
                     "stores": sorted(self._stores), "errors": dict(self.errors),
                     "removed_over_budget": self.removed_over_budget, "removed_orphans": self.removed_orphans}
 
@@ -649,4 +688,4 @@ def _ints(values: Mapping[str, Any] | Iterable[Any]) -> dict[str, int]:
 
 __all__ = ["BUDGET_LOW_WATER", "DEFAULT_INTERVAL", "DEFAULT_METRICS_INTERVAL", "DEFAULT_RECONCILE_INTERVAL",
            "ENGINE_GC_THRESHOLD",
-           "ENGINE_STORE_SEGMENT_BYTES", "NodeEngines", "events_endpoint", "tune_gc"]
+           "ENGINE_STORE_SEGMENT_BYTES", "NodeEngines", "tune_gc"]

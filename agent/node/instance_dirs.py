@@ -4,10 +4,11 @@ Each directory holds what starting the instance needs, rendered by the control p
 (``tenants.rendering.RenderedConfig.launch_spec()``, JSON form ``LaunchSpec.to_dict()``):
 
 * the rendered files (vLLM: ``mooncake.json``, the ``MOONCAKE_CONFIG_PATH`` document),
-* ``launch.json`` — ``{"instance_id", "argv", "env"}`` with every path variable resolved,
+* ``launch.json`` — ``{"instance_id", "argv", "env", "cwd", "user"}`` with every path variable resolved,
 * ``env`` — the environment as a systemd ``EnvironmentFile`` (``NAME="value"``, double-quoted; ``\\``, ``"``,
   ``$`` and backquote escaped with a backslash, newlines kept), which a POSIX shell can also source,
-* ``launch.sh`` — ``#!/bin/sh``, ``set -e``, one ``export NAME='value'`` per variable and ``exec`` of the
+* ``launch.sh`` — ``#!/bin/sh``, ``set -e``, ``umask 077``, the uid check, ``cd`` into the directory, one
+  ``export NAME='value'`` per variable and ``exec`` of the
   command with every argument shell-quoted. An ``argv[0]`` of ``python`` (``ENGINE_PYTHON``) stands for the
   engine's interpreter and runs as ``"${KVPOOL_ENGINE_PYTHON:-python3}"``, so one rendered launch serves
   whatever venv the node installed the engine into.
@@ -18,7 +19,17 @@ fsynced), then swapped in with one ``renameat2(RENAME_EXCHANGE)`` where the kern
 aside, new one renamed in), so a reader sees the old or the new directory, never a half-written one. An
 unchanged directory is left alone. Directories under ``root`` that hold a ``launch.json`` but whose instance is
 no longer in the document are removed (nothing else under ``root`` is touched), as are temporaries left by a
-crash. Modes: directories and ``launch.sh`` 0755, other files 0644.
+crash.
+
+Ownership and modes (README "Users and permissions on a node", ``agent.node.accounts``): the root is 0711 (engines
+traverse it, nobody lists it); each instance directory is 0700 and, with its files, belongs to the instance's
+account (``accounts``: chowned when the agent is privileged), ``launch.sh`` 0700, every other file 0600 — they hold
+the release's ``PYTHONHASHSEED``, which lets whoever reads it forge the instance's block hashes. ``launch.sh``
+sets ``umask 077``, refuses to run under any other uid than the account's, and changes into its directory, where
+the engine binds its KV-event socket (``agent.contract.kv_events``); ``launch.json`` names that ``cwd`` and the
+``user``. The socket an engine bound is carried into a rewritten directory, so a running engine stays reachable.
+An instance whose account cannot be resolved gets a directory the agent keeps for itself and a ``launch.sh`` that
+refuses to start, saying why.
 
 No Django here (the node agent runs without it).
 """
@@ -31,11 +42,14 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from agent.node.accounts import INSTANCE_ROOT_MODE, Account, AccountError
 
 #: ``argv[0]`` that stands for the engine environment's Python interpreter (``tenants.rendering.ENGINE_PYTHON``).
 ENGINE_PYTHON = "python"
@@ -46,6 +60,8 @@ LAUNCH_JSON, ENV_FILE, LAUNCH_SH = "launch.json", "env", "launch.sh"
 _OWN_FILES = (LAUNCH_JSON, ENV_FILE, LAUNCH_SH)
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TMP_MARK = ".kvpool-tmp-"
+#: Modes inside an instance directory: the directory, ``launch.sh``, every other file.
+DIR_MODE, SCRIPT_MODE, FILE_MODE = 0o700, 0o700, 0o600
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -77,7 +93,8 @@ class InstanceLaunch:
 
     ``instance_id`` names the directory; ``argv`` (``argv[0] == "python"`` = the engine interpreter); ``env``
     (plain values); ``file_env`` (variable -> name of one of ``files``, resolved to its absolute path);
-    ``files`` (file name -> text). :meth:`from_value` checks everything :func:`write_instance_dirs` relies on.
+    ``files`` (file name -> text); ``user`` (the account it runs as, "" = none named). :meth:`from_value` checks
+    everything :func:`write_instance_dirs` relies on.
     """
 
     instance_id: str
@@ -85,6 +102,7 @@ class InstanceLaunch:
     env: Mapping[str, str] = field(default_factory=dict)
     file_env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)
+    user: str = ""
 
     @classmethod
     def from_value(cls, value: LaunchLike | Mapping[str, Any]) -> InstanceLaunch:
@@ -125,7 +143,10 @@ class InstanceLaunch:
         for var, name in file_env.items():
             if name not in files:
                 raise InstanceDirError(f"instance {instance_id}: {var} names {name!r}, which is not one of its files")
-        return cls(instance_id=instance_id, argv=argv, env=env, file_env=file_env, files=files)
+        user = get("user", "") or ""
+        if not isinstance(user, str) or "\0" in user or "/" in user:
+            raise InstanceDirError(f"instance {instance_id}: user {user!r} is not an account name")
+        return cls(instance_id=instance_id, argv=argv, env=env, file_env=file_env, files=files, user=user)
 
     def resolved_env(self, directory: Path) -> dict[str, str]:
         """``env`` plus each ``file_env`` variable set to the absolute path of its file in ``directory``."""
@@ -151,35 +172,69 @@ def exec_line(argv: Sequence[str]) -> str:
     return " ".join(["exec", head, *(shlex.quote(arg) for arg in argv[1:])])
 
 
-def launch_script(launch: InstanceLaunch, directory: Path) -> str:
-    """``launch.sh`` of ``launch`` for the instance directory ``directory`` (its final path)."""
-    lines = ["#!/bin/sh", f"# kvpool instance {launch.instance_id}: written by agent.node.instance_dirs; "
-             "KVPOOL_ENGINE_PYTHON picks the engine interpreter", "set -e"]
+def launch_script(launch: InstanceLaunch, directory: Path, account: Account | AccountError | None = None) -> str:
+    """``launch.sh`` of ``launch`` for the instance directory ``directory`` (its final path): ``umask 077``, a check
+    that it runs as ``account``'s uid, ``cd`` into ``directory`` (the engine binds its KV-event socket there), the
+    environment, ``exec``. With an ``AccountError`` it only says why the instance cannot start and exits 1."""
+    head = ["#!/bin/sh", f"# kvpool instance {launch.instance_id}: written by agent.node.instance_dirs; "
+            "KVPOOL_ENGINE_PYTHON picks the engine interpreter", "set -e", "umask 077"]
+    if isinstance(account, AccountError):
+        why = f"kvpool: instance {launch.instance_id} cannot start on this node: {account}"
+        return "\n".join([*head, f"echo {shlex.quote(why)} >&2", "exit 1"]) + "\n"
+    lines = list(head)
+    if account is not None:
+        why = (f"kvpool: instance {launch.instance_id} runs as {account.name or account.uid} (uid {account.uid}), "
+               "not as uid $(id -u)")
+        lines.append(f'[ "$(id -u)" = {account.uid} ] || {{ echo "{why}" >&2; exit 1; }}')
+    lines.append(f"cd {shlex.quote(str(directory))}")
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(launch.resolved_env(directory).items())]
     lines.append(exec_line(launch.argv))
     return "\n".join(lines) + "\n"
 
 
-def _contents(launch: InstanceLaunch, directory: Path) -> dict[str, tuple[str, int]]:
+def _contents(launch: InstanceLaunch, directory: Path,
+              account: Account | AccountError | None = None) -> dict[str, tuple[str, int]]:
     """File name -> (text, mode) of the instance directory."""
     env = launch.resolved_env(directory)
-    document = {"instance_id": launch.instance_id, "argv": list(launch.argv), "env": env}
-    out = {name: (text, 0o644) for name, text in launch.files.items()}
-    out[LAUNCH_JSON] = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n", 0o644)
-    out[ENV_FILE] = (env_file(env), 0o644)
-    out[LAUNCH_SH] = (launch_script(launch, directory), 0o755)
+    document = {"instance_id": launch.instance_id, "argv": list(launch.argv), "env": env,
+                "cwd": str(directory), "user": launch.user}
+    out = {name: (text, FILE_MODE) for name, text in launch.files.items()}
+    out[LAUNCH_JSON] = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n", FILE_MODE)
+    out[ENV_FILE] = (env_file(env), FILE_MODE)
+    out[LAUNCH_SH] = (launch_script(launch, directory, account), SCRIPT_MODE)
     return out
 
 
-def _unchanged(directory: Path, contents: Mapping[str, tuple[str, int]]) -> bool:
+def _owner(account: Account | AccountError | None) -> tuple[int, int]:
+    """``(uid, gid)`` the instance directory and its files get: the account's; the agent's own without one."""
+    if isinstance(account, Account):
+        return account.uid, account.gid
+    return os.geteuid(), os.getegid()
+
+
+def _sockets(directory: Path) -> list[str]:
+    """Names of the sockets directly in ``directory`` (an engine's KV-event socket)."""
     try:
-        if not directory.is_dir() or directory.is_symlink():
+        return sorted(entry.name for entry in os.scandir(directory)
+                      if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode))
+    except OSError:
+        return []
+
+
+def _unchanged(directory: Path, contents: Mapping[str, tuple[str, int]], owner: tuple[int, int]) -> bool:
+    try:
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode) or stat.S_IMODE(info.st_mode) != DIR_MODE \
+                or (info.st_uid, info.st_gid) != owner:
             return False
-        if sorted(p.name for p in directory.iterdir()) != sorted(contents):
+        sockets = set(_sockets(directory))
+        if sorted(p.name for p in directory.iterdir() if p.name not in sockets) != sorted(contents):
             return False
         for name, (text, mode) in contents.items():
             path = directory / name
-            if (path.stat().st_mode & 0o7777) != mode or path.read_text(encoding="utf-8") != text:
+            entry = os.lstat(path)
+            if (not stat.S_ISREG(entry.st_mode) or stat.S_IMODE(entry.st_mode) != mode
+                    or (entry.st_uid, entry.st_gid) != owner or path.read_text(encoding="utf-8") != text):
                 return False
         return True
     except (OSError, UnicodeDecodeError):
@@ -194,13 +249,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_file(path: Path, text: str, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+def _write_file(path: Path, text: str, mode: int, owner: tuple[int, int] | None = None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", closefd=False) as handle:
             handle.write(text)
             handle.flush()
-        os.fchmod(fd, mode)  # not narrowed by the umask
+        if owner is not None and owner != (os.geteuid(), os.getegid()):
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)  # not narrowed by the umask (after fchown, which may clear set-id bits)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -251,20 +308,40 @@ def _swap_in(tmp: Path, final: Path) -> None:
     os.rename(tmp, final)
 
 
-def write_instance_dir(root: Path, launch: LaunchLike | Mapping[str, Any]) -> Path:
-    """Write (or leave, when unchanged) the directory of one instance under ``root``; returns its path."""
+def _carry_sockets(old: Path, new: Path) -> None:
+    """Move the sockets an engine bound in ``old`` (its KV-event socket) into ``new``: a bound Unix socket stays
+    reachable under whatever name its inode has, so the running engine's events keep flowing."""
+    if not old.is_dir() or old.is_symlink():
+        return
+    for name in _sockets(old):
+        try:
+            os.rename(old / name, new / name)
+        except OSError:  # gone meanwhile (the engine stopped)
+            continue
+
+
+def write_instance_dir(root: Path, launch: LaunchLike | Mapping[str, Any],
+                       account: Account | AccountError | None = None) -> Path:
+    """Write (or leave, when unchanged) the directory of one instance under ``root``; returns its path.
+
+    ``account``: who the directory and its files belong to (None: the agent; an ``AccountError``: the agent, with
+    a ``launch.sh`` that refuses to start)."""
     spec = launch if isinstance(launch, InstanceLaunch) else InstanceLaunch.from_value(launch)
     root = Path(os.path.abspath(root))
     final = root / spec.instance_id
-    contents = _contents(spec, final)
-    if _unchanged(final, contents):
+    contents = _contents(spec, final, account)
+    owner = _owner(account)
+    if _unchanged(final, contents, owner):
         return final
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_MARK}{spec.instance_id}-", dir=root))
     try:
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, DIR_MODE)
         for name, (text, mode) in contents.items():
-            _write_file(tmp / name, text, mode)
+            _write_file(tmp / name, text, mode, owner)
+        if owner != (os.geteuid(), os.getegid()):
+            os.chown(tmp, *owner)
         _fsync_dir(tmp)
+        _carry_sockets(final, tmp)
         _swap_in(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -272,11 +349,14 @@ def write_instance_dir(root: Path, launch: LaunchLike | Mapping[str, Any]) -> Pa
     return final
 
 
-def write_instance_dirs(root: Path, instances: Iterable[LaunchLike | Mapping[str, Any]]) -> list[Path]:
+def write_instance_dirs(root: Path, instances: Iterable[LaunchLike | Mapping[str, Any]], *,
+                        accounts: Mapping[str, Account | AccountError] | None = None) -> list[Path]:
     """Make ``root`` hold exactly the instance directories of ``instances``; returns their paths in order.
 
+    ``accounts`` maps instance ids to the account each runs as (``agent.node.accounts.resolve_account``; an
+    ``AccountError`` where it has none on this node); an instance without an entry belongs to the agent.
     Every launch is checked before anything is written (one bad launch writes nothing). ``root`` is created
-    (0755) when missing. Instance directories of instances not in ``instances`` (directories with a
+    when missing and made 0711. Instance directories of instances not in ``instances`` (directories with a
     ``launch.json``) and temporaries of an interrupted write are removed; other entries are kept.
 
     Raises:
@@ -290,8 +370,11 @@ def write_instance_dirs(root: Path, instances: Iterable[LaunchLike | Mapping[str
             raise InstanceDirError(f"instance id {spec.instance_id!r} appears twice")
         seen.add(spec.instance_id)
     root = Path(os.path.abspath(root))
-    root.mkdir(mode=0o755, parents=True, exist_ok=True)
-    paths = [write_instance_dir(root, spec) for spec in specs]
+    root.mkdir(mode=INSTANCE_ROOT_MODE, parents=True, exist_ok=True)
+    if stat.S_IMODE(os.stat(root).st_mode) != INSTANCE_ROOT_MODE:
+        os.chmod(root, INSTANCE_ROOT_MODE)
+    accounts = accounts or {}
+    paths = [write_instance_dir(root, spec, accounts.get(spec.instance_id)) for spec in specs]
     for entry in root.iterdir():
         if entry.name.startswith(_TMP_MARK) and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -303,5 +386,5 @@ def write_instance_dirs(root: Path, instances: Iterable[LaunchLike | Mapping[str
 
 
 def read_launch(directory: Path) -> dict[str, Any]:
-    """``launch.json`` of an instance directory: ``{"instance_id", "argv", "env"}``."""
+    """``launch.json`` of an instance directory: ``{"instance_id", "argv", "env", "cwd", "user"}``."""
     return json.loads((Path(directory) / LAUNCH_JSON).read_text(encoding="utf-8"))

@@ -114,6 +114,9 @@ class LedgerFile:
     # --- opening ----------------------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        from agent.node.accounts import private_file
+
+        private_file(self.path)  # 0600, and so its -wal and -shm files
         db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")

@@ -61,6 +61,9 @@ class Outbox:
         self.max_messages = max_messages
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        from agent.node.accounts import private_file
+
+        private_file(self.path)  # 0600: reports name tenants, namespaces and request groups
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")

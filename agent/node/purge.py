@@ -1,10 +1,11 @@
 """Agent side of a release purge: remove every Store key of one release namespace with ``remove_by_regex``.
 
-The dashboard sends a signed :class:`PurgeRequest` (Celery task ``agent.purge_namespace`` on queue
-``agent.<node>``) after an operator confirmed the purge of a **retired** release. The agent verifies the HMAC
-signature with its node secret (the same scheme as config documents, ``agent.contract.signing``), builds the regex of
-the release namespace from the key grammar (``agent.contract.keys.release_regex``: every rank, group and block of the
-release's model under that namespace), opens a Store client of the request's tenant, calls
+The dashboard sends a signed :class:`PurgeRequest`, sealed to the node (``agent.contract.sealing``; Celery task
+``agent.purge_namespace`` on queue ``agent.<node>``) after an operator confirmed the purge of a **retired**
+release. The agent opens the envelope and verifies the HMAC signature with its node secret (the same scheme as
+config documents, ``agent.contract.signing``), builds the regex of the release namespace from the key grammar
+(``agent.contract.keys.release_regex``: every rank, group and block of the release's model under that namespace),
+opens a Store client of the request's tenant, calls
 ``remove_by_regex`` and answers with a :class:`PurgeResult` (task ``dashboard.purge_result`` on queue
 ``dashboard.control``) carrying the number of objects the master removed.
 
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.contract import signing
+from agent.contract import sealing, signing
 from agent.contract.keys import release_keys_regex
 from agent.contract.messages import (  # the purge messages live with every other wire format; re-exported here
     PURGE_RESULT_QUEUE,
@@ -32,6 +33,7 @@ from agent.contract.messages import (  # the purge messages live with every othe
     signed_request,
     utcnow,
 )
+from agent.node.freshness import DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS, NotFresh, SeenPurges, check_fresh
 
 log = logging.getLogger("kvpool.agent.purge")
 
@@ -65,8 +67,14 @@ def purge_release_keys(store: RegexStore, namespace: str, *, engine: str, model:
 
 
 def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str], Any],
-                 ledger: Any | None = None) -> dict[str, Any]:
+                 ledger: Any | None = None, seen: SeenPurges | None = None,
+                 max_age: float = DEFAULT_MAX_AGE_SECONDS, skew: float = DEFAULT_CLOCK_SKEW_SECONDS) -> dict[str, Any]:
     """Verify, validate and run one purge request; return the :class:`PurgeResult` wire dict.
+
+    Freshness and replay (``agent.node.freshness``): a request whose ``issued_at`` lies outside [now - ``max_age``,
+    now + ``skew``] is refused (``stale: ...`` in the result's ``error``), and so is one whose ``purge_id`` is in
+    ``seen`` (``replayed: ...``); an accepted one is added to ``seen`` before it runs. Without ``seen`` (tests,
+    one-off calls) only the age is checked.
 
     ``open_store(tenant_id)`` returns an open Store client of that tenant; it is closed afterwards when it has
     a ``close`` method. ``ledger`` (the node's ``agent.datapath.ledger.Ledger``, optional) forgets the purged blocks, so
@@ -74,12 +82,18 @@ def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str]
     comes back with ``error`` set and ``removed`` 0 (logged at WARNING); one without a readable ``purge_id``
     is answered as purge ``unknown``, which the dashboard matches to no request and drops.
     """
-    purge_id = raw.get("purge_id") if isinstance(raw, dict) else None
-    purge_id = purge_id if isinstance(purge_id, str) and 0 < len(purge_id) <= 64 else "unknown"
     removed, error = 0, ""
+    purge_id = "unknown"
     try:
         if not isinstance(raw, dict):
             raise MessageError(f"expected a JSON object, got {type(raw).__name__}")
+        if sealing.is_sealed(raw):
+            try:
+                raw = sealing.unseal(raw, secret, node=node)
+            except sealing.SealError as exc:
+                raise MessageError(f"{exc.reason}: {exc}") from None
+        found = raw.get("purge_id")
+        purge_id = found if isinstance(found, str) and 0 < len(found) <= 64 else "unknown"
         try:
             signing.verify(raw, secret)
         except signing.SignatureError as exc:
@@ -90,6 +104,14 @@ def handle_purge(raw: Any, *, node: str, secret: str, open_store: Callable[[str]
             raise MessageError(f"invalid purge request: {exc}") from None
         if request.node != node:
             raise MessageError(f"purge request is for node {request.node!r}, this is {node!r}")
+        try:
+            check_fresh(request.issued_at, what="issued_at", max_age=max_age, skew=skew)
+        except NotFresh as exc:
+            raise MessageError(f"stale: {exc}") from None
+        if seen is not None:
+            if request.purge_id in seen:
+                raise MessageError(f"replayed: purge {request.purge_id} already ran on this node; not run again")
+            seen.remember(request.purge_id, request.issued_at)
         release_keys_regex(request.engine, request.namespace, request.model)
         store = open_store(request.tenant_id)
         try:
@@ -131,17 +153,19 @@ def daemon_store_opener(daemon: Any, *, segment_bytes: int = PURGE_SEGMENT_BYTES
 
 
 def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callable[[str], Any],
-                        publish: Callable[[dict[str, Any]], None] | None = None, ledger: Any | None = None) -> None:
+                        publish: Callable[[dict[str, Any]], None] | None = None, ledger: Any | None = None,
+                        seen: SeenPurges | None = None) -> None:
     """Register ``agent.purge_namespace`` on the agent's Celery ``app``.
 
-    Each request runs :func:`handle_purge` (with ``ledger``, the daemon's ledger, when given); the result goes
+    Each request runs :func:`handle_purge` (with ``ledger``, the daemon's ledger, and ``seen``, the purge ids
+    already run, ``purges-seen.json`` in the state directory, when given); the result goes
     back with ``publish(result)`` (default: the task ``dashboard.purge_result`` on queue ``dashboard.control``
     through ``app``). A result the broker does not take is logged; the dashboard shows the node as not answered
     and the operator can request again.
     """
 
     def default_publish(result: dict[str, Any]) -> None:
-        app.send_task(PURGE_RESULT_TASK, args=[result], queue=PURGE_RESULT_QUEUE, retry=True,
+        app.send_task(PURGE_RESULT_TASK, args=[result], queue=PURGE_RESULT_QUEUE, declare=[], retry=True,
                       retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5,
                                     "interval_max": 1.0})
 
@@ -151,7 +175,8 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
     def purge_namespace(request: dict[str, Any]) -> dict[str, Any]:
         """Run one purge request and send its result, signed with the node's secret, to the dashboard."""
         result = signing.sign_message(
-            handle_purge(request, node=node, secret=secret, open_store=open_store, ledger=ledger), secret)
+            handle_purge(request, node=node, secret=secret, open_store=open_store, ledger=ledger, seen=seen),
+            secret)
         try:
             send(result)
         except Exception as exc:

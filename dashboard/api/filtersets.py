@@ -275,6 +275,8 @@ class InstanceStatsFilterSet(StrictFilterSet):
     def filter_trouble(self, queryset, name: str, value: bool):
         from django.db.models import Q
 
+        from agent.contract.messages import InstanceStats as Stats
+
         bad = (Q(hash_mismatch__gt=0) | Q(unknown_salt__gt=0) | Q(unknown_adapter__gt=0) | Q(seq_gaps__gt=0)
-               | Q(decode_errors__gt=0))
+               | Q(decode_errors__gt=0) | Q(events_status__in=Stats.UNTRUSTED_EVENTS) | Q(topic_mismatch__gt=0))
         return queryset.filter(bad) if value else queryset.exclude(bad)

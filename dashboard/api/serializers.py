@@ -50,7 +50,7 @@ class TenantSerializer(ValidatedModelSerializer):
     class Meta:
         model = Tenant
         fields = ("id", "tenant_id", "quota_bytes", "quota", "effective_quota_bytes", "charged_bytes",
-                  "budgeted_bytes", "description", "confirm_overcommit", *_TIMESTAMPS)
+                  "budgeted_bytes", "engine_user", "description", "confirm_overcommit", *_TIMESTAMPS)
 
     def get_quota(self, obj: Tenant) -> str:
         return format_quota(obj.quota_bytes)

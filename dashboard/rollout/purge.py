@@ -42,6 +42,7 @@ from agent.contract.messages import (
     node_queue,
     signed_request,
 )
+from agent.contract.sealing import seal
 from dashboard.celery import app
 from tenants.audit import current_context
 from tenants.choices import AuditAction, Engine, ReleaseState
@@ -102,7 +103,8 @@ def _send(purge_id: str, object_id: str, object_repr: str, nodes: list[Node], fi
                                engine=fields["engine"], namespace=fields["namespace"], model=fields["model"],
                                served_model_name=fields["served_model_name"], issued_at=issued_at)
         try:
-            app.send_task(PURGE_TASK, args=[signed_request(request, node.signing_secret)],
+            envelope = seal(signed_request(request, node.signing_secret), node.signing_secret, node=node.name)
+            app.send_task(PURGE_TASK, args=[envelope], argsrepr=f"[<purge {purge_id} node={node.name}>]",
                           queue=node_queue(node.name), expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
                           retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
                                         "interval_max": 0.5})

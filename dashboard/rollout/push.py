@@ -13,7 +13,9 @@
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
   reported running a version at/above the counter (``version_floor``).
-* ``send_many(pairs)`` — signs with each node's current ``signing_secret`` and publishes the Celery task
+* ``send_many(pairs)`` — stamps each delivery's ``sent_at`` (the agent's freshness check), signs with each node's
+  current ``signing_secret``, seals the signed document to the node
+  (``agent.contract.sealing``: AES-256-GCM under a key derived from that secret) and publishes the Celery task
   ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``), all documents of
   one call in one Redis pipeline (kombu ``Producer.batch``).
 * ``push_nodes(names)`` — ensure + send when new, or when the node's ack lags and the last send is older than
@@ -45,6 +47,7 @@ from agent.contract.messages import (
     RequestGroupSpec,
     node_queue,
 )
+from agent.contract.sealing import seal
 from dashboard.models import ConfigVersion, NodeState
 
 log = logging.getLogger("kvpool.dashboard.push")
@@ -314,8 +317,9 @@ def _insert_versions(versions: list[ConfigVersion]) -> None:
 _declared_queues: set[str] = set()
 
 
-def _publish_documents(documents: list[tuple[str, dict[str, Any]]]) -> None:
-    """Publish ``(node name, signed document)`` pairs as ``agent.apply_config`` tasks to ``agent.<node>``.
+def _publish_documents(documents: list[tuple[str, int, dict[str, Any]]]) -> None:
+    """Publish ``(node name, version, sealed document)`` triples as ``agent.apply_config`` tasks to ``agent.<node>``
+    (each document signed and then sealed to its node, ``agent.contract.sealing``: the queue holds no seed or salt).
 
     All of them go through one producer inside kombu's ``Producer.batch()`` (kombu >= 5.7): on Redis the
     ``LPUSH``es are buffered and sent as one pipeline when the batch closes, one round trip instead of one per
@@ -327,16 +331,16 @@ def _publish_documents(documents: list[tuple[str, dict[str, Any]]]) -> None:
     from dashboard.celery import app
 
     with app.producer_or_acquire() as producer, producer.batch():
-        for name, document in documents:
+        for name, version, document in documents:
             queue = node_queue(name)
             app.send_task(
                 APPLY_CONFIG_TASK, args=[document], queue=queue, producer=producer,
                 declare=[] if queue in _declared_queues else None,
-                argsrepr=f"[<config document node={name} version={document.get('version')}>]",
+                argsrepr=f"[<config document node={name} version={version}>]",
                 expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
                 retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
             )
-    _declared_queues.update(node_queue(name) for name, _ in documents)
+    _declared_queues.update(node_queue(name) for name, _, _ in documents)
 
 
 def _record_push_errors(errors: dict[str, str]) -> None:
@@ -358,11 +362,14 @@ def send_many(pairs) -> int:
     ``pushed_version``/``pushed_at`` (one UPDATE per distinct version).
     """
     errors: dict[str, str] = {}
-    documents: list[tuple[str, dict[str, Any]]] = []
+    sent_at = _issued_at(timezone.now())
+    documents: list[tuple[str, int, dict[str, Any]]] = []
     versions: dict[str, int] = {}
     for node, config_version in pairs:
         try:
-            documents.append((node.name, signing.signed(config_version.document, node.signing_secret)))
+            stamped = {**config_version.document, signing.SENT_AT_FIELD: sent_at}  # this delivery's freshness
+            signed = signing.signed(stamped, node.signing_secret)
+            documents.append((node.name, config_version.version, seal(signed, node.signing_secret, node=node.name)))
         except ValueError as exc:  # an empty secret: nothing the agent could verify
             errors[node.name] = f"{type(exc).__name__}: {exc}"
             log.error("node %s: signing config version %d failed: %s", node.name, config_version.version, exc)
@@ -379,7 +386,7 @@ def send_many(pairs) -> int:
                 log.warning("pushing %d config documents failed (%s: %s); trying once more", len(documents),
                             type(exc).__name__, exc)
                 continue
-            for name, _ in documents:
+            for name, _, _ in documents:
                 errors[name] = f"{type(exc).__name__}: {exc}"
                 log.error("node %s: pushing config version %d failed: %s", name, versions.pop(name), exc)
     if errors:

@@ -215,8 +215,9 @@ _STATS_COLUMNS = ("node_name", "instance_id", "engine", "tenant_id", "served_mod
                   "hash_mismatch", "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
                   "attributed_by_group", "last_error", "prefix_cache_queries", "prefix_cache_hits",
                   "external_prefix_cache_queries", "external_prefix_cache_hits", "store_keys", "store_failed_keys",
-                  "metrics_scrapes", "metrics_errors", "metrics_error")
-#: Rows per upsert statement (34 parameters each).
+                  "metrics_scrapes", "metrics_errors", "metrics_error", "events_endpoint", "events_status",
+                  "events_problem", "events_refusals", "topic_mismatch")
+#: Rows per upsert statement (39 parameters each).
 STATS_CHUNK = 500
 
 

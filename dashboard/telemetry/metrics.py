@@ -33,8 +33,10 @@ Families (labels):
       labels but ``outcome``, ``kvpool_engine_kv_event_{messages,seq_gaps,decode_errors}_total``,
       ``kvpool_engine_{prefix_cache,external_prefix_cache}_{queries,hits}_tokens_total``,
       ``kvpool_engine_metrics_scrape_errors_total``, ``kvpool_engine_external_hit_ratio``,
-      ``kvpool_engine_last_event_age_seconds`` — real engine instances (``InstanceStats`` reported within the window;
-      counters since each agent started)
+      ``kvpool_engine_last_event_age_seconds``, ``kvpool_engine_events_untrusted`` (+ ``status``: 1 when its agent
+      refuses or cannot vouch for the instance's KV-event socket), ``kvpool_engine_events_refusals_total``,
+      ``kvpool_engine_events_topic_mismatch_messages_total`` — real engine instances (``InstanceStats`` reported
+      within the window; counters since each agent started)
   ``kvpool_node_engine_unknown_topic_blocks_total`` (node) — Store blocks from engines of no instance of the node's
       config (newest report)
   ``kvpool_master_up``, ``kvpool_master_restarts_total``, ``kvpool_master_last_restart_timestamp_seconds``,
@@ -160,7 +162,16 @@ class KVPoolCollector:
                 labels=labels),
             "metrics_errors": CounterMetricFamily("kvpool_engine_metrics_scrape_errors", "Failed scrapes of the "
                                                   "engine's /metrics by its agent", labels=labels),
+            "events_refusals": CounterMetricFamily("kvpool_engine_events_refusals", "Times the agent refused the "
+                                                   "instance's KV-event socket (another account's, or in a directory "
+                                                   "others can write)", labels=labels),
+            "topic_mismatch": CounterMetricFamily("kvpool_engine_events_topic_mismatch_messages", "KV-event messages "
+                                                  "on the instance's socket under another topic (dropped)",
+                                                  labels=labels),
         }
+        untrusted = GaugeMetricFamily("kvpool_engine_events_untrusted", "1 when the agent does not receive the "
+                                      "instance's KV events from a socket only its account can have made (refused, "
+                                      "insecure tcp endpoint, no account); label status", labels=[*labels, "status"])
         ratio = GaugeMetricFamily("kvpool_engine_external_hit_ratio", "Store hit tokens / looked-up tokens of the "
                                   "engine's KV connector (0 without lookups)", labels=labels)
         age = GaugeMetricFamily("kvpool_engine_last_event_age_seconds", "Seconds since the engine's newest KV event "
@@ -173,11 +184,12 @@ class KVPoolCollector:
             for name, family in counters.items():
                 family.add_metric(values, getattr(row, name))
             ratio.add_metric(values, row.external_hit_ratio or 0.0)
+            untrusted.add_metric([*values, row.events_status], 1.0 if row.events_untrusted else 0.0)
             if row.last_event_at is not None:
                 age.add_metric(values, max(0.0, (row.reported_at - row.last_event_at).total_seconds()))
         yield blocks
         yield from counters.values()
-        yield from (ratio, age)
+        yield from (ratio, age, untrusted)
         unknown = CounterMetricFamily("kvpool_node_engine_unknown_topic_blocks", "Store blocks in KV events of no "
                                       "instance of the node's config, since its agent started", labels=["node"])
         from tenants.models import Node

@@ -7,7 +7,11 @@ from django.db import models, transaction
 from tenants import budgets, collisions
 from tenants.fields import ByteSizeField
 from tenants.models.base import RegistryModel
-from tenants.validators import validate_tenant_id
+from tenants.validators import validate_engine_user, validate_tenant_id
+
+#: Account an instance of a tenant without its own ``engine_user`` runs as on its nodes: ``kvpool-t<tenant pk>``
+#: (primary keys are never reused, so a new tenant never inherits a deleted one's account or files).
+DEFAULT_ENGINE_USER = "kvpool-t{pk}"
 
 
 class Tenant(RegistryModel):
@@ -19,6 +23,10 @@ class Tenant(RegistryModel):
     ``tenant_id`` cannot change once one of its releases has served: its cached objects live under that name.
     A ``tenant_id`` once given to a tenant is never given to another one, even after that tenant is deleted or
     renamed (``ReservedTenantId``).
+
+    ``engine_user`` is the unprivileged node account the tenant's engine instances run as (``LaunchSpec.user``;
+    README "Users and permissions on a node"); blank = ``kvpool-t<pk>`` (:attr:`engine_account`). Two tenants never
+    share one: their engines could read each other's seeds and publish each other's KV events.
     """
 
     tenant_id = models.CharField(
@@ -31,13 +39,30 @@ class Tenant(RegistryModel):
     quota_bytes = ByteSizeField(
         help_text="Requested Mooncake quota in bytes; accepts '8MB', '200GB' (binary units B/KB/MB/GB/TB)."
     )
+    engine_user = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        validators=[validate_engine_user],
+        help_text="Node account the tenant's engine instances run as (a POSIX user name); blank = kvpool-t<id>.",
+    )
     description = models.TextField(blank=True)
 
     class Meta:
         ordering = ["tenant_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["engine_user"], condition=~models.Q(engine_user=""),
+                                    name="uniq_tenant_engine_user",
+                                    violation_error_message="This engine_user is not available."),
+        ]
 
     def __str__(self) -> str:
         return self.tenant_id
+
+    @property
+    def engine_account(self) -> str:
+        """The account the tenant's engine instances run as: ``engine_user``, else ``kvpool-t<pk>``."""
+        return self.engine_user or DEFAULT_ENGINE_USER.format(pk=self.pk)
 
     def has_served(self) -> bool:
         """True when a release of one of this tenant's models has ever served."""
@@ -71,3 +96,6 @@ class Tenant(RegistryModel):
             collisions.check_tenant_reserved_namespaces(self)
         if stored is not None and isinstance(self.quota_bytes, int):
             budgets.check_quota(self)
+        if self.engine_user:
+            self.unique_together_check("engine_user", f"engine_user '{self.engine_user}' is not available.",
+                                       engine_user=self.engine_user)

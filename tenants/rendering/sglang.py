@@ -89,4 +89,5 @@ def render_sglang(assignment, endpoints: RenderTarget) -> RenderedConfig:
     }
     files = {config_path: pretty_json(sglang_store_config(assignment, endpoints))}
     return RenderedConfig(kind="sglang", argv=argv, env=env, files=files, meta=instance_meta(assignment),
-                          instance_id=instance_id(assignment), instance_dir=directory)
+                          instance_id=instance_id(assignment), instance_dir=directory,
+                          user=assignment.release.model.tenant.engine_account)

@@ -71,8 +71,9 @@ class RenderedConfig:
     """One process to start: ``argv`` (exact arguments), ``env`` (variables to set), ``files`` (absolute path
     on the node -> text content to write before starting), and ``meta`` (what it was rendered from).
 
-    Engine instances also carry ``instance_id`` and ``instance_dir`` (``<config_dir>/<instance_id>``, where
-    their files are rendered); ``launch_spec()`` gives the same launch relative to that directory.
+    Engine instances also carry ``instance_id``, ``instance_dir`` (``<config_dir>/<instance_id>``, where
+    their files are rendered) and ``user`` (the tenant's engine account, ``Tenant.engine_account``);
+    ``launch_spec()`` gives the same launch relative to that directory.
     ``argv[0] == "python"`` (``ENGINE_PYTHON``) stands for the engine's interpreter.
 
     ``command_line`` is ``shlex.join(argv)``, so ``shlex.split(command_line) == argv`` for any argument;
@@ -86,6 +87,7 @@ class RenderedConfig:
     meta: Mapping[str, Any] = field(default_factory=dict)
     instance_id: str = ""
     instance_dir: str = ""
+    user: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -130,7 +132,8 @@ class RenderedConfig:
                 file_env[name] = value[len(prefix):]
             else:
                 env[name] = value
-        return LaunchSpec(instance_id=self.instance_id, argv=self.argv, env=env, file_env=file_env, files=files)
+        return LaunchSpec(instance_id=self.instance_id, argv=self.argv, env=env, file_env=file_env, files=files,
+                          user=self.user)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form used by the REST API and ``render_config`` (``instance_id`` for engine instances)."""

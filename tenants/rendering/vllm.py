@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.contract.kv_events import KV_EVENTS_ENDPOINT
 from tenants.choices import InstanceRole, NodeDevice, StoreMode
 from tenants.rendering.common import (
     compact_json,
@@ -61,13 +62,16 @@ def kv_transfer_config(role: str, cache_prefix: str) -> dict[str, Any]:
 
 
 def kv_events_config(node, topic: str) -> dict[str, Any]:
-    """``--kv-events-config``: ZMQ publisher that connects to the node agent's socket
-    ``tcp://127.0.0.1:<node.kv_events_port>`` (vLLM 0.32/0.33 connect when the endpoint names a host, bind for
-    ``*``), publishing under ``topic`` (the instance id), so one agent socket tells its instances apart."""
+    """``--kv-events-config``: a ZMQ publisher that **binds** ``ipc://kv-events.sock`` in the engine's working
+    directory, its instance directory (vLLM 0.32/0.33 bind ``ipc://`` endpoints; ``launch.sh`` changes into the
+    directory), publishing under ``topic`` (the instance id). The node agent connects one socket per instance
+    after checking that only the instance's account could have made it (``agent.contract.kv_events``), so no
+    other local process can publish as the instance or receive its prompts' tokens. ``node`` is not used any more
+    (the node's ``kv_events_port`` was the shared tcp endpoint)."""
     return {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{node.kv_events_port}",
+        "endpoint": KV_EVENTS_ENDPOINT,
         "topic": topic,
     }
 
@@ -168,4 +172,4 @@ def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(assignment.bootstrap_port)
     files = {config_path: pretty_json(vllm_mooncake_config(assignment, endpoints))}
     return RenderedConfig(kind="vllm", argv=argv, env=env, files=files, meta=instance_meta(assignment),
-                          instance_id=ident, instance_dir=directory)
+                          instance_id=ident, instance_dir=directory, user=model.tenant.engine_account)

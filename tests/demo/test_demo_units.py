@@ -521,7 +521,7 @@ def test_unknown_signal_handler_raises_keyboard_interrupt():
 
 
 def test_agent_command_runs_the_agent_module_with_simulated_engines(tmp_path):
-    assert cli.AGENT_COMMAND[1:] == ["-m", "agent", "run"]
+    assert cli.AGENT_COMMAND[1:] == ["-m", "agent", "run", "--single-user"]
     env = {**os.environ, "PYTHONPATH": str(cli.ROOT)}
 
     def agent(*argv: str) -> subprocess.CompletedProcess:

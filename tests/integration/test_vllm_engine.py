@@ -16,6 +16,7 @@ model is built once. About a minute once the environment exists (the engine is r
 """
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -97,14 +98,17 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
     # the node's agent, in-process: the daemon applies the signed document, NodeEngines does the node's side
     ledger = Ledger()
     engines = NodeEngines(node.name, ledger, tmp_path / "instances", state_dir=tmp_path, interval=0,
-                          metrics_interval=0)
+                          metrics_interval=0, is_privileged=False)  # the engine runs as this test's own user
     published: list[list[dict]] = []
     daemon = Daemon(node.name, node.signing_secret, tmp_path / "state", publish=published.append, ledger=ledger,
                     on_apply=[engines.on_apply], report_fields=engines.report_fields)
 
     def push() -> dict:
+        from agent.contract.sealing import seal
+
         document = ensure_version(node).version.document
-        ack = daemon.handle_document(signing.signed(document, node.signing_secret))
+        delivery = signing.signed({**document, "sent_at": signing.timestamp(datetime.now(UTC))}, node.signing_secret)
+        ack = daemon.handle_document(seal(delivery, node.signing_secret, node=node.name))  # as send_many sends it
         assert ack["status"] == "applied", ack
         return document
 
@@ -152,6 +156,10 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         engines.observer.scrape_metrics_now()
         (stats,) = engines.instance_stats()
         assert (stats.blocks_seen, stats.attributed, stats.unknown_salt, stats.hash_mismatch) == (10, 10, 0, 0)
+        # the engine bound its own ipc socket in its instance directory, and only that socket was read
+        assert (stats.events_status, stats.events_endpoint, stats.topic_mismatch) == ("connected",
+                                                                                     "ipc://kv-events.sock", 0)
+        assert (directory / "kv-events.sock").is_socket()
         assert (stats.seq_gaps, stats.decode_errors, stats.unresolved_parent) == (0, 0, 0)
         assert stats.attributed_by_group == {"shared": 6, "app-b": 4}
         scope = CacheScope(tenant.tenant_id, "tiny", NAMESPACE)
@@ -207,7 +215,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         # a purge of the release removes exactly its keys in its tenant, and the ledger forgets them
         request = PurgeRequest(purge_id="p1", node=node.name, tenant_id=tenant.tenant_id, engine="vllm",
                                namespace=NAMESPACE, model="tiny-llama", served_model_name="tiny",
-                               issued_at="2026-12-01T00:00:00Z")
+                               issued_at=signing.timestamp(datetime.now(UTC)))
         result = handle_purge(signed_request(request, node.signing_secret), node=node.name,
                               secret=node.signing_secret, open_store=daemon_store_opener(daemon), ledger=ledger)
         assert result["error"] == "" and result["removed"] == len(held)

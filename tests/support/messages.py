@@ -64,10 +64,12 @@ def instance(instance_id: str = "1", *, tenant_id: str = "acme", namespace: str 
 
 
 def document(node: str = "node-a", version: int = 1, *, instances: list[InstanceSpec] | None = None,
-             secret: str | None = "s3cret") -> dict[str, Any]:
-    """A config document wire dict, signed with ``secret`` unless it is None."""
+             secret: str | None = "s3cret", sent_at: datetime | str | None = None) -> dict[str, Any]:
+    """A config document wire dict, signed with ``secret`` unless it is None; ``sent_at`` (this delivery's stamp)
+    is now unless given ("" = none, as older dashboards sent)."""
+    stamp = sent_at if isinstance(sent_at, str) else signing.timestamp(sent_at or datetime.now(UTC))
     doc = ConfigDocument(
-        node=node, version=version, issued_at="2026-11-30T12:00:00.000000Z",
+        node=node, version=version, issued_at="2026-11-30T12:00:00.000000Z", sent_at=stamp,
         store=StoreEndpoints(master_server_address="127.0.0.1:50051",
                              metadata_server="http://127.0.0.1:8080/metadata",
                              global_segment_size=1 << 30, local_buffer_size=1 << 28),

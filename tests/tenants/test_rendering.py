@@ -123,9 +123,11 @@ def test_vllm_serve_line(awkward, endpoints):
     assert json.loads(_flag(argv, "--kv-events-config")) == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://127.0.0.1:5557",
+        "endpoint": "ipc://kv-events.sock",  # the engine binds it in its instance directory (its cwd)
         "topic": str(assignment.pk),
     }
+    assert config.user == f"kvpool-t{assignment.release.model.tenant.pk}"  # the tenant's default engine account
+    assert config.launch_spec().user == config.user
     path = f"/etc/kvpool/{assignment.pk}/mooncake.json"
     assert dict(config.env) == {
         "MOONCAKE_CONFIG_PATH": path,
@@ -331,7 +333,7 @@ def test_vllm_cpu_standalone_store_node(served_model, endpoints):
     argv = list(config.argv)
     assert "--enforce-eager" in argv and _flag(argv, "--block-size") == "32" and _flag(argv, "--host") == "127.0.0.1"
     events = json.loads(_flag(argv, "--kv-events-config"))
-    assert events["endpoint"] == "tcp://127.0.0.1:6001" and events["topic"] == str(assignment.pk)
+    assert events["endpoint"] == "ipc://kv-events.sock" and events["topic"] == str(assignment.pk)
     assert config.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and config.env["PYTHONHASHSEED"] == "42"
     assert "HF_HUB_OFFLINE" not in config.env  # a hub id may need downloading
     mooncake = json.loads(config.files[config.env["MOONCAKE_CONFIG_PATH"]])

@@ -1,22 +1,27 @@
-"""The node's observer of real vLLM engines: one ZMQ SUB socket for every instance's KV events, and metric scrapes.
+"""The node's observer of real vLLM engines: one ZMQ SUB socket per instance for its KV events, and metric scrapes.
 
-Matches vLLM 0.32.0 (CPU) / 0.33.0 ``ZmqEventPublisher``: an engine whose ``--kv-events-config`` ``endpoint``
-names a host (``tcp://127.0.0.1:5557``) *connects* its PUB socket to it, so the node binds one SUB socket and
-every engine of the node connects there. Each instance is rendered with ``"topic": "<instance_id>"``; the
-first frame of each message is that topic, which is how one socket tells instances apart (ZMQ subscriptions
-match prefixes, so routing compares the whole topic frame; messages of unknown topics are counted and dropped, and
-so are the Store blocks they announce: ``unknown_topic_blocks`` are blocks an engine the applied document does not
-know wrote into the pool). The socket subscribes to every topic, so such engines are seen at all.
+Matches vLLM 0.32.0 (CPU) / 0.33.0 ``ZmqEventPublisher``: every instance is rendered with ``--kv-events-config
+'{"endpoint": "ipc://kv-events.sock", "topic": "<instance_id>", ...}'`` (``agent.contract.kv_events``), so its engine
+**binds** a socket in its own instance directory. The observer connects one SUB socket to each instance's socket, and
+only after ``agent.engines.vllm.transport.open_source`` showed that nobody but the instance's account could have made
+it; until then (no socket yet, or one that fails the check) it retries with backoff (``retry_initial`` doubling up to
+``retry_max`` seconds) and says why in the instance's ``events_status`` / ``events_problem`` (a refused socket also
+counts in ``events_refusals`` and is logged). A connected socket is checked again every ``recheck_interval``
+seconds. Messages are routed **by socket**: a message on an instance's socket is that instance's. Its topic frame
+is only checked: one under another topic than the instance's is dropped and counted (``topic_mismatch``; the node's
+``unknown_topic`` / ``unknown_topic_blocks`` total them with the Store blocks they announce).
 
 :class:`EngineObserver` keeps one :class:`agent.engines.vllm.attribution.Attributor` per vLLM instance of the
-applied config document (:meth:`EngineObserver.apply`, the daemon's ``on_apply`` hook: subscriptions change
-without closing the socket; an unchanged instance keeps its attributor, a changed one gets a new attributor
-that continues the old one's counters and state), a background thread that receives and attributes messages
-(:meth:`start` / :meth:`stop`; :meth:`rebind` moves it to another endpoint keeping every instance's state), and a
-second one that scrapes each instance's ``http://<host>:<port>/metrics`` every ``metrics_interval`` seconds
-(failures counted, never raised). :meth:`snapshot` is thread-safe.
+applied config document (:meth:`EngineObserver.apply`, the daemon's ``on_apply`` hook: an unchanged instance keeps
+its attributor and its connection, a changed one gets a new attributor that continues the old one's counters and
+state), a background thread that connects, receives and attributes messages for every instance with one poller
+(:meth:`start` / :meth:`stop`; at most ``DRAIN_PER_SOCKET`` messages of one socket per round, so one busy instance
+cannot hold the others' back), and a second one that scrapes each instance's ``http://<host>:<port>/metrics`` every
+``metrics_interval`` seconds (failures counted, never raised). :meth:`snapshot` is thread-safe.
 
-The socket part is thin: :meth:`EngineObserver.handle_frames` routes one message and is what the thread calls.
+Where an instance publishes (its ``EventSource``) comes from ``source_for`` (``agent.node.engines`` builds it from the
+instance's launch, its directory and its account). The socket part is thin:
+:meth:`EngineObserver.handle_instance_frames` handles one message of one instance and is what the thread calls.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -32,20 +38,45 @@ import zmq
 from agent.engines.vllm.attribution import Attributor
 from agent.engines.vllm.events import MEDIUM_STORE, BlockStored, EventDecodeError, decode_message
 from agent.engines.vllm.metrics import MetricsTracker, fetch_text, parse_metrics
+from agent.engines.vllm.transport import (
+    CONNECTED,
+    REFUSED,
+    UNOBSERVED,
+    WAITING,
+    EventSource,
+    OpenSource,
+    Refused,
+    launch_source,
+    open_source,
+)
 
 log = logging.getLogger("kvpool.agent.engines.vllm")
 
-#: Default node endpoint engines connect to (``--kv-events-config '{"endpoint": "tcp://127.0.0.1:5557", ...}'``).
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
 #: Default seconds between ``/metrics`` scrapes of each instance.
 DEFAULT_METRICS_INTERVAL = 15.0
-#: Receive high-water mark (messages) of the SUB socket; the engine's PUB default is 100000 too.
+#: Receive high-water mark (messages) of each SUB socket; the engine's PUB default is 100000 too.
 DEFAULT_RCVHWM = 100_000
+#: Seconds before the first retry of an instance whose socket is missing or refused; doubled per failure.
+DEFAULT_RETRY_INITIAL = 0.2
+#: Longest wait between two tries (seconds): an engine that starts is observed within this.
+DEFAULT_RETRY_MAX = 2.0
+#: Seconds between re-checks of a connected instance's socket and directory.
+DEFAULT_RECHECK_INTERVAL = 2.0
+#: Messages taken from one instance's socket per poll round before the next socket's turn.
+DRAIN_PER_SOCKET = 1000
 
 
 def default_topic(instance: Any) -> str:
     """The topic an instance's engine publishes under: its ``instance_id`` (rendered as the ``topic`` field)."""
     return instance.instance_id
+
+
+def default_source(instance: Any) -> EventSource:
+    """An instance's ``EventSource`` without a node around it: an absolute ``ipc://`` endpoint of its launch,
+    expected to be owned by this process's uid (tests); a relative one has no directory here (``UNOBSERVED``)."""
+    import os
+
+    return launch_source(instance, None, os.geteuid())
 
 
 def _instances(applied: Any) -> list[Any]:
@@ -58,32 +89,55 @@ def _instances(applied: Any) -> list[Any]:
     return list(instances)
 
 
+@dataclass(eq=False)
+class _Link:
+    """One instance's event connection: its source, topic and state. The receiving thread owns ``sock`` and
+    ``opened``; the counters and ``status``/``problem`` are read by :meth:`EngineObserver.snapshot`."""
+
+    source: EventSource
+    topic: bytes
+    status: str = WAITING
+    problem: str = ""
+    refusals: int = 0
+    topic_mismatch: int = 0
+    connects: int = 0
+    backoff: float = 0.0
+    next_try: float = 0.0
+    next_recheck: float = 0.0
+    sock: Any = None
+    opened: OpenSource | None = field(default=None, repr=False)
+
+
 class EngineObserver:
     """KV events and metrics of every vLLM instance of the node's applied document (module docstring).
 
     Args:
         ledger: the node's ``agent.datapath.ledger.Ledger`` that attributed blocks are recorded in (None: count
             only).
-        endpoint: ZMQ endpoint to bind (``tcp://host:port``; port ``*`` picks a free one, see :attr:`endpoint`).
+        source_for: ``instance -> EventSource``: where the instance publishes and who must own the socket
+            (default :func:`default_source`).
         metrics_interval: seconds between scrapes of each instance's ``/metrics`` (0: no scraping thread).
         metrics_host: host of the engines' HTTP servers.
         metrics_timeout: seconds per scrape.
         fetch: ``(url, timeout) -> text`` for scrapes (tests).
-        topic_for: ``instance -> topic string`` (default: the instance id).
+        topic_for: ``instance -> topic string`` its messages must carry (default: the instance id).
         attributor_options: keyword arguments for each :class:`Attributor` (``block_bytes``, ``store_media``,
             ``known_blocks``, ``gpu_memo_blocks``).
-        rcvhwm: the SUB socket's receive high-water mark (messages).
-        poll_ms: how often the receiving thread checks for subscription changes and stop (milliseconds).
+        rcvhwm: each SUB socket's receive high-water mark (messages).
+        poll_ms: how often the receiving thread looks at connections and stop (milliseconds).
+        retry_initial / retry_max: backoff of an instance whose socket is missing or refused (seconds).
+        recheck_interval: seconds between checks of a connected socket.
     """
 
-    def __init__(self, ledger: Any = None, *, endpoint: str = DEFAULT_ENDPOINT,
+    def __init__(self, ledger: Any = None, *, source_for: Callable[[Any], EventSource] = default_source,
                  metrics_interval: float = DEFAULT_METRICS_INTERVAL, metrics_host: str = "127.0.0.1",
                  metrics_timeout: float = 2.0, fetch: Callable[[str, float], str] = fetch_text,
                  topic_for: Callable[[Any], str] = default_topic,
                  attributor_options: Mapping[str, Any] | None = None, rcvhwm: int = DEFAULT_RCVHWM,
-                 poll_ms: int = 100) -> None:
+                 poll_ms: int = 100, retry_initial: float = DEFAULT_RETRY_INITIAL,
+                 retry_max: float = DEFAULT_RETRY_MAX, recheck_interval: float = DEFAULT_RECHECK_INTERVAL) -> None:
         self.ledger = ledger
-        self._endpoint = endpoint
+        self.source_for = source_for
         self.metrics_interval = metrics_interval
         self.metrics_host = metrics_host
         self.metrics_timeout = metrics_timeout
@@ -92,9 +146,13 @@ class EngineObserver:
         self.attributor_options = dict(attributor_options or {})
         self.rcvhwm = rcvhwm
         self.poll_ms = poll_ms
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.recheck_interval = recheck_interval
         self._lock = threading.Lock()
         self._attributors: dict[str, Attributor] = {}   # instance_id -> attributor
-        self._routes: dict[bytes, Attributor] = {}      # topic frame -> attributor (replaced, never mutated)
+        self._links: dict[str, _Link] = {}              # instance_id -> its connection (replaced, never mutated)
+        self._closing: list[_Link] = []                 # links of instances that left, for the thread to close
         self._trackers: dict[str, MetricsTracker] = {}  # instance_id -> its /metrics tracker
         self.apply_errors: dict[str, str] = {}           # instance_id -> why it is not observed
         self._observed_since: dict[str, float] = {}      # instance_id -> unix seconds of its first apply
@@ -102,7 +160,6 @@ class EngineObserver:
         self.unknown_topic_blocks = 0
         self.received = 0
         self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -111,12 +168,13 @@ class EngineObserver:
     def apply(self, applied: Any) -> None:
         """Observe the vLLM instances of a newly applied document (the daemon's ``on_apply`` hook; also takes a
         ``ConfigDocument`` or an iterable of instances). Never raises for a bad instance: it is left out and
-        named in :attr:`apply_errors`."""
+        named in :attr:`apply_errors`. An instance whose source and topic are unchanged keeps its connection."""
         attributors: dict[str, Attributor] = {}
-        routes: dict[bytes, Attributor] = {}
+        links: dict[str, _Link] = {}
         errors: dict[str, str] = {}
         with self._lock:
             old = dict(self._attributors)
+            old_links = dict(self._links)
         for instance in _instances(applied):
             if getattr(instance, "engine", None) != "vllm":
                 continue
@@ -128,19 +186,27 @@ class EngineObserver:
                 else:
                     att = Attributor(instance, self.ledger, previous=previous, **self.attributor_options)
                 topic = self.topic_for(instance).encode("utf-8")
+                source = self.source_for(instance)
             except Exception as exc:  # a bad instance must not stop the others
                 errors[iid] = str(exc)
                 log.warning("engine observer: instance %s is not observed: %s", iid, exc)
                 continue
-            if topic in routes:
-                errors[iid] = f"topic {topic!r} is also the topic of instance {routes[topic].instance_id}"
-                continue
             attributors[iid] = att
-            routes[topic] = att
+            link = old_links.get(iid)
+            if link is None or link.source != source or link.topic != topic:
+                fresh = _Link(source, topic, backoff=self.retry_initial)
+                if link is not None:  # a changed source: start over, keep the counters
+                    fresh.refusals, fresh.topic_mismatch = link.refusals, link.topic_mismatch
+                if source.problem:
+                    fresh.status, fresh.problem = source.status or UNOBSERVED, source.problem
+                    log.error("engine observer: KV events of instance %s are not observed: %s", iid, source.problem)
+                link = fresh
+            links[iid] = link
         now = time.time()
         with self._lock:
+            self._closing += [link for iid, link in self._links.items() if links.get(iid) is not link]
             self._attributors = attributors
-            self._routes = routes
+            self._links = links
             self.apply_errors = errors
             self._observed_since = {iid: self._observed_since.get(iid, now) for iid in attributors}
             trackers = {}
@@ -154,25 +220,39 @@ class EngineObserver:
 
     @property
     def topics(self) -> set[bytes]:
-        """Topic frames currently routed to an instance's attributor."""
-        return set(self._routes)
+        """Topic frames the observed instances' messages must carry."""
+        return {link.topic for link in self._links.values()}
 
     def attributor(self, instance_id: str) -> Attributor | None:
         """The attributor of an observed instance."""
         return self._attributors.get(instance_id)
 
+    def source(self, instance_id: str) -> EventSource | None:
+        """Where an observed instance publishes (None when it is not observed)."""
+        link = self._links.get(instance_id)
+        return link.source if link is not None else None
+
+    def status(self, instance_id: str) -> tuple[str, str]:
+        """``(events_status, events_problem)`` of an observed instance (``("", "")`` when it is not observed)."""
+        link = self._links.get(instance_id)
+        return (link.status, link.problem) if link is not None else ("", "")
+
     # --- messages -----------------------------------------------------------------------------------------
 
-    def handle_frames(self, frames: list[bytes]) -> bool:
-        """Route one multipart message to its instance's attributor by its topic frame (exact match).
+    def handle_instance_frames(self, instance_id: str, frames: list[bytes]) -> bool:
+        """Handle one multipart message that arrived on ``instance_id``'s socket.
 
-        Returns False when no observed instance has that topic: the message is counted in ``unknown_topic`` and
-        the Store blocks it announces (``BlockStored`` with the Store medium) in ``unknown_topic_blocks``. Never
-        raises for malformed input (the attributor counts it).
-        """
+        Its topic frame must be the instance's; otherwise it is dropped, counted in the instance's
+        ``topic_mismatch`` and the node's ``unknown_topic``, and the Store blocks it announces (``BlockStored``
+        with the Store medium) in ``unknown_topic_blocks``; returns False then (and for an instance no longer
+        observed). Never raises for malformed input (the attributor counts it)."""
         self.received += 1
-        att = self._routes.get(bytes(frames[0])) if frames else None
-        if att is None:
+        link = self._links.get(instance_id)
+        att = self._attributors.get(instance_id)
+        if link is None or att is None:
+            return False
+        if not frames or bytes(frames[0]) != link.topic:
+            link.topic_mismatch += 1
             self.unknown_topic += 1
             try:
                 events = decode_message(frames).batch.events
@@ -187,45 +267,24 @@ class EngineObserver:
     # --- threads ------------------------------------------------------------------------------------------
 
     @property
-    def endpoint(self) -> str:
-        """The bound endpoint (with the port the OS chose for ``*``) once started, else the configured one."""
-        return self._endpoint
-
-    @property
     def running(self) -> bool:
-        """Whether the socket is bound and the threads run (:meth:`start` succeeded, :meth:`stop` not called)."""
+        """Whether the threads run (:meth:`start` called, :meth:`stop` not)."""
         return bool(self._threads)
 
-    def rebind(self, endpoint: str) -> None:
-        """Move the SUB socket to ``endpoint`` (stop, then :meth:`start` there when it was running); every
-        instance keeps its attributor and metrics. Raises as :meth:`start` does."""
-        running = bool(self._threads)
-        self.stop()
-        self._endpoint = endpoint
-        if running:
-            self.start()
+    def connected(self) -> set[str]:
+        """Ids of the instances whose socket is connected now."""
+        return {iid for iid, link in self._links.items() if link.status == CONNECTED}
 
     def observed_since(self, instance_id: str) -> float | None:
         """Unix seconds since an instance is observed (its first apply; None when it is not observed)."""
         return self._observed_since.get(instance_id)
 
     def start(self) -> None:
-        """Bind the SUB socket (errors such as a port in use raise here) and start the threads."""
+        """Start the threads (connections are made, and retried, by the receiving thread)."""
         if self._threads:
             return
         self._stop.clear()
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.bind(self._endpoint)
-        except zmq.ZMQError:
-            sock.close(0)
-            ctx.term()
-            raise
-        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._ctx, self._sock = ctx, sock
+        self._ctx = zmq.Context()
         threads = [threading.Thread(target=self._receive_loop, name="kvpool-vllm-events", daemon=True)]
         if self.metrics_interval > 0:
             threads.append(threading.Thread(target=self._metrics_loop, name="kvpool-vllm-metrics", daemon=True))
@@ -234,7 +293,7 @@ class EngineObserver:
             t.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the threads and close the socket (idempotent)."""
+        """Stop the threads and close every socket (idempotent)."""
         self._stop.set()
         alive = False
         for t in self._threads:
@@ -252,36 +311,113 @@ class EngineObserver:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _receive_loop(self) -> None:
-        sock = self._sock
-        assert sock is not None
-        subscribed: set[bytes] = set()
-        poller = zmq.Poller()
+    def _close(self, link: _Link, poller: zmq.Poller, socks: dict[Any, str]) -> None:
+        if link.sock is not None:
+            try:
+                poller.unregister(link.sock)
+            except KeyError:
+                pass
+            socks.pop(link.sock, None)
+            link.sock.close(0)
+            link.sock = None
+        if link.opened is not None:
+            link.opened.close()
+            link.opened = None
+
+    def _refused(self, iid: str, link: _Link, exc: Refused, now: float) -> None:
+        changed = (link.status, link.problem) != (exc.status, str(exc))
+        link.status, link.problem = exc.status, str(exc)
+        if exc.status == REFUSED:
+            link.refusals += 1
+        if changed:
+            level = logging.WARNING if exc.status == REFUSED else logging.INFO
+            log.log(level, "engine observer: instance %s: %s%s", iid, exc,
+                    "; not connected, retrying" if exc.status == REFUSED else "; retrying")
+        link.next_try = now + link.backoff
+        link.backoff = min(self.retry_max, max(self.retry_initial, link.backoff * 2))
+
+    def _connect(self, iid: str, link: _Link, poller: zmq.Poller, socks: dict[Any, str], now: float) -> None:
+        try:
+            opened = open_source(link.source)
+        except Refused as exc:
+            self._refused(iid, link, exc, now)
+            return
+        assert self._ctx is not None
+        sock = self._ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a message under another one is counted, then dropped
+        try:
+            sock.connect(opened.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            opened.close()
+            self._refused(iid, link, Refused(WAITING, f"connecting to {link.source.socket_path}: {exc}"), now)
+            return
+        link.sock, link.opened = sock, opened
+        link.status, link.problem = CONNECTED, ""
+        link.connects += 1
+        link.backoff = self.retry_initial
+        link.next_recheck = now + self.recheck_interval
         poller.register(sock, zmq.POLLIN)
+        socks[sock] = iid
+        log.info("engine observer: instance %s: KV events from %s (owned by uid %s)", iid, link.source.socket_path,
+                 link.source.owner_uid)
+
+    def _sync(self, poller: zmq.Poller, socks: dict[Any, str], now: float) -> None:
+        """Close the links of instances that left; connect (or retry) the others; re-check connected ones."""
+        with self._lock:
+            closing, self._closing = self._closing, []
+            links = dict(self._links)
+        for link in closing:
+            self._close(link, poller, socks)
+        for iid, link in links.items():
+            if link.source.problem:
+                continue
+            if link.sock is None:
+                if now >= link.next_try:
+                    self._connect(iid, link, poller, socks, now)
+            elif now >= link.next_recheck:
+                link.next_recheck = now + self.recheck_interval
+                try:
+                    assert link.opened is not None
+                    link.opened.recheck()
+                except Refused as exc:
+                    self._close(link, poller, socks)
+                    self._refused(iid, link, exc, now)
+                    if exc.status == WAITING:  # the directory was rewritten: reconnect at once
+                        link.next_try = now
+
+    def _receive_loop(self) -> None:
+        poller = zmq.Poller()
+        socks: dict[Any, str] = {}
         try:
             while not self._stop.is_set():
-                # one subscription to every topic: messages of instances the document does not know are counted
-                wanted = {b""}
-                if wanted != subscribed:
-                    for topic in wanted - subscribed:
-                        sock.setsockopt(zmq.SUBSCRIBE, topic)
-                    for topic in subscribed - wanted:
-                        sock.setsockopt(zmq.UNSUBSCRIBE, topic)
-                    subscribed = wanted
-                if not poller.poll(self.poll_ms):
+                self._sync(poller, socks, time.monotonic())
+                if not socks:
+                    self._stop.wait(self.poll_ms / 1000)
                     continue
-                for _ in range(10_000):  # drain, then look at subscriptions and stop again
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        self.handle_frames(frames)
-                    except Exception:  # pragma: no cover - a bug must not end observation
-                        log.exception("engine observer: message handling failed")
+                for sock, _ in poller.poll(self.poll_ms):
+                    iid = socks.get(sock)
+                    if iid is None:
+                        continue
+                    for _ in range(DRAIN_PER_SOCKET):  # then the next socket's turn
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            self.handle_instance_frames(iid, frames)
+                        except Exception:  # pragma: no cover - a bug must not end observation
+                            log.exception("engine observer: message handling failed")
         finally:
-            sock.close(0)
-            self._sock = None
+            with self._lock:
+                links = list(self._links.values()) + self._closing
+                self._closing = []
+            for link in links:
+                self._close(link, poller, socks)
+                if link.status == CONNECTED:
+                    link.status, link.problem = WAITING, "the observer stopped"
 
     def _metrics_loop(self) -> None:
         while not self._stop.wait(self.metrics_interval):
@@ -307,23 +443,30 @@ class EngineObserver:
     # --- output -------------------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Thread-safe, JSON-ready: ``endpoint``, ``running``, ``received``, ``unknown_topic`` (messages),
-        ``unknown_topic_blocks`` (Store blocks in them), ``apply_errors``, and per observed instance id its
-        attribution counters (``Attributor.snapshot``) with ``topic``, ``observed_since`` (unix seconds) and
-        ``metrics`` (``MetricsTracker.snapshot``)."""
+        """Thread-safe, JSON-ready: ``running``, ``received``, ``unknown_topic`` (messages under another topic than
+        their socket's instance), ``unknown_topic_blocks`` (Store blocks in them), ``apply_errors``, and per
+        observed instance id its attribution counters (``Attributor.snapshot``) with ``topic``,
+        ``events_endpoint`` (as its launch renders it), ``events_socket`` (the path connected to),
+        ``events_status`` / ``events_problem`` (``agent.engines.vllm.transport``), ``events_refusals``,
+        ``topic_mismatch``, ``observed_since`` (unix seconds) and ``metrics`` (``MetricsTracker.snapshot``)."""
         with self._lock:
             attributors = dict(self._attributors)
-            topics = {att.instance_id: topic for topic, att in self._routes.items()}
+            links = dict(self._links)
             metrics = {iid: tracker.snapshot() for iid, tracker in self._trackers.items()}
             since = dict(self._observed_since)
-            out: dict[str, Any] = {"endpoint": self._endpoint, "running": bool(self._threads),
+            out: dict[str, Any] = {"running": bool(self._threads),
                                    "received": self.received, "unknown_topic": self.unknown_topic,
                                    "unknown_topic_blocks": self.unknown_topic_blocks,
                                    "apply_errors": dict(self.apply_errors)}
         instances = {}
         for iid, att in attributors.items():
             row = att.snapshot()
-            row["topic"] = topics.get(iid, b"").decode("utf-8", "replace")
+            link = links.get(iid)
+            if link is not None:
+                row.update(topic=link.topic.decode("utf-8", "replace"), events_endpoint=link.source.endpoint,
+                           events_socket=str(link.source.socket_path or ""), events_status=link.status,
+                           events_problem=link.problem, events_refusals=link.refusals,
+                           topic_mismatch=link.topic_mismatch)
             row["observed_since"] = since.get(iid)
             row["metrics"] = metrics.get(iid)
             instances[iid] = row
@@ -340,4 +483,4 @@ def observe(ledger: Any, applied: Any = None, **options: Any) -> EngineObserver:
     return observer
 
 
-__all__ = ["DEFAULT_ENDPOINT", "DEFAULT_METRICS_INTERVAL", "EngineObserver", "default_topic", "observe"]
+__all__ = ["DEFAULT_METRICS_INTERVAL", "EngineObserver", "default_source", "default_topic", "observe"]

@@ -21,7 +21,7 @@ from tests.support.messages import T0, document, instance
 
 LAUNCH = {"instance_id": "1", "argv": ["python", "-m", "vllm.entrypoints.openai.api_server"],
           "env": {"VLLM_HOST_IP": "127.0.0.1"}, "file_env": {"MOONCAKE_CONFIG_PATH": "mooncake.json"},
-          "files": {"mooncake.json": "{}\n"}}
+          "files": {"mooncake.json": "{}\n"}, "user": "kvpool-t1"}
 SETTINGS = {"kv_events_port": 5557, "store_mode": "standalone-store",
             "store_client_argv": ["mooncake_client", "--port=50052", "--global_segment_size=67108864"]}
 

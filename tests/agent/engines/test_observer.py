@@ -1,28 +1,38 @@
-"""EngineObserver with a real ZMQ socket pair: recorded vLLM 0.32.0 frames replayed through a PUB that connects
-to the observer's bound SUB, as an engine with ``--kv-events-config '{"endpoint": "tcp://127.0.0.1:P",
-"topic": "<instance_id>"}'`` does; and /metrics scraped over real HTTP."""
+"""EngineObserver with real ZMQ sockets: recorded vLLM 0.32.0 frames replayed through a PUB bound at
+``<instance dir>/kv-events.sock`` as an engine with ``--kv-events-config '{"endpoint": "ipc://kv-events.sock",
+"topic": "<instance_id>"}'`` binds it, one SUB per instance connected by the observer; and /metrics scraped over
+real HTTP."""
 
 from __future__ import annotations
 
 import http.server
+import os
 import threading
-import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
 
 from agent.datapath.ledger import Ledger
 from agent.engines.vllm.observer import EngineObserver
+from agent.engines.vllm.transport import EventSource
 from tests.agent.engines.test_metrics import metrics_text
 from tests.support.captures import frames, instance, meta, retopic
+from tests.support.engines import Publisher, bind_publisher, send_when_joined
 from tests.support.waiting import wait_for
 
 
 @pytest.fixture
-def observer() -> Iterator[tuple[EngineObserver, Ledger]]:
+def observer(tmp_path: Path) -> Iterator[tuple[EngineObserver, Ledger]]:
     ledger = Ledger()
-    obs = EngineObserver(ledger, endpoint="tcp://127.0.0.1:*", metrics_interval=0, poll_ms=20)
+
+    def source_for(inst) -> EventSource:
+        directory = tmp_path / inst.instance_id
+        directory.mkdir(mode=0o700, exist_ok=True)
+        return EventSource("ipc://kv-events.sock", directory / "kv-events.sock", os.geteuid())
+
+    obs = EngineObserver(ledger, source_for=source_for, metrics_interval=0, poll_ms=20, retry_max=0.05)
     obs.start()
     try:
         yield obs, ledger
@@ -31,83 +41,81 @@ def observer() -> Iterator[tuple[EngineObserver, Ledger]]:
 
 
 @pytest.fixture
-def publisher(observer) -> Iterator[zmq.Socket]:
+def engine(tmp_path: Path) -> Iterator:
+    """``bind(instance_id)``: a PUB bound in the instance's directory, as its engine binds it."""
     ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(observer[0].endpoint)  # the engine connects; the node binds
+    pubs: list[Publisher] = []
+
+    def bind(instance_id: str) -> Publisher:
+        (tmp_path / instance_id).mkdir(mode=0o700, exist_ok=True)
+        pubs.append(bind_publisher(ctx, tmp_path / instance_id))
+        return pubs[-1]
+
     try:
-        yield pub
+        yield bind
     finally:
-        pub.close(0)
+        for pub in pubs:
+            pub.close()
         ctx.term()
 
 
-def join(obs: EngineObserver, pub: zmq.Socket, topic: bytes) -> None:
-    """Wait for the subscription to reach the publisher (ZMQ's slow joiner): send probes under a topic that
-    extends ``topic`` — the SUB's prefix match lets them through, the observer's exact routing drops them."""
-    start = obs.unknown_topic
-
-    def probe() -> bool:
-        pub.send_multipart([topic + b"-probe", b"\0" * 8, b""])
-        time.sleep(0.02)
-        return obs.unknown_topic > start
-    wait_for(probe)
-
-
-def test_replayed_capture_through_a_real_socket(observer, publisher) -> None:
+def test_replayed_capture_through_a_real_socket(observer, engine) -> None:
     obs, ledger = observer
     obs.apply([instance("embedded-int", instance_id="vllm-a")])
     assert obs.topics == {b"vllm-a"}
-    join(obs, publisher, b"vllm-a")
-    for raw in retopic(frames("embedded-int"), "vllm-a"):
-        publisher.send_multipart(raw)
-    publisher.send_multipart([b"vllm-a", b"\0" * 3, b"junk"])  # malformed: counted, not fatal
+    pub = engine("vllm-a")
+    send_when_joined(pub.send_multipart, lambda: obs.received, retopic(frames("embedded-int"), "vllm-a"))
+    pub.send_multipart([b"vllm-a", b"\0" * 3, b"junk"])  # malformed: counted, not fatal
     att = obs.attributor("vllm-a")
     wait_for(lambda: att.snapshot()["decode_errors"] == 1)
     snap = obs.snapshot()["instances"]["vllm-a"]
     assert snap["attributed"] == 19 and snap["by_group"] == {"default": 15, "group-a": 4}
-    assert snap["seq_gaps"] == 0 and snap["topic"] == "vllm-a"
+    assert snap["seq_gaps"] == 0 and snap["topic"] == "vllm-a" and snap["events_status"] == "connected"
+    assert snap["topic_mismatch"] >= 1  # the probes, under topic "probe"
     keys = {k for t in ledger.tables() for k in ledger.present_keys(t.scope)}
     assert sorted(keys) == sorted(meta("embedded-int")["store_keys"]["keys_present"])
 
 
-def test_reapply_changes_subscriptions_without_dropping_the_socket(observer, publisher) -> None:
+def test_reapply_keeps_a_connection_and_adds_one_per_new_instance(observer, engine) -> None:
     obs, ledger = observer
     first = instance("embedded-int", instance_id="vllm-a")
     obs.apply([first])
-    join(obs, publisher, b"vllm-a")
-    endpoint = obs.endpoint
+    a = engine("vllm-a")
+    send_when_joined(a.send_multipart, lambda: obs.received, [])
     obs.apply([first, instance("standalone-store", instance_id="vllm-b")])
-    assert obs.attributor("vllm-a").instance == first
-    assert obs.topics == {b"vllm-a", b"vllm-b"}
-    join(obs, publisher, b"vllm-b")  # the new subscription reaches the engine on the same socket
-    for a, b in zip(retopic(frames("embedded-int"), "vllm-a"), retopic(frames("standalone-store"), "vllm-b")):
-        publisher.send_multipart(a)
-        publisher.send_multipart(b)
+    assert obs.attributor("vllm-a").instance == first and obs.status("vllm-a")[0] == "connected"
+    assert obs.topics == {b"vllm-a", b"vllm-b"} and obs.status("vllm-b")[0] == "waiting"
+    b = engine("vllm-b")
+    wait_for(lambda: obs.status("vllm-b")[0] == "connected")
+    mismatches = obs.snapshot()["instances"]["vllm-b"]["topic_mismatch"]
+    send_when_joined(b.send_multipart, lambda: obs.snapshot()["instances"]["vllm-b"]["topic_mismatch"], [])
+    assert obs.snapshot()["instances"]["vllm-b"]["topic_mismatch"] > mismatches
+    for x, y in zip(retopic(frames("embedded-int"), "vllm-a"), retopic(frames("standalone-store"), "vllm-b")):
+        a.send_multipart(x)
+        b.send_multipart(y)
     for raw in retopic(frames("embedded-int"), "vllm-a")[4:]:
-        publisher.send_multipart(raw)
+        a.send_multipart(raw)
     wait_for(lambda: obs.attributor("vllm-a").snapshot()["attributed"] == 19
              and obs.attributor("vllm-b").snapshot()["attributed"] == 8)
-    assert obs.endpoint == endpoint and obs.snapshot()["running"]
+    assert obs.snapshot()["running"]
     tenants: dict[str, int] = {}
     for row in ledger.snapshot():
         tenants[row["tenant_id"]] = tenants.get(row["tenant_id"], 0) + row["bytes"]
     assert tenants == {"tenant-a": 19 * 16384, "tenant-b": 8 * 16384}
-    obs.apply([])  # instances gone: nothing routed any more
+    obs.apply([])  # instances gone: nothing routed any more, their sockets closed
     assert obs.topics == set() and obs.snapshot()["instances"] == {}
+    wait_for(lambda: not obs.connected())
 
 
-def test_bad_instances_and_other_engines_are_left_out(observer) -> None:
+def test_other_engines_are_left_out_and_an_instance_without_a_socket_path_is_unobserved(observer) -> None:
     obs, _ = observer
     good = instance("embedded-int", instance_id="vllm-a")
     sglang = good.model_copy(update={"instance_id": "sg-1", "engine": "sglang"})
-    clash = instance("embedded-int", instance_id="vllm-b")
-    obs2 = EngineObserver(None, topic_for=lambda i: "same", metrics_interval=0)
-    obs2.apply([good, clash])
-    assert "vllm-b" in obs2.apply_errors and obs2.topics == {b"same"}
     obs.apply([good, sglang])
     assert set(obs.snapshot()["instances"]) == {"vllm-a"}
+    bare = EngineObserver(None, metrics_interval=0)  # default source: the instance's launch (none here)
+    bare.apply([good])
+    assert bare.status("vllm-a")[0] == "unobserved" and "no KV-event endpoint" in bare.status("vllm-a")[1]
 
 
 class _Metrics(http.server.BaseHTTPRequestHandler):
@@ -132,7 +140,7 @@ def test_metrics_are_scraped_from_each_instance_port() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        obs = EngineObserver(None, endpoint="tcp://127.0.0.1:*", metrics_interval=0.05, poll_ms=20)
+        obs = EngineObserver(None, metrics_interval=0.05, poll_ms=20)
         obs.apply([instance("embedded-int", instance_id="vllm-a", port=port),
                    instance("standalone-store", instance_id="vllm-dead", port=1)])
         with obs:
@@ -149,16 +157,12 @@ def test_metrics_are_scraped_from_each_instance_port() -> None:
         server.server_close()
 
 
-def test_topics_that_prefix_each_other_are_routed_exactly(observer, publisher) -> None:
-    """Instance ids are the registry's decimal assignment keys: subscribing "1" also receives "12"'s messages
-    (ZMQ matches prefixes), so routing compares whole topic frames."""
-    obs, ledger = observer
+def test_topics_that_prefix_each_other_are_routed_exactly(observer, engine) -> None:
+    """Instance ids are the registry's decimal assignment keys: "1" is a prefix of "12" (ZMQ subscriptions match
+    prefixes), so the topic check compares whole frames: 1's socket carrying 12's topic is a mismatch."""
+    obs, _ = observer
     obs.apply([instance("embedded-int", instance_id="1"), instance("standalone-store", instance_id="12")])
-    join(obs, publisher, b"12")
-    for raw in retopic(frames("embedded-int"), "1") + retopic(frames("standalone-store"), "12"):
-        publisher.send_multipart(raw)
-    wait_for(lambda: obs.attributor("12").snapshot()["messages"] == 4
-             and obs.attributor("1").snapshot()["messages"] == 8)
-    assert obs.attributor("1").snapshot()["attributed"] == 19
-    assert obs.attributor("12").snapshot()["attributed"] == 8
-    assert obs.attributor("1").snapshot()["decode_errors"] == obs.attributor("12").snapshot()["decode_errors"] == 0
+    one = engine("1")
+    probes = send_when_joined(one.send_multipart, lambda: obs.received, retopic(frames("standalone-store"), "12"))
+    wait_for(lambda: obs.snapshot()["instances"]["1"]["topic_mismatch"] >= probes + 4)
+    assert obs.attributor("1").snapshot()["messages"] == obs.attributor("12").snapshot()["messages"] == 0

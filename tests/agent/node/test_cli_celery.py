@@ -23,9 +23,19 @@ def test_run_without_a_secret_is_refused():
     assert result.returncode == 2 and "no signing secret" in result.stderr
 
 
+def test_a_secret_file_others_may_read_is_refused(tmp_path):
+    secret = tmp_path / "node-a.secret"
+    secret.write_text("s3cret\n")
+    secret.chmod(0o644)
+    result = _agent("run", "--node", "node-a", "--broker", "redis://x", "--secret-file", str(secret))
+    assert result.returncode == 2 and "readable or writable by group or others (mode 0644)" in result.stderr
+    assert f"chmod 600 {secret}" in result.stderr
+
+
 def test_run_with_bad_arguments_names_them(tmp_path):
     empty = tmp_path / "secret"
     empty.write_text("\n")
+    empty.chmod(0o600)
     result = _agent("run", "--node", "node-a", "--broker", "redis://x", "--secret-file", str(empty))
     assert result.returncode == 2 and "is empty" in result.stderr
     result = _agent("run", "--node", "bad/name", "--broker", "redis://x", env={"KVPOOL_NODE_SECRET": "s"})

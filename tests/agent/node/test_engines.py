@@ -1,12 +1,14 @@
-"""``agent.node.engines.NodeEngines`` and the daemon wired to it: instance directories written on apply, the node's
-KV-event socket bound at the document's port (real ZMQ, recorded vLLM 0.32.0 frames replayed by a PUB that connects
-as an engine does), attribution into the ledger, per-instance facts in the report, engine hits in the scope rows,
+"""``agent.node.engines.NodeEngines`` and the daemon wired to it: instance directories written on apply, one SUB
+socket per instance connected to the socket its engine binds in its directory (real ZMQ, recorded vLLM 0.32.0
+frames replayed by a PUB bound at ``<instance dir>/kv-events.sock`` as an engine binds it), attribution into the
+ledger, per-instance facts in the report, engine hits in the scope rows,
 reconcile and budgets against an in-memory Store (the real Store path: tests/integration/test_vllm_engine.py)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,11 @@ from agent.contract.messages import (
 from agent.contract.scope import CacheScope
 from agent.datapath.ledger import Ledger
 from agent.node.daemon import Daemon
-from agent.node.engines import NodeEngines, events_endpoint
+from agent.node.engines import NodeEngines
 from agent.node.instance_dirs import read_launch
 from agent.sim.master import free_ports
 from tests.support.captures import frames, instance, meta, retopic, store_blocks
+from tests.support.engines import Publisher, bind_publisher, events_flag, send_when_joined
 from tests.support.fakes import FakeStore
 from tests.support.waiting import wait_for
 
@@ -35,8 +38,9 @@ RUN = "embedded-int"
 SECRET = "s3cret"
 
 
-def launch(instance_id: str) -> LaunchSpec:
-    return LaunchSpec(instance_id=instance_id, argv=("python", "-m", "vllm.entrypoints.openai.api_server"),
+def launch(instance_id: str, **kwargs) -> LaunchSpec:
+    return LaunchSpec(instance_id=instance_id, argv=("python", "-m", "vllm.entrypoints.openai.api_server",
+                                                     *events_flag(instance_id)), **kwargs,
                       env={"VLLM_HOST_IP": "127.0.0.1"}, file_env={"MOONCAKE_CONFIG_PATH": "mooncake.json"},
                       files={"mooncake.json": "{}\n"})
 
@@ -80,7 +84,8 @@ class Stores:
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[NodeEngines]:
     ne = NodeEngines("node-a", Ledger(), tmp_path / "instances", state_dir=tmp_path, interval=0, metrics_interval=0,
-                     store_opener=Stores(), observer_options={"poll_ms": 20})
+                     store_opener=Stores(), observer_options={"poll_ms": 20, "retry_max": 0.1},
+                     is_privileged=False)
     try:
         yield ne
     finally:
@@ -88,55 +93,43 @@ def engines(tmp_path: Path) -> Iterator[NodeEngines]:
 
 
 @pytest.fixture
-def pub() -> Iterator[Callable[[str], zmq.Socket]]:
+def pub(tmp_path: Path) -> Iterator[Callable[[str], Publisher]]:
+    """``bind(instance_id)``: the instance's engine binds its KV-event socket in its instance directory."""
     ctx = zmq.Context()
-    sockets: list[zmq.Socket] = []
+    sockets: list[Publisher] = []
 
-    def connect(endpoint: str) -> zmq.Socket:
-        sock = ctx.socket(zmq.PUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)  # the engine connects; the node binds
-        sockets.append(sock)
-        return sock
+    def bind(instance_id: str) -> Publisher:
+        sockets.append(bind_publisher(ctx, tmp_path / "instances" / instance_id))
+        return sockets[-1]
 
     try:
-        yield connect
+        yield bind
     finally:
         for sock in sockets:
-            sock.close(0)
+            sock.close()
         ctx.term()
 
 
-def publish(engines: NodeEngines, sock: zmq.Socket, topic: str, run: str = RUN) -> int:
-    """Send the run's recorded messages under ``topic`` once the subscription has reached the publisher (probes
-    under the topic ``probe`` until one arrives); returns how many probes arrived."""
+def publish(engines: NodeEngines, sock: Publisher, topic: str, run: str = RUN) -> int:
+    """Send the run's recorded messages under ``topic`` once the observer's SUB joined the engine's PUB (probes under
+    the topic ``probe`` until one arrives); returns how many probes arrived."""
     observer = engines.observer
-    start = observer.received
-
-    def joined() -> bool:
-        sock.send_multipart([b"probe", b"\0" * 8, b""])
-        time.sleep(0.02)
-        return observer.received > start
-    wait_for(joined, what="the SUB socket to join")
-    time.sleep(0.05)  # probes still in flight arrive before the recorded messages
-    probes = observer.received - start
-    for raw in retopic(frames(run), topic):
-        sock.send_multipart(raw)
-    return probes
+    return send_when_joined(sock.send_multipart, lambda: observer.received, retopic(frames(run), topic))
 
 
 def present_keys(ledger: Ledger) -> set[str]:
     return {key for table in ledger.tables() for key in ledger.present_keys(table.scope)}
 
 
-def test_apply_writes_instance_dirs_binds_the_node_port_and_attributes_engine_writes(engines, pub, tmp_path):
+def test_apply_writes_instance_dirs_connects_to_the_instance_socket_and_attributes_engine_writes(engines, pub,
+                                                                                                 tmp_path):
     (port,) = free_ports(1)
     engines.on_apply(document([spec("7")], port))
     directory = tmp_path / "instances" / "7"
     assert read_launch(directory)["env"]["MOONCAKE_CONFIG_PATH"] == str(directory / "mooncake.json")
     assert (directory / "launch.sh").stat().st_mode & 0o111 and (directory / "env").is_file()
-    assert engines.observer.running and engines.observer.endpoint == events_endpoint(port)
-    publish(engines, pub(events_endpoint(port)), "7")
+    assert engines.observer.running and engines.observer.status("7")[0] == "waiting"  # no engine yet
+    publish(engines, pub("7"), "7")
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="19 attributed blocks")
     assert present_keys(engines.ledger) == set(meta(RUN)["store_keys"]["keys_present"])
     (stats,) = engines.report_fields()["instances"]
@@ -145,43 +138,45 @@ def test_apply_writes_instance_dirs_binds_the_node_port_and_attributes_engine_wr
     assert (stats.attributed, stats.blocks_seen, stats.hash_mismatch, stats.unknown_salt) == (19, 19, 0, 0)
     assert stats.attributed_by_group == {"default": 15, "group-a": 4} and stats.seq_gaps == 0
     assert stats.last_event_at is not None and stats.observed_since <= stats.last_event_at
+    assert (stats.events_status, stats.events_problem, stats.events_endpoint) == ("connected", "",
+                                                                                  "ipc://kv-events.sock")
 
 
-def test_writes_from_engines_of_no_instance_are_counted_as_unknown(engines, pub):
+def test_messages_under_another_topic_than_their_socket_s_instance_are_dropped_and_counted(engines, pub):
     (port,) = free_ports(1)
-    engines.on_apply(document([spec("7")], port))
-    probes = publish(engines, pub(events_endpoint(port)), "99")
+    engines.on_apply(document([spec("7"), spec("8", port=8001)], port))
+    probes = publish(engines, pub("7"), "8")  # instance 7's socket, instance 8's topic: never 8's blocks
     blocks = store_blocks(RUN)
     wait_for(lambda: engines.observer.unknown_topic_blocks == blocks, what="unknown-topic blocks")
     fields = engines.report_fields()
     assert fields["unknown_topic_blocks"] == blocks
     assert fields["unknown_topic_messages"] == len(frames(RUN)) + probes
-    assert fields["instances"][0].blocks_seen == 0 and not present_keys(engines.ledger)
+    seven, eight = fields["instances"]
+    assert seven.topic_mismatch == len(frames(RUN)) + probes and eight.topic_mismatch == 0
+    assert seven.blocks_seen == eight.blocks_seen == 0 and not present_keys(engines.ledger)
 
 
 def test_a_release_whose_engines_hash_otherwise_shows_hash_mismatches(engines, pub):
     (port,) = free_ports(1)
     engines.on_apply(document([spec("7", hash_seed="4242")], port))  # the engine ran without PYTHONHASHSEED
-    publish(engines, pub(events_endpoint(port)), "7")
+    publish(engines, pub("7"), "7")
     att = engines.observer.attributor("7")
     wait_for(lambda: att.snapshot()["blocks_seen"] == 19, what="19 blocks seen")
     (stats,) = engines.instance_stats()
     assert stats.attributed == 0 and stats.hash_mismatch + stats.unknown_salt == 19 and stats.hash_mismatch > 0
 
 
-def test_reapply_rebinds_a_changed_port_and_a_document_without_vllm_stops_observing(engines, pub, tmp_path):
-    first, second = free_ports(2)
-    engines.on_apply(document([spec("7"), spec("8", port=8001)], first))
+def test_reapply_keeps_unchanged_connections_and_a_document_without_vllm_stops_observing(engines, pub, tmp_path):
+    (port,) = free_ports(1)
+    engines.on_apply(document([spec("7"), spec("8", port=8001)], port))
     observer = engines.observer
-    publish(engines, pub(events_endpoint(first)), "7")
+    publish(engines, pub("7"), "7")
     wait_for(lambda: observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
-    engines.on_apply(document([spec("7")], second, version=2))
-    assert engines.observer is observer and observer.endpoint == events_endpoint(second)  # state kept
+    engines.on_apply(document([spec("7")], port, version=2))
+    assert engines.observer is observer and observer.status("7")[0] == "connected"  # state and socket kept
     assert sorted(p.name for p in (tmp_path / "instances").iterdir()) == ["7"]  # 8's directory went
     assert observer.attributor("7").snapshot()["attributed"] == 19
-    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as probe:  # the old port is free again
-        probe.bind(events_endpoint(first))
-    engines.on_apply(document([], second, version=3))
+    engines.on_apply(document([], port, version=3))
     assert engines.observer is None and not observer.running and list((tmp_path / "instances").iterdir()) == []
 
 
@@ -212,7 +207,7 @@ def test_a_bad_launch_keeps_the_old_directories_and_the_rest_still_applies(engin
 def test_reconcile_drops_blocks_the_store_lost(engines, pub):
     (port,) = free_ports(1)
     engines.on_apply(document([spec("7")], port))
-    publish(engines, pub(events_endpoint(port)), "7")
+    publish(engines, pub("7"), "7")
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     tenant = meta(RUN)["tenant_id"]
@@ -234,7 +229,7 @@ def test_reconcile_drops_blocks_the_store_lost(engines, pub):
 def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_block(engines, pub):
     (port,) = free_ports(1)
     engines.on_apply(document([spec("7")], port))
-    publish(engines, pub(events_endpoint(port)), "7")
+    publish(engines, pub("7"), "7")
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     store = opener(engines.document.store, meta(RUN)["tenant_id"])
@@ -254,7 +249,7 @@ def test_budgets_remove_leaves_through_the_store_without_force(engines, pub):
     (port,) = free_ports(1)
     block = 16 << 10
     engines.on_apply(document([spec("7", budget=10 * block)], port))
-    publish(engines, pub(events_endpoint(port)), "7")
+    publish(engines, pub("7"), "7")
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     store = opener(engines.document.store, meta(RUN)["tenant_id"])
@@ -289,7 +284,7 @@ def test_engine_hits_become_hit_and_miss_blocks_of_the_release_scope(tmp_path):
     (port,) = free_ports(1)
     ledger = Ledger()
     engines = NodeEngines("node-a", ledger, tmp_path / "i", interval=0, metrics_interval=0,
-                          observer_options={"fetch": fetch, "poll_ms": 20})
+                          observer_options={"fetch": fetch, "poll_ms": 20}, is_privileged=False)
     try:
         engines.on_apply(document([spec("7")], port))
         scope = CacheScope(meta(RUN)["tenant_id"], "tiny-llama", meta(RUN)["cache_prefix"])
@@ -319,7 +314,7 @@ def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their
     published: list[list[dict]] = []
     ledger = Ledger()
     engines = NodeEngines("node-a", ledger, tmp_path / "instances", interval=0, metrics_interval=0,
-                          observer_options={"poll_ms": 20})
+                          observer_options={"poll_ms": 20, "retry_max": 0.1}, is_privileged=False)
     calls: list[str] = []
     daemon = Daemon("node-a", SECRET, tmp_path / "state", publish=published.append, ledger=ledger,
                     on_apply=[lambda applied: calls.append("first") or 1 / 0, engines.on_apply],
@@ -327,10 +322,11 @@ def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their
     try:
         wire = document([spec("7")], port, version=4).to_wire()
         wire.pop("signature")
+        wire["sent_at"] = signing.timestamp(datetime.now(UTC))  # stamped when the dashboard sends it
         ack = daemon.handle_document(signing.signed(wire, SECRET))
         assert ack["status"] == "applied" and calls == ["first"]  # a failing hook does not skip the next one
         assert (tmp_path / "instances" / "7" / "launch.sh").is_file()
-        publish(engines, pub(events_endpoint(port)), "7")
+        publish(engines, pub("7"), "7")
         wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
         daemon.report_now()
         daemon.flush()

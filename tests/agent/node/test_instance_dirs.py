@@ -110,14 +110,16 @@ def test_writes_the_expected_directory(tmp_path):
     (path,) = write_instance_dirs(root, [_launch()])
     assert path == root / "7"
     assert sorted(p.name for p in path.iterdir()) == ["env", "launch.json", "launch.sh", "mooncake.json"]
-    assert _mode(path) == 0o755 and _mode(path / "launch.sh") == 0o755
-    assert all(_mode(path / name) == 0o644 for name in ("env", "launch.json", "mooncake.json"))
+    # the seed (PYTHONHASHSEED) is in env, launch.json and launch.sh: readable by the instance's account alone
+    assert _mode(root) == 0o711 and _mode(path) == 0o700 and _mode(path / "launch.sh") == 0o700
+    assert all(_mode(path / name) == 0o600 for name in ("env", "launch.json", "mooncake.json"))
     assert (path / "mooncake.json").read_text() == '{"mode": "embedded"}\n'
     launch = read_launch(path)
-    assert launch == {"instance_id": "7", "argv": _launch()["argv"],
+    assert launch == {"instance_id": "7", "argv": _launch()["argv"], "cwd": str(path), "user": "",
                       "env": {"PYTHONHASHSEED": "42", "T_A": "a", "MOONCAKE_CONFIG_PATH": str(path / "mooncake.json")}}
     script = (path / "launch.sh").read_text()
-    assert script.startswith("#!/bin/sh\n") and "\nset -e\n" in script
+    assert script.startswith("#!/bin/sh\n") and "\nset -e\numask 077\n" in script
+    assert f"\ncd {path}\n" in script  # the engine binds its ipc:// KV-event socket in its instance directory
     assert f"export MOONCAKE_CONFIG_PATH={path}/mooncake.json\n" in script
     assert script.rstrip().endswith(
         """exec "${KVPOOL_ENGINE_PYTHON:-python3}" -m vllm.entrypoints.openai.api_server --model /m/tiny-llama """
@@ -225,3 +227,72 @@ def test_refuses_duplicate_ids(tmp_path):
 
 def test_env_file_escapes():
     assert env_file({"B": 'a"b$c`d\\e', "A": "x\ny"}) == 'A="x\ny"\nB="a\\"b\\$c\\`d\\\\e"\n'
+
+
+def test_a_bound_socket_survives_a_rewrite_and_does_not_count_as_a_change(tmp_path):
+    import socket
+
+    root = tmp_path / "root"
+    (path,) = write_instance_dirs(root, [_launch()])
+    engine = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    engine.bind(str(path / "kv-events.sock"))  # what the engine's PUB does in its working directory
+    engine.listen(1)
+    try:
+        inode = (path / "launch.sh").stat().st_ino
+        write_instance_dirs(root, [_launch()])
+        assert (path / "launch.sh").stat().st_ino == inode  # the socket is no change: nothing rewritten
+        write_instance_dirs(root, [_launch(env={"T_A": "changed"})])
+        assert (path / "launch.sh").stat().st_ino != inode and read_launch(path)["env"]["T_A"] == "changed"
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(str(path / "kv-events.sock"))  # the running engine is still reachable at its path
+        client.close()
+    finally:
+        engine.close()
+
+
+def test_an_unknown_account_gets_a_launch_that_refuses_to_start(tmp_path):
+    from agent.node.accounts import AccountError
+
+    why = AccountError("account 'kvpool-t9' does not exist on this node")
+    (path,) = write_instance_dirs(tmp_path / "root", [_launch()], accounts={"7": why})
+    result = subprocess.run([str(path / "launch.sh")], capture_output=True, text=True)
+    assert result.returncode == 1 and "kvpool-t9' does not exist on this node" in result.stderr
+    assert "exec" not in (path / "launch.sh").read_text()
+
+
+def test_launch_sh_refuses_another_uid(tmp_path):
+    from agent.node.accounts import Account
+
+    other = Account(name="someone", uid=os.geteuid() + 4242, gid=os.getegid())
+    (path,) = write_instance_dirs(tmp_path / "root", [_launch(argv=["/bin/echo", "started"])],
+                                  accounts={"7": other} if os.geteuid() != 0 else {})
+    if os.geteuid() == 0:  # root may not give files to a uid without an account: check the script text instead
+        script = instance_dirs.launch_script(InstanceLaunch.from_value(_launch()), path, other)
+        assert f'[ "$(id -u)" = {other.uid} ] ||' in script
+        return
+    result = subprocess.run([str(path / "launch.sh")], capture_output=True, text=True)
+    assert result.returncode == 1 and f"uid {other.uid}" in result.stderr and "started" not in result.stdout
+
+
+def test_instance_files_are_readable_by_their_account_only(shared_tmp, local_account):
+    """As root: the directory belongs to the instance's account; another local account can read nothing of it
+    (the seed in env / launch.json / launch.sh), nor list it, nor create a file (a socket) in it."""
+    from tests.support.accounts import run_as
+
+    engine, other = local_account(), local_account()
+    root = shared_tmp / "root"
+    (path,) = write_instance_dirs(root, [_launch(argv=["/bin/sh", "-c", "echo started as $(id -u)"],
+                                                 user=engine.name)], accounts={"7": engine})
+    info = path.stat()
+    assert (info.st_uid, info.st_gid) == (engine.uid, engine.gid)
+    assert all((path / n).stat().st_uid == engine.uid for n in ("env", "launch.json", "launch.sh", "mooncake.json"))
+    for name in ("env", "launch.json", "launch.sh", "mooncake.json"):
+        denied = run_as(other, ["cat", str(path / name)])
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr and "42" not in denied.stdout
+    assert run_as(other, ["ls", str(path)]).returncode != 0
+    assert run_as(other, ["touch", str(path / "kv-events.sock")]).returncode != 0
+    assert run_as(engine, ["cat", str(path / "env")]).stdout.count("PYTHONHASHSEED") == 1
+    started = run_as(engine, [str(path / "launch.sh")])
+    assert started.returncode == 0 and started.stdout.strip() == f"started as {engine.uid}"
+    refused = run_as(other, [str(path / "launch.sh")])
+    assert refused.returncode != 0 and "started" not in refused.stdout

@@ -3,6 +3,7 @@ by ``agent.node.purge`` with ``remove_by_regex`` on the namespace's key regex, a
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.urls import reverse
@@ -77,7 +78,7 @@ def test_regex_needs_a_namespace_and_model():
 
 def request(node: str = "node-a", **overrides) -> PurgeRequest:
     fields = dict(purge_id="p1", node=node, tenant_id="acme", engine="vllm", namespace="prod-a", model="Qwen3-8B",
-                  served_model_name="qwen3-8b", issued_at="2026-11-30T12:00:00.000000Z")
+                  served_model_name="qwen3-8b", issued_at=signing.timestamp(datetime.now(UTC)))
     fields.update(overrides)
     return PurgeRequest(**fields)
 
@@ -105,6 +106,44 @@ def test_handle_purge_refuses_bad_requests_without_touching_the_store(mutate, er
                           open_store=lambda tenant: store)
     assert result["removed"] == 0 and error in result["error"]
     assert store.patterns == [] and len(store.keys) == 6
+
+
+def test_stale_future_and_replayed_purges_are_refused_with_the_reason(tmp_path):
+    """Issue 16 item 10: a purge dated 2020 was applied, twice. Now the age is checked, and a purge id runs once
+    per node (remembered on disk, across restarts of the agent)."""
+    from agent.node.freshness import SEEN_PURGES_FILE, SeenPurges
+
+    store = RegexStore(vllm_keys("prod-a"))
+    seen = SeenPurges(tmp_path / SEEN_PURGES_FILE)
+
+    def run(req: PurgeRequest, seen_ids=seen) -> dict:
+        return handle_purge(signed_request(req, "s"), node="node-a", secret="s", open_store=lambda t: store,
+                            seen=seen_ids)
+
+    old = run(request(purge_id="p2020", issued_at="2020-01-01T00:00:00.000000Z"))
+    assert old["removed"] == 0 and old["error"].startswith("MessageError: stale: issued_at 2020-01-01")
+    future = run(request(purge_id="pf", issued_at=signing.timestamp(datetime.now(UTC) + timedelta(hours=1))))
+    assert future["removed"] == 0 and "in the future" in future["error"]
+    assert store.patterns == [] and len(seen) == 0
+    first = run(request(purge_id="p1"))
+    assert first["removed"] == 6 and first["error"] == ""
+    store.keys = vllm_keys("prod-a")  # the namespace filled again
+    again = run(request(purge_id="p1"))
+    assert again["removed"] == 0 and "replayed: purge p1 already ran on this node" in again["error"]
+    restarted = SeenPurges(tmp_path / SEEN_PURGES_FILE)  # a restarted agent still knows it
+    assert run(request(purge_id="p1"), restarted)["error"].endswith("already ran on this node; not run again")
+    assert len(store.patterns) == 1 and oct((tmp_path / SEEN_PURGES_FILE).stat().st_mode & 0o777) == "0o600"
+
+
+def test_seen_purges_forget_ids_once_their_stamp_left_the_window(tmp_path):
+    from agent.node.freshness import SeenPurges
+
+    seen = SeenPurges(tmp_path / "seen.json", max_age=3600, limit=3)
+    now = datetime.now(UTC)
+    seen.remember("old", signing.timestamp(now - timedelta(hours=2)), now=now - timedelta(hours=2))
+    for i in range(4):
+        seen.remember(f"p{i}", signing.timestamp(now + timedelta(seconds=i)), now=now)
+    assert [p for p in ("old", "p0", "p1", "p2", "p3") if p in seen] == ["p1", "p2", "p3"]
 
 
 def test_store_errors_come_back_as_the_result():
@@ -174,14 +213,17 @@ def test_request_is_audited_and_signed_per_node(retired, sent):
     assert [kw["queue"] for _, kw in sent] == ["agent.node-a", "agent.node-b"]
     assert all(kw["expires"] > 0 for _, kw in sent)
     assert {name for name, _ in sent} == {PURGE_TASK}
+    from agent.contract.sealing import is_sealed, unseal
     from tenants.models import Node
 
     for _, kwargs in sent:
-        raw = kwargs["args"][0]
-        node = Node.objects.get(name=raw["node"])
-        signing.verify(raw, node.signing_secret)  # each node's own secret
+        envelope = kwargs["args"][0]
+        assert is_sealed(envelope) and "prod-a" not in str(envelope) and "prod-a" not in kwargs["argsrepr"]
+        node = Node.objects.get(name=envelope["node"])
+        raw = unseal(envelope, node.signing_secret, node=node.name)  # sealed to each node with its own secret
+        signing.verify(raw, node.signing_secret)
         store = RegexStore(vllm_keys("prod-a"))
-        result = handle_purge(raw, node=node.name, secret=node.signing_secret,
+        result = handle_purge(envelope, node=node.name, secret=node.signing_secret,
                               open_store=lambda t, store=store: store)
         assert purge.record_purge_result(result) is True
     status = purge.purge_status(purge_id)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
 from django.urls import reverse
 
-from agent.contract import keys
+from agent.contract import keys, signing
 from agent.node.purge import PurgeRequest, daemon_store_opener, handle_purge, signed_request
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_agent_purge_removes_one_release_namespace(mooncake_master, store_client
     daemon = SimpleNamespace(current=SimpleNamespace(document=document))
     request = PurgeRequest(purge_id="it-1", node="node-a", tenant_id="alpha", engine="vllm", namespace=old,
                            model="Qwen3-8B", served_model_name="qwen3-8b",
-                           issued_at="2026-11-30T12:00:00.000000Z")
+                           issued_at=signing.timestamp(datetime.now(UTC)))
     result = handle_purge(signed_request(request, "secret"), node="node-a", secret="secret",
                           open_store=daemon_store_opener(daemon))
     assert result["error"] == "" and result["removed"] == len(old_keys)

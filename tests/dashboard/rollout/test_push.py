@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agent.contract import signing
 from agent.contract.messages import APPLY_CONFIG_TASK, parse_document
+from agent.contract.sealing import unseal
 from dashboard.models import NodeState
 from dashboard.rollout.push import drift, ensure_version, push_nodes, render_content
 from tenants.models import Node, Release, ServedModel, Tenant
@@ -103,10 +104,16 @@ def test_push_signs_with_the_node_secret_and_targets_its_queue(registry, sent):
     assert counts == {"versions": 1, "sent": 1, "missing": 1, "failed": 0}
     (name,), kwargs = sent.call_args.args, sent.call_args.kwargs
     assert name == APPLY_CONFIG_TASK and kwargs["queue"] == "agent.node-a"
-    [document] = kwargs["args"]
+    [envelope] = kwargs["args"]
+    from agent.contract.sealing import SealError, unseal
+
+    assert set(envelope) == {"sealed", "node", "nonce", "ciphertext"}  # the queue holds no seed or salt
+    document = unseal(envelope, registry.node_a.signing_secret, node="node-a")
     signing.verify(document, registry.node_a.signing_secret)
     with pytest.raises(signing.SignatureError):
         signing.verify(document, registry.node_b.signing_secret)
+    with pytest.raises(SealError, match="does not open"):  # another node's secret opens nothing
+        unseal(envelope, registry.node_b.signing_secret, node="node-a")
     state = NodeState.objects.get(node_name="node-a")
     assert (state.desired_version, state.pushed_version) == (1, 1)
 
@@ -205,7 +212,7 @@ def test_a_failed_publish_of_the_batch_is_tried_once_more(registry):
         counts = push_nodes(["node-a", "node-b"])
     assert counts["sent"] == 2 and publish.call_count == 2
     [documents] = publish.call_args.args
-    assert [name for name, _ in documents] == ["node-a", "node-b"]
+    assert [name for name, _, _ in documents] == ["node-a", "node-b"]
     assert set(NodeState.objects.values_list("push_error", "pushed_version")) == {("", 1)}
 
 
@@ -232,6 +239,61 @@ def test_documents_of_one_push_reach_every_node_queue(registry, dashboard_broker
         assert message["headers"]["task"] == APPLY_CONFIG_TASK and message["headers"]["expires"]
         assert message["headers"]["argsrepr"] == f"[<config document node={node} version=1>]"
         secret = registry.node(node).signing_secret
-        [document], _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        [envelope], _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        document = unseal(envelope, secret, node=node)
         signing.verify(document, secret)
         assert document["node"] == node and document["version"] == 1
+
+
+def test_another_client_reading_the_raw_broker_finds_no_seed_or_salt(registry, dashboard_broker):
+    """Issue 16 item 3: a client with read access to the broker (another node's credentials, a backup) reads every
+    key raw and finds ciphertext only; each node's envelope opens with its own secret alone."""
+    import base64
+    import json
+
+    from dashboard.rollout.purge import request_purge
+    from tenants.services import validated_save
+
+    assert push_nodes(["node-a", "node-b"])["sent"] == 2
+    registry.release.state = "retired"
+    validated_save(registry.release)
+    request_purge(registry.release, confirm="prod-2026-07")
+    reader = dashboard_broker.client()
+    dump = b""
+    for key in reader.keys("*"):
+        kind = reader.type(key)
+        if kind == b"list":
+            dump += b"".join(reader.lrange(key, 0, -1))
+        elif kind == b"set":
+            dump += b"".join(reader.smembers(key))
+        elif kind == b"hash":
+            dump += b"".join(k + v for k, v in reader.hgetall(key).items())
+        elif kind == b"string":
+            dump += reader.get(key) or b""
+    bodies = b"".join(base64.b64decode(json.loads(raw)["body"]) for key in (b"agent.node-a", b"agent.node-b")
+                      for raw in reader.lrange(key, 0, -1))
+    assert len(reader.lrange("agent.node-a", 0, -1)) == 2  # the document and the purge request
+    for secret_text in (b"salt-a", b"PYTHONHASHSEED", b"hash_seed", b"cache_salt", b"prod-2026-07"):
+        assert secret_text not in dump and secret_text not in bodies, secret_text
+    [envelope], _kwargs, _embed = json.loads(base64.b64decode(json.loads(reader.lrange("agent.node-a", -1, -1)[0])
+                                                                ["body"]))
+    opened = unseal(envelope, registry.node_a.signing_secret, node="node-a")
+    assert any(g["cache_salt"] == "salt-a" for g in opened["instances"][0]["request_groups"])
+
+
+def test_every_delivery_is_stamped_fresh_and_keeps_the_version_s_digest(registry, sent):
+    """Issue 16 item 10: a re-push of the same version carries a new signed ``sent_at`` (the agent's freshness check)
+    but the same digest, so the agent's ack matches the version the dashboard stored."""
+    from agent.contract.sealing import unseal
+    from dashboard.models import ConfigVersion
+
+    push_nodes(["node-a"])
+    push_nodes(["node-a"], force=True)
+    first, second = (unseal(call.kwargs["args"][0], registry.node_a.signing_secret, node="node-a")
+                     for call in sent.call_args_list)
+    stored = ConfigVersion.objects.get(node_name="node-a", version=1)
+    assert first["version"] == second["version"] == 1 and first["sent_at"] and first["sent_at"] <= second["sent_at"]
+    assert first["issued_at"] == second["issued_at"] and "sent_at" not in stored.document
+    for delivered in (first, second):
+        signing.verify(delivered, registry.node_a.signing_secret)  # the stamp is signed
+        assert signing.document_digest(delivered) == stored.digest

@@ -92,8 +92,8 @@ def _check(key: str):
 def test_engine_checks_pass_for_healthy_engines_and_ignore_instances_that_left():
     now = timezone.now()
     applied("node-a", "7")
-    ingest([report(1, now, [stats("7"), stats("9", hash_mismatch=4)])])  # 9 is no longer in the document
-    for key in ("engines_hash_registered", "blocks_registered", "engine_events_flow"):
+    ingest([report(1, now, [stats("7", events_status="connected"), stats("9", hash_mismatch=4)])])  # 9 left
+    for key in ("engines_hash_registered", "blocks_registered", "engine_events_flow", "engine_events_trusted"):
         check = _check(key)
         assert check.passed, (key, check.summary, check.details)
     assert "19 attributed" in _check("engines_hash_registered").summary
@@ -177,3 +177,28 @@ def test_metrics_export_engine_instances_and_unknown_topic_blocks():
     assert f"kvpool_engine_external_hit_ratio{{{labels()}}} 0.5" in text
     assert f"kvpool_engine_last_event_age_seconds{{{labels()}}}" in text
     assert 'kvpool_node_engine_unknown_topic_blocks_total{node="node-a"} 4.0' in text
+
+
+def test_instances_whose_events_the_agent_cannot_vouch_for_fail_the_trust_check_and_are_exported():
+    from tests.support.factories import make_tenant
+
+    make_tenant("acme")  # /metrics exports registered tenants' series only
+    now = timezone.now()
+    applied("node-a", "7", "8", "9")
+    ingest([report(1, now, [stats("7", events_status="refused", events_refusals=5,
+                                  events_problem="directory /i/7 is writable by group or others (mode 0777)"),
+                            stats("8", events_status="insecure", events_problem="tcp://127.0.0.1:5557"),
+                            stats("9", events_status="connected", topic_mismatch=3)])])
+    check = _check("engine_events_trusted")
+    assert not check.passed and len(check.details) == 3
+    assert "instance 7 on node node-a" in check.details[0] and "5 refused connection attempt(s)" in check.details[0]
+    assert "writable by group or others" in check.details[0] and "insecure" in check.details[1]
+    assert "3 KV-event message(s) on its socket under another topic" in check.details[2]
+    row = InstanceStats.objects.get(instance_id="7")
+    assert (row.events_status, row.events_refusals, row.events_untrusted) == ("refused", 5, True)
+    text = metrics.render().decode()
+    assert 'kvpool_engine_events_untrusted{' in text
+    untrusted = [line for line in text.splitlines() if line.startswith("kvpool_engine_events_untrusted{")]
+    assert sorted(line.rsplit(" ", 1)[1] for line in untrusted) == ["0.0", "1.0", "1.0"]
+    assert any('instance_id="7"' in line and 'status="refused"' in line and line.endswith(" 1.0")
+               for line in untrusted)

@@ -47,3 +47,15 @@ def test_checks_page_lists_the_engine_checks(ui):
     data = ui.get("/checks/data.json").json()["checks"]
     assert {"Engines hash as registered", "Every stored block belongs to a registered request group",
             "Engines' events reach their agent"} <= {check["title"] for check in data}
+
+
+def test_a_refused_kv_event_socket_is_flagged_on_the_node_page_and_fails_the_check(ui):
+    node = make_node("gpu-a", signing_secret=secret_of("gpu-a"))
+    observed = make_assignment(node, make_release(make_model(make_tenant("acme"), "tiny"), "tiny-2026-12"),
+                               port=8000)
+    problem = "socket /srv/kvpool/instances/7/kv-events.sock belongs to uid 1234, not to the instance's account"
+    ingest([_report(node, str(observed.pk), events_endpoint="ipc://kv-events.sock", events_status="refused",
+                    events_problem=problem, events_refusals=12)])
+    page = ui.get(f"/nodes/{node.pk}/").content.decode()
+    row = page.split(f'data-instance="{observed.pk}"')[1].split("</tr>")[0]
+    assert '<span class="flag bad">refused</span>' in row and "belongs to uid 1234" in row and "12 refusal(s)" in row
