@@ -320,8 +320,10 @@ def render() -> bytes:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """``GET /metrics``; requires ``Authorization: Bearer <KVPOOL_METRICS_TOKEN>`` when that is set."""
+    """``GET /metrics``; requires ``Authorization: Bearer <KVPOOL_METRICS_TOKEN>`` when that is set (compared as
+    bytes: ``hmac.compare_digest`` raises on a ``str`` with non-ASCII characters, which any client can send)."""
     token = settings.KVPOOL_METRICS_TOKEN
-    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
         return HttpResponse("missing or wrong bearer token\n", status=401, content_type="text/plain")
     return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)
