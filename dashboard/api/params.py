@@ -22,6 +22,8 @@ from rest_framework.exceptions import ValidationError as ApiValidationError
 from tenants.access import scope
 from tenants.validators import MAX_OBJECT_ID, parse_object_id
 
+#: Digits of the largest count a query parameter can hold (2**63 - 1: nothing is larger in the database).
+_MAX_COUNT_DIGITS = len(str(MAX_OBJECT_ID))
 #: Message of an id parameter that is not ASCII digits in ``[1, MAX_OBJECT_ID]``.
 INVALID_ID = (f"'%(value)s' is not an object id: use a positive integer in ASCII digits (at most "
               f"{MAX_OBJECT_ID}).")
@@ -125,7 +127,8 @@ def count_param(raw: str | None, name: str, *, minimum: int, maximum: int | None
     """
     if raw is None or raw == "":
         return None
-    value = int(raw) if raw.isascii() and raw.isdigit() else None
+    # Past 19 digits a count is beyond any table (and int() raises ValueError past 4,300 digits).
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw.lstrip("0")) <= _MAX_COUNT_DIGITS else None
     if value is None or value < minimum or (maximum is not None and value > maximum):
         bound = f"between {minimum} and {maximum}" if maximum is not None else f"of at least {minimum}"
         raise ApiValidationError({name: [f"'{raw}' is not valid: {name} must be an integer {bound} (ASCII "
