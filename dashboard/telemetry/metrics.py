@@ -33,7 +33,9 @@ Families (labels):
   Series of tenants and nodes deleted from the registry are not exported.
   ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
-      duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same)
+      duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same);
+      scope_not_in_document and instance_not_in_document count rows of accepted reports that the node's applied
+      document does not carry (``dashboard.telemetry.report_scope``)
 """
 from __future__ import annotations
 
@@ -184,7 +186,8 @@ class KVPoolCollector:
 
         family = CounterMetricFamily("kvpool_agent_messages_rejected",
                                      "Agent messages refused (nothing stored), by reason and the registered node "
-                                     'they named ("" for none)', labels=["reason", "node"])
+                                     'they named ("" for none); *_not_in_document: rows of reports refused',
+                                     labels=["reason", "node"])
         for (reason, node), count in sorted(rejection_series().items()):
             family.add_metric([reason, node], count)
         return family
