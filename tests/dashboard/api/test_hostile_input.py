@@ -210,6 +210,15 @@ def test_nul_characters_in_the_url_are_a_400(env, url):
     assert response.json() == {"detail": "The URL holds a NUL character (%00)."}
 
 
+@pytest.mark.parametrize("header", ["Token \xff\xfe", "Token " + "\xe9" * 40, "token \u00e9 x", "Token " + "a" * 9000])
+def test_a_garbage_token_is_a_401_even_when_not_utf8(db, header):
+    """Knox decodes the token as UTF-8; a Latin-1 header byte was a 500 for any anonymous caller."""
+    response = Client(raise_request_exception=False).get("/api/v1/tenants/", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401
+    assert response.json()["detail"] in ("Invalid token.", "Invalid token header. Token string should not contain "
+                                                           "spaces.")
+
+
 def test_requests_django_refuses_answer_json_under_api(env):
     client, _operations = env
     response = client.get("/api/v1/tenants/?" + "&".join(f"p{index}=1" for index in range(2000)))
