@@ -4,7 +4,8 @@
 
 Builds ``N`` reports of ``K`` cache scopes each (``N*K`` samples), as the agents send them (JSON text of a batch of
 ``B`` reports, the task message body), and stores them with ``dashboard.telemetry.ingest.ingest`` — JSON decode,
-validation, the idempotency receipts (``INSERT ... ON CONFLICT DO NOTHING RETURNING``) and the bulk insert of the
+validation, the check of every row against the node's applied document (one query per batch), the idempotency
+receipts (``INSERT ... ON CONFLICT DO NOTHING RETURNING``) and the bulk insert of the
 samples (``COPY``), one transaction per batch, exactly what the ``dashboard.ingest`` task runs. Then re-delivers the
 first batch (must store nothing). Baseline, same run, same server: ``COPY`` of the same sample rows into the same
 table with psycopg, one transaction per batch. Ratio = ingest rate / COPY rate. Goal: ≥ 20,000 samples/s.
@@ -78,9 +79,39 @@ def server_url(arg: str | None) -> str:
     return env if env.startswith("postgres") else DEFAULT_SERVER
 
 
+APPLIED_VERSION = 3
+
+
+def store_documents(nodes: int, scopes: int) -> None:
+    """Version ``APPLIED_VERSION`` of each bench node's config document, carrying the ``scopes`` cache scopes of
+    ``make_reports`` (ingest refuses rows the applied document does not carry): one vLLM instance per tenant and
+    namespace, with its request groups, built as the dashboard renders instances."""
+    from agent.contract.messages import InstanceSpec, KVLayout, RequestGroupSpec
+    from agent.contract.signing import digest
+    from dashboard.models import ConfigVersion
+
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k in range(scopes):
+        groups.setdefault((k % 5, k // 5), []).append(k)
+    instances = [InstanceSpec(
+        instance_id=str(index), engine="vllm", engine_version="0.33.0", role="both", port=8000 + index,
+        tenant_id=f"tenant-{tenant}", tenant_quota_bytes=1 << 40, served_model_name="qwen3-8b",
+        model_path="/models/Qwen3-8B", vllm_model_name="Qwen3-8B", namespace=f"prod-{namespace}",
+        release_state="serving", kv_layout=KVLayout(num_layers=36, num_kv_heads=8, head_dim=128, block_size=16),
+        hash_algo="sha256_cbor", hash_seed="42", budget_bytes=1 << 34,
+        request_groups=[RequestGroupSpec(name=f"group-{k}", cache_salt=f"salt-{k}") for k in ks],
+    ).model_dump(mode="json") for index, ((tenant, namespace), ks) in enumerate(sorted(groups.items()))]
+    documents = [{"node": f"bench-{node:03d}", "version": APPLIED_VERSION, "instances": instances}
+                 for node in range(nodes)]
+    ConfigVersion.objects.bulk_create([ConfigVersion(node_name=doc["node"], version=APPLIED_VERSION,
+                                                     digest=digest(doc), content_digest=digest(doc), document=doc)
+                                       for doc in documents], ignore_conflicts=True)
+
+
 def make_reports(count: int, scopes: int, nodes: int = 200) -> list[dict]:
     """``count`` report wire dicts, round-robin over ``nodes`` nodes, ``scopes`` cache scopes each, signed as
-    their agents send them; the nodes are registered with their secrets (ingest verifies every report)."""
+    their agents send them; the nodes are registered with their secrets (ingest verifies every report) and the
+    documents their agents applied are stored (``store_documents``)."""
     from agent.contract.messages import Report, ScopeOccupancy
     from agent.contract.signing import sign_message
     from tenants.models import Node
@@ -88,13 +119,14 @@ def make_reports(count: int, scopes: int, nodes: int = 200) -> list[dict]:
     Node.objects.bulk_create([Node(name=f"bench-{node:03d}", hostname="10.0.0.1",
                                    signing_secret=f"bench-secret-{node:03d}") for node in range(nodes)],
                              ignore_conflicts=True)
+    store_documents(nodes, scopes)
     t0 = datetime.now(UTC) - timedelta(hours=1)  # inside the dashboard's receipt horizon
     reports = []
     for i in range(count):
         node, sequence = i % nodes, i // nodes + 1
         reports.append(Report(
             node=f"bench-{node:03d}", sequence=sequence, sent_at=t0 + timedelta(seconds=10 * sequence),
-            started_at=t0, applied_version=3,
+            started_at=t0, applied_version=APPLIED_VERSION,
             scopes=[ScopeOccupancy(
                 tenant_id=f"tenant-{k % 5}", served_model_name="qwen3-8b", namespace=f"prod-{k // 5}",
                 request_group=f"group-{k}", blocks=1000 + k, bytes=(1000 + k) << 20, puts=5000 + i, gets=9000 + i,

@@ -8,6 +8,9 @@ class DashboardConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Connect the receivers that push configs on commit and sync quotas to the master, and register the
-        system checks of the settings (``dashboard.checks``, ids ``kvpool.E…``/``kvpool.W…``)."""
-        from dashboard import checks, signals  # noqa: F401  (importing registers them)
+        """Connect the receivers that push configs on commit and sync quotas to the master, register the
+        system checks of the settings (``dashboard.checks``, ids ``kvpool.E…``/``kvpool.W…``), and split header
+        parameters in linear time (``dashboard.header_params``) before the first request is parsed."""
+        from dashboard import checks, header_params, signals  # noqa: F401  (importing registers them)
+
+        header_params.install()

@@ -403,7 +403,8 @@ class MasterHealth(models.Model):
 
 
 class MessageRejection(models.Model):
-    """How many agent → dashboard messages were refused, per reason and node (``kvpool_agent_messages_rejected_total``).
+    """How many agent → dashboard messages were refused, per reason and node (``kvpool_agent_messages_rejected_total``);
+    for the ``*_not_in_document`` reasons, how many rows of accepted reports.
 
     One row per (reason, node) (reasons: ``dashboard.telemetry.agent_auth.REASONS``), incremented in the transaction
     that refused the messages, so every dashboard process exposes the same counts. ``node`` is the registered node the

@@ -111,6 +111,15 @@ TEMPLATES = [
 WSGI_APPLICATION = "dashboard.wsgi.application"
 
 DATABASES = {"default": env_database("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}", conn_max_age=60)}
+# SQLite (the embedded default, or any sqlite:// DATABASE_URL) is written by the web server and the Celery worker at
+# once. WAL: readers and the one writer do not block each other. IMMEDIATE: a transaction takes the write lock when
+# it begins; a deferred one that read first failed at once with "database is locked" (HTTP 500) when another
+# process was writing, whatever the timeout. timeout: a writer waits up to 30 s for the lock (Python's default: 5).
+# Options given in DATABASE_URL win.
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    for _option, _value in {"init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE",
+                            "timeout": 30}.items():
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault(_option, _value)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -134,7 +143,7 @@ LOGIN_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "knox.auth.TokenAuthentication",
+        "dashboard.api.authentication.TokenAuthentication",  # knox's; a non-ASCII token is a 401, not a 500
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -554,9 +554,12 @@ def parse_object_id(text: object) -> int | None:
 
     Stricter than ``str.isdigit()``, which also accepts superscripts and other Unicode digits (``"²"``) that
     ``int()`` then refuses; ids above ``MAX_OBJECT_ID`` (which no row can have, and which overflow SQLite's
-    integers) are ``None`` as well. Raises nothing.
+    integers) are ``None`` as well, and so are digit strings longer than any id (``int()`` raises ``ValueError``
+    past 4,300 digits and takes quadratic time below that). Raises nothing.
     """
     if not isinstance(text, str) or not text or not text.isascii() or not text.isdigit():
+        return None
+    if len(text.lstrip("0")) > len(str(MAX_OBJECT_ID)):
         return None
     value = int(text)
     return value if 0 < value <= MAX_OBJECT_ID else None

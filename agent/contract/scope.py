@@ -11,6 +11,7 @@ dashboard sums a release's groups together (charts, current occupancy, the rolli
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 
@@ -36,4 +37,17 @@ class CacheScope(NamedTuple):
         return "/".join(part or "-" for part in parts)
 
 
-__all__ = ["CacheScope"]
+def instance_scopes(tenant_id: str, served_model_name: str, namespace: str,
+                    request_groups: Iterable[str]) -> set[CacheScope]:
+    """The cache scopes one instance of a config document speaks for: one per request group of
+    ``request_groups`` (names) and the release scope (``request_group`` "": the default group of an instance
+    without groups, and where the engines' prefix-cache hits are credited).
+
+    A node's reports carry rows of these scopes only (the agent filters its ledger by them; the dashboard's ingest
+    refuses any other row, ``dashboard.telemetry.report_scope``).
+    """
+    release = CacheScope(tenant_id, served_model_name, namespace)
+    return {release, *(release._replace(request_group=group) for group in request_groups)}
+
+
+__all__ = ["CacheScope", "instance_scopes"]

@@ -62,7 +62,7 @@ from agent.contract.messages import (
     parse_document,
     utcnow,
 )
-from agent.contract.scope import CacheScope
+from agent.contract.scope import CacheScope, instance_scopes
 from agent.node.outbox import DEFAULT_MAX_MESSAGES, Outbox, fresh_first_sequence
 
 log = logging.getLogger("kvpool.agent.daemon")
@@ -382,22 +382,29 @@ class Daemon:
     # --- telemetry ----------------------------------------------------------------------------------------
 
     def occupancy(self) -> list[dict[str, Any]]:
-        """Ledger snapshot merged with the bound scopes (a bound scope without traffic reports zeros).
+        """Ledger snapshot merged with the bound scopes (a bound scope without traffic reports zeros), restricted
+        to the scopes of the applied document's instances (``agent.contract.scope.instance_scopes``): the
+        dashboard refuses any other row, so blocks a release left behind on leaving the document (retired, not yet
+        purged) or a ledger restored from an older document are not reported. No document, no rows.
 
         Each entry has the ``ScopeOccupancy`` fields, one per ``CacheScope``.
         """
         entries: dict[CacheScope, dict[str, Any]] = {}
+        allowed: set[CacheScope] = set()
         current = self.current
         if current is not None:
             for instance in current.document.instances:
-                groups = [group.name for group in instance.request_groups] or [""]
-                for group in groups:
+                groups = [group.name for group in instance.request_groups]
+                allowed |= instance_scopes(instance.tenant_id, instance.served_model_name, instance.namespace,
+                                           groups)
+                for group in groups or [""]:
                     scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace, group)
                     entries.setdefault(scope, scope._asdict())
         if self._snapshot is not None:
             for row in self._snapshot():
                 item = ScopeOccupancy.model_validate(dict(row))
-                entries[item.scope] = item.model_dump()
+                if item.scope in allowed:
+                    entries[item.scope] = item.model_dump()
         return [ScopeOccupancy.model_validate(entry).model_dump() for entry in entries.values()]
 
     def report_now(self) -> int:

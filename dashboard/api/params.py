@@ -22,6 +22,10 @@ from rest_framework.exceptions import ValidationError as ApiValidationError
 from tenants.access import scope
 from tenants.validators import MAX_OBJECT_ID, parse_object_id
 
+#: Digits of the largest count read as written (2**63 - 1: nothing in the database is larger); a longer one reads as
+#: ``_HUGE_COUNT``, above every maximum.
+_MAX_COUNT_DIGITS = len(str(MAX_OBJECT_ID))
+_HUGE_COUNT = 10**_MAX_COUNT_DIGITS
 #: Message of an id parameter that is not ASCII digits in ``[1, MAX_OBJECT_ID]``.
 INVALID_ID = (f"'%(value)s' is not an object id: use a positive integer in ASCII digits (at most "
               f"{MAX_OBJECT_ID}).")
@@ -125,7 +129,10 @@ def count_param(raw: str | None, name: str, *, minimum: int, maximum: int | None
     """
     if raw is None or raw == "":
         return None
-    value = int(raw) if raw.isascii() and raw.isdigit() else None
+    value = None
+    if raw.isascii() and raw.isdigit():
+        # Past 19 digits a count is beyond any table; int() would raise ValueError past 4,300 digits.
+        value = int(raw) if len(raw.lstrip("0")) <= _MAX_COUNT_DIGITS else _HUGE_COUNT
     if value is None or value < minimum or (maximum is not None and value > maximum):
         bound = f"between {minimum} and {maximum}" if maximum is not None else f"of at least {minimum}"
         raise ApiValidationError({name: [f"'{raw}' is not valid: {name} must be an integer {bound} (ASCII "

@@ -20,11 +20,18 @@ from types import FunctionType
 from typing import Any
 
 from drf_spectacular import openapi
+from drf_spectacular.contrib.knox_auth_token import KnoxTokenScheme
 
 from tenants.validators import MAX_OBJECT_ID, SCHEMA_PATTERNS
 
 ERROR = "Error"
 VALIDATION_ERROR = "ValidationError"
+
+
+class TokenScheme(KnoxTokenScheme):
+    """The security scheme of ``dashboard.api.authentication.TokenAuthentication``: knox's (``knoxApiToken``)."""
+
+    target_class = "dashboard.api.authentication.TokenAuthentication"
 
 _COMPONENTS: dict[str, dict[str, Any]] = {
     ERROR: {

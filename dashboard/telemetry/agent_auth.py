@@ -20,6 +20,9 @@ its ``(node, sequence)`` receipt may already be gone, so a replay could not be t
 Inside that horizon a replay is the ``duplicate`` of a stored ``(node, sequence)`` and changes nothing (heartbeats:
 only a newer ``sent_at`` moves a node's state; purge results: one per node and purge).
 
+Ingest also refuses single rows of an accepted report that the node's applied document does not carry
+(``scope_not_in_document``, ``instance_not_in_document``, counted per row: ``dashboard.telemetry.report_scope``).
+
 A refused message is logged (WARNING, with the reason and the node it named), stores nothing, and is counted
 per reason and registered node named in ``dashboard.models.MessageRejection`` — in the transaction that refused
 it — which ``/metrics`` exposes as ``kvpool_agent_messages_rejected_total{reason,node}`` (``node=""``: none or an
@@ -56,7 +59,14 @@ REASONS = {
     "expired": "ack or report older than the dashboard keeps receipts (KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS)",
     "invalid": "not a message of the schema",
     "duplicate": "an ack or report already stored (re-delivered or replayed)",
+    # Rows of an accepted report (counted per row; the report's other rows are stored): see
+    # dashboard.telemetry.report_scope.
+    "scope_not_in_document": "report rows of cache scopes the node's applied config document does not carry",
+    "instance_not_in_document": "report instance stats of instances the node's applied config document does not "
+                                "carry",
 }
+#: Reasons that count rows of accepted reports, not messages (``dashboard.telemetry.report_scope``).
+ROW_REASONS = frozenset({"scope_not_in_document", "instance_not_in_document"})
 #: Messages per batch whose bad signature is tried against every other node's secret (for ``wrong_node``);
 #: bounds the HMACs a flood of forged messages costs. Later ones are ``bad_signature`` without trying.
 WRONG_NODE_PROBES = 16
@@ -287,6 +297,9 @@ NODE_TROUBLE = {
     "clock_skew": "its agent's clock runs ahead (check NTP)",
     "replayed": "its messages arrive older than KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS (a stalled ingest or outbox)",
     "expired": "its backlog is older than the dashboard keeps receipts",
+    "scope_not_in_document": "its agent reports occupancy for cache scopes its applied document does not carry "
+                             "(refused: a tampered agent, or one that does not filter its ledger)",
+    "instance_not_in_document": "its agent reports instances its applied document does not carry (refused)",
 }
 
 

@@ -11,7 +11,11 @@ transaction:
 
 * reports — the receipt row ``(node, sequence)`` is inserted with ``ON CONFLICT DO NOTHING RETURNING`` (SQLite
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
-  workers racing) is stored once; samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
+  workers racing) is stored once; a new report's occupancy rows and instance stats are kept only when the
+  node's applied document carries them (``dashboard.telemetry.report_scope``: one query for the batch; a row of
+  another tenant's namespace, of a tenant that does not exist or of an instance the node does not run is refused,
+  counted per row as ``scope_not_in_document`` / ``instance_not_in_document`` and logged once per node, and the
+  report's other rows are stored); samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
   ``bulk_create`` elsewhere); the newest report of a node is found from the receipts (no per-node update); the
   engine facts of new reports (``Report.instances``) go into ``InstanceStats``, one row per ``(node, instance)``,
   with one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE reported_at <= excluded.reported_at``, so a re-delivered
@@ -38,10 +42,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agent.contract.messages import Ack, Heartbeat, MessageError, Report, parse_ingest
+from agent.contract.messages import InstanceStats as InstanceFacts
 from dashboard.models import ConfigAck, InstanceStats, NodeState, OccupancySample
 from dashboard.models import Report as ReportReceipt
 from dashboard.telemetry import compat
 from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
+from dashboard.telemetry.report_scope import applied_scopes
 
 log = logging.getLogger("kvpool.dashboard.ingest")
 
@@ -56,13 +62,17 @@ class IngestResult:
     """Counts of one ``ingest`` call.
 
     ``rejected`` counts the messages refused, per reason of ``dashboard.telemetry.agent_auth.REASONS`` (``invalid`` and
-    ``duplicate`` included); ``invalid`` and ``duplicate_*`` are kept as their own counts too.
+    ``duplicate`` included; the ``*_not_in_document`` reasons count report rows); ``invalid``, ``duplicate_*`` and
+    ``refused_*`` are kept as their own counts too.
     """
 
     reports: int = 0
     duplicate_reports: int = 0
     samples: int = 0
     instance_stats: int = 0
+    #: occupancy rows / instance stats of new reports that the node's applied document does not carry
+    refused_scopes: int = 0
+    refused_instances: int = 0
     acks: int = 0
     duplicate_acks: int = 0
     heartbeats: int = 0
@@ -75,7 +85,8 @@ class IngestResult:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready counts (the task's return value)."""
         return {"reports": self.reports, "duplicate_reports": self.duplicate_reports, "samples": self.samples,
-                "instance_stats": self.instance_stats,
+                "instance_stats": self.instance_stats, "refused_scopes": self.refused_scopes,
+                "refused_instances": self.refused_instances,
                 "acks": self.acks, "duplicate_acks": self.duplicate_acks, "heartbeats": self.heartbeats,
                 "invalid": self.invalid, "rejected": dict(self.rejected)}
 
@@ -118,7 +129,7 @@ def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestRes
             NodeState.objects.lock_in_name_order([m.node for m in acks] + [m.node for m in heartbeats],
                                                  only=["node_name"])
         if reports:
-            store_reports(reports, now, result)
+            store_reports(reports, now, result, tally)
         if acks:
             store_acks(acks, now, result)
         if heartbeats:
@@ -185,8 +196,9 @@ def _insert_samples(rows: list[tuple]) -> None:
         [OccupancySample(**dict(zip(_SAMPLE_COLUMNS, row))) for row in rows], batch_size=SAMPLE_BATCH)
 
 
-def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult) -> None:
-    """Store receipts and samples of reports not seen before; must run inside a transaction."""
+def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult, tally: Tally) -> None:
+    """Store receipts, and the rows the node's applied document carries, of reports not seen before; must run
+    inside a transaction. Rows refused are counted in ``result`` and ``tally`` and logged once per node."""
     unique: dict[tuple[str, int], Report] = {}
     for report in reports:
         unique.setdefault((report.node, report.sequence), report)
@@ -196,17 +208,70 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     result.duplicate_reports += len(reports) - len(new_keys)
     result.duplicate_nodes.update(r.node for r in reports)
     result.duplicate_nodes.subtract(node for node, _ in new_keys)
+    fresh = [unique[key] for key in sorted(new_keys)]
+    documents = applied_scopes((report.node, report.applied_version) for report in fresh)
     raw = OccupancySample.Level.RAW
-    samples = [
-        (raw, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace, row.request_group,
-         row.blocks, row.bytes, row.bytes, row.orphaned_bytes, row.in_flight_requests, row.puts, row.gets,
-         row.hit_blocks, row.miss_blocks, row.evicted_blocks, 1)
-        for report in (unique[key] for key in new_keys) for row in report.scopes
-    ]
+    samples = []
+    facts: list[tuple[Report, list[InstanceFacts]]] = []
+    refused: dict[str, _RefusedRows] = {}
+    for report in fresh:
+        document = documents[(report.node, report.applied_version)]
+        scopes, identities = document.scopes, document.instances
+        kept = 0
+        for row in report.scopes:
+            if (row.tenant_id, row.served_model_name, row.namespace, row.request_group) in scopes:
+                samples.append((raw, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
+                                row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes,
+                                row.in_flight_requests, row.puts, row.gets, row.hit_blocks, row.miss_blocks,
+                                row.evicted_blocks, 1))
+                kept += 1
+        instances = [stats for stats in report.instances
+                     if (stats.instance_id, stats.engine, stats.tenant_id, stats.served_model_name,
+                         stats.namespace) in identities]
+        if instances:
+            facts.append((report, instances))
+        if kept < len(report.scopes) or len(instances) < len(report.instances):
+            refused.setdefault(report.node, _RefusedRows()).add(
+                report, len(report.scopes) - kept, len(report.instances) - len(instances))
     _insert_samples(samples)
     result.reports += len(new_keys)
     result.samples += len(samples)
-    result.instance_stats += _upsert_instance_stats([unique[key] for key in new_keys if unique[key].instances])
+    result.instance_stats += _upsert_instance_stats(facts)
+    for node, rows_refused in sorted(refused.items()):
+        result.refused_scopes += rows_refused.scopes
+        result.refused_instances += rows_refused.instances
+        rows_refused.refuse(node, tally)
+
+
+@dataclass
+class _RefusedRows:
+    """Rows of one node's new reports in a batch that its applied documents do not carry."""
+
+    scopes: int = 0
+    instances: int = 0
+    reports: int = 0
+    versions: set[int] = field(default_factory=set)
+
+    def add(self, report: Report, scopes: int, instances: int) -> None:
+        self.scopes += scopes
+        self.instances += instances
+        self.reports += 1
+        self.versions.add(report.applied_version)
+
+    def detail(self, what: str, n: int) -> str:
+        """Why, naming the node's document versions only (never a tenant, model or namespace)."""
+        versions = ", ".join(f"v{version}" for version in sorted(self.versions))
+        return (f"{n} {what} in {self.reports} report(s) that the node's applied config document ({versions}) does "
+                "not carry: refused")
+
+    def refuse(self, node: str, tally: Tally) -> None:
+        """Log the refusals once (WARNING) and count them per row (``tally.add`` skips a zero count)."""
+        parts = [(reason, self.detail(what, n)) for reason, what, n in (
+            ("scope_not_in_document", "occupancy row(s)", self.scopes),
+            ("instance_not_in_document", "instance stats row(s)", self.instances)) if n]
+        log.warning("ingest: node %s: %s", node, "; ".join(detail for _, detail in parts))
+        for reason, detail in parts:
+            tally.add(reason, node, detail, self.scopes if reason == "scope_not_in_document" else self.instances)
 
 
 _STATS_COLUMNS = ("node_name", "instance_id", "engine", "tenant_id", "served_model_name", "namespace",
@@ -221,13 +286,13 @@ _STATS_COLUMNS = ("node_name", "instance_id", "engine", "tenant_id", "served_mod
 STATS_CHUNK = 500
 
 
-def _upsert_instance_stats(reports: Sequence[Report]) -> int:
-    """Write the ``instances`` of new reports into ``InstanceStats``: per ``(node, instance)`` the row of the
-    newest report (by ``sent_at``) in the batch, upserted only over an older row. Returns the rows inserted or
-    updated."""
+def _upsert_instance_stats(reports: Sequence[tuple[Report, Sequence[InstanceFacts]]]) -> int:
+    """Write the accepted instance stats of new reports (``(report, its instances kept)``) into ``InstanceStats``:
+    per ``(node, instance)`` the row of the newest report (by ``sent_at``) in the batch, upserted only over an older
+    row. Returns the rows inserted or updated."""
     newest: dict[tuple[str, str], tuple[Report, Any]] = {}
-    for report in reports:
-        for stats in report.instances:
+    for report, instances in reports:
+        for stats in instances:
             key = (report.node, stats.instance_id)
             held = newest.get(key)
             if held is None or (report.sent_at, report.sequence) > (held[0].sent_at, held[0].sequence):

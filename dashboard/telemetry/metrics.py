@@ -45,7 +45,9 @@ Families (labels):
   Series of tenants and nodes deleted from the registry are not exported.
   ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
-      duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same)
+      duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same);
+      scope_not_in_document and instance_not_in_document count rows of accepted reports that the node's applied
+      document does not carry (``dashboard.telemetry.report_scope``)
 """
 from __future__ import annotations
 
@@ -207,7 +209,8 @@ class KVPoolCollector:
 
         family = CounterMetricFamily("kvpool_agent_messages_rejected",
                                      "Agent messages refused (nothing stored), by reason and the registered node "
-                                     'they named ("" for none)', labels=["reason", "node"])
+                                     'they named ("" for none); *_not_in_document: rows of reports refused',
+                                     labels=["reason", "node"])
         for (reason, node), count in sorted(rejection_series().items()):
             family.add_metric([reason, node], count)
         return family
@@ -397,8 +400,10 @@ def render() -> bytes:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """``GET /metrics``; requires ``Authorization: Bearer <KVPOOL_METRICS_TOKEN>`` when that is set."""
+    """``GET /metrics``; requires ``Authorization: Bearer <KVPOOL_METRICS_TOKEN>`` when that is set (compared as
+    bytes: ``hmac.compare_digest`` raises on a ``str`` with non-ASCII characters, which any client can send)."""
     token = settings.KVPOOL_METRICS_TOKEN
-    if token and not hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {token}"):
+    sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
         return HttpResponse("missing or wrong bearer token\n", status=401, content_type="text/plain")
     return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)

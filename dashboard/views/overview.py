@@ -23,7 +23,7 @@ from dashboard.master.room import current_pool_room
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.rollout.push import drift
 from dashboard.rollout.upgrade import tenant_quota
-from dashboard.telemetry.agent_auth import NODE_TROUBLE, recent_node_refusals
+from dashboard.telemetry.agent_auth import NODE_TROUBLE, ROW_REASONS, recent_node_refusals
 from dashboard.telemetry.queries import (
     current_occupancy,
     latest_master_quotas,
@@ -143,7 +143,8 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks, use
                                  f"{sync.last_error}"))
     if platform:
         for row in recent_node_refusals(now - REFUSAL_WARNING_WINDOW):
-            warnings.append(Notice(row.last_at, "node", f"node {row.node}: {row.count} agent message(s) refused "
+            what = "report row(s)" if row.reason in ROW_REASONS else "agent message(s)"
+            warnings.append(Notice(row.last_at, "node", f"node {row.node}: {row.count} {what} refused "
                                      f"as {row.reason} — {NODE_TROUBLE[row.reason]}"))
     for check in checks:
         if not check.passed:

@@ -1,8 +1,9 @@
 """Builders shared by the telemetry tests: config documents, reports, acks, heartbeats (wire dicts).
 
 Agent messages come signed the way an agent sends them (``agent.contract.signing.sign_message``, ``signed_at`` = now)
-with ``secret_of(node)``; ``register(*names)`` puts those nodes and secrets into the registry so the
-dashboard's ingest accepts them. ``secret=None`` builds an unsigned message.
+with ``secret_of(node)``; ``register(*names)`` puts those nodes and secrets into the registry, with version 1 of each
+node's config document carrying ``report``'s cache scopes, so the dashboard's ingest accepts them.
+``secret=None`` builds an unsigned message.
 """
 from __future__ import annotations
 
@@ -33,12 +34,26 @@ def secret_of(node: str) -> str:
     return f"test-secret-of-{node}"
 
 
-def register(*names: str) -> None:
-    """Register nodes ``names`` with ``secret_of(name)`` (bulk: no push on commit, no audit entries)."""
+#: Request groups of the instance ``register`` puts in each node's document: ``report``'s rows ``g0``, ``g1``, ...
+REPORT_GROUPS = 64
+
+
+def register(*names: str, applied: bool = True) -> None:
+    """Register nodes ``names`` with ``secret_of(name)`` (bulk: no push on commit, no audit entries) and, unless
+    ``applied`` is False, store version 1 of each one's config document — the version ``report`` says its agent
+    applied — with instance "1" of ``report``'s release and request groups (``REPORT_GROUPS``)."""
+    from dashboard.models import ConfigVersion
     from tenants.models import Node
 
     Node.objects.bulk_create([Node(name=name, hostname="10.0.0.1", signing_secret=secret_of(name))
                               for name in names], ignore_conflicts=True)
+    if applied:
+        groups = tuple((f"g{index}", f"salt-{index}") for index in range(REPORT_GROUPS))
+        documents = {name: document(name, 1, instances=[instance("1", groups=groups)], secret=None)
+                     for name in names}
+        ConfigVersion.objects.bulk_create([
+            ConfigVersion(node_name=name, version=1, digest=signing.digest(doc), content_digest="c" * 64,
+                          document=doc) for name, doc in documents.items()], ignore_conflicts=True)
 
 
 def sent(wire: dict[str, Any], secret: Any = _SIGN, signed_at: datetime | None = None) -> dict[str, Any]:
@@ -83,7 +98,8 @@ def report(node: str = "node-a", sequence: int = 1, *, at: datetime = T0, scopes
            bytes_per_scope: int = 4096, hits: int = 3, misses: int = 1, secret: Any = _SIGN,
            signed_at: datetime | None = None) -> dict[str, Any]:
     """A report wire dict with ``scopes`` cache scopes (request groups ``g0``, ``g1``, ... of release
-    ``prod-2026-07`` of tenant ``acme``), sent (see ``sent``)."""
+    ``prod-2026-07`` of tenant ``acme``: the document ``register`` stores carries ``REPORT_GROUPS`` of them) under
+    applied version 1, sent (see ``sent``)."""
     return sent(Report(
         node=node, sequence=sequence, sent_at=at, started_at=T0 - timedelta(hours=1), applied_version=1,
         scopes=[ScopeOccupancy(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod-2026-07",

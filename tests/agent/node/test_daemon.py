@@ -171,6 +171,29 @@ def test_reports_cover_bound_namespaces_and_ledger_rows(tmp_path, broker):
         d.stop()
 
 
+def test_reports_carry_only_the_scopes_of_the_applied_document(tmp_path, broker):
+    """The ledger still counts a release that left the document (retired, not yet purged) or a scope restored
+    from an older document; the dashboard refuses rows its document does not carry, so they are not sent."""
+    def row(namespace, group):
+        return {"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": namespace,
+                "request_group": group, "blocks": 1, "bytes": 1024}
+
+    ledger = [row("prod-2026-07", "app-a"), row("prod-2026-07", ""), row("prod-2026-07", "gone"),
+              row("retired-2026-06", "app-a")]
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger)
+    try:
+        d.report_now()  # no document yet: nothing to speak for
+        d.handle_document(document(version=1))
+        d.report_now()
+        d.flush()
+        before, after = broker.messages("report")
+        assert before["scopes"] == []
+        rows = {(r["namespace"], r["request_group"]): r["bytes"] for r in after["scopes"]}
+        assert rows == {("prod-2026-07", "app-a"): 1024, ("prod-2026-07", ""): 1024, ("prod-2026-07", "default"): 0}
+    finally:
+        d.stop()
+
+
 def test_reports_buffer_while_broker_is_down_and_survive_restart(tmp_path, broker):
     state = tmp_path / "s"
     d = Daemon("node-a", "s3cret", state, publish=broker.publish)

@@ -57,6 +57,7 @@ BODIES: list[tuple[str, bytes, str]] = [
 QUERIES = ["limit=&offset=&ordering=&tenant=&engine=&state=&has_served=&level=&drift=&since=&assignment=",
            "limit=%D9%A1&offset=%D9%A1&tenant=%D9%A1&model=%D9%A1&assignment=%D9%A1",
            "limit=99999999999999999999999&offset=99999999999999999999999&tenant=99999999999999999999999",
+           "limit={0}&offset={0}&tenant={0}".format("9" * 5000),  # past int()'s 4,300 digits
            "since=%ff%fe&until=0001-01-01T00:00:00%2B05:00&ordering=%ff&tenant_id=%00",
            "ordering=-,-,--id&level=%00&drift=" + "x" * 10_000,
            "&".join(f"p{index}=1" for index in range(2000))]  # more fields than Django parses
@@ -64,7 +65,7 @@ QUERIES = ["limit=&offset=&ordering=&tenant=&engine=&state=&has_served=&level=&d
 #: Replacements of a path parameter: non-ASCII digits (Arabic-Indic, fullwidth, superscript), out-of-range ids,
 #: invalid UTF-8, a huge value.
 PATH_IDS = ["%D9%A1", "%EF%BC%91", "%C2%B2", "0", "-1", "+1", "01x", "99999999999999999999999",
-            "9223372036854775808", "%ff", "%00", "x" * 5000]
+            "9223372036854775808", "%ff", "%00", "x" * 5000, "9" * 5000]
 
 
 @pytest.fixture
@@ -207,6 +208,15 @@ def test_nul_characters_in_the_url_are_a_400(env, url):
     response = client.get(url)
     assert response.status_code == 400
     assert response.json() == {"detail": "The URL holds a NUL character (%00)."}
+
+
+@pytest.mark.parametrize("header", ["Token \xff\xfe", "Token " + "\xe9" * 40, "token \u00e9 x", "Token " + "a" * 9000])
+def test_a_garbage_token_is_a_401_even_when_not_utf8(db, header):
+    """Knox decodes the token as UTF-8; a Latin-1 header byte was a 500 for any anonymous caller."""
+    response = Client(raise_request_exception=False).get("/api/v1/tenants/", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401
+    assert response.json()["detail"] in ("Invalid token.", "Invalid token header. Token string should not contain "
+                                                           "spaces.")
 
 
 def test_requests_django_refuses_answer_json_under_api(env):

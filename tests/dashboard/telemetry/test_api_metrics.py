@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -118,6 +119,13 @@ def test_metrics_token(client, db, settings):
     settings.KVPOOL_METRICS_TOKEN = "scrape-me"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
+
+
+def test_a_non_ascii_metrics_token_is_a_401(db, settings):
+    """``hmac.compare_digest`` raises ``TypeError`` on a non-ASCII ``str``: an anonymous header was a 500."""
+    settings.KVPOOL_METRICS_TOKEN = "scrape-me"
+    response = Client(raise_request_exception=False).get("/metrics", HTTP_AUTHORIZATION="Bearer \xe9")
+    assert response.status_code == 401
 
 
 def test_push_endpoint_validates_and_sends(api, db):

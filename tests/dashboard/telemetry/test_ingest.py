@@ -66,20 +66,20 @@ def _schema_1_report(sequence: int, group: str) -> dict:
 
 
 def test_signed_schema_1_report_of_an_older_agent_is_still_ingested():
-    result = ingest([sent(_schema_1_report(7, "legacy")), report(sequence=8)])
+    result = ingest([sent(_schema_1_report(7, "g9")), report(sequence=8)])
     assert (result.reports, result.samples, result.invalid, result.rejected) == (2, 3, 0, {})
-    sample = OccupancySample.objects.get(request_group="legacy")
+    sample = OccupancySample.objects.get(request_group="g9")
     assert (sample.node_name, sample.namespace, sample.bytes, sample.in_flight_requests) == (
         "node-a", "prod-2026-07", 2048, 1)
-    assert ingest([sent(_schema_1_report(7, "legacy"))]).duplicate_reports == 1  # same (node, sequence)
+    assert ingest([sent(_schema_1_report(7, "g9"))]).duplicate_reports == 1  # same (node, sequence)
 
 
 def test_schema_1_report_keeps_its_signature_checked():
-    tampered = sent(_schema_1_report(9, "legacy"))
+    tampered = sent(_schema_1_report(9, "g9"))
     tampered[compat.V1_ROWS_FIELD][0]["bytes"] = 1 << 40
     result = ingest([tampered])
     assert result.reports == 0 and result.rejected == {"bad_signature": 1}
-    assert not OccupancySample.objects.filter(request_group="legacy").exists()
+    assert not OccupancySample.objects.filter(request_group="g9").exists()
 
 
 def test_acks_move_versions_forward_only():

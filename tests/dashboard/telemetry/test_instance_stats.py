@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from agent.contract import signing
 from agent.contract.messages import InstanceStats as Stats
 from agent.contract.messages import Report as ReportMessage
 from dashboard.checklist import run_checks
@@ -21,12 +22,12 @@ from tests.support.registry import token_client
 
 pytestmark = pytest.mark.django_db
 
-DIGEST = "d" * 64
-
 
 @pytest.fixture(autouse=True)
 def _nodes():
-    register("node-a", "node-b")
+    register("node-a", "node-b", applied=False)
+    applied("node-a", "7", "8")
+    applied("node-b", "7")
 
 
 def stats(instance_id: str = "7", **counters: Any) -> Stats:
@@ -50,9 +51,11 @@ def applied(node: str = "node-a", *instance_ids: str) -> None:
     instances = [{"instance_id": iid, "engine": "vllm", "tenant_id": "acme", "served_model_name": "tiny",
                   "namespace": "tiny-2026-12", "launch": {"instance_id": iid, "argv": ["python"]}}
                  for iid in instance_ids]
-    ConfigVersion.objects.create(node_name=node, version=1, digest=DIGEST, content_digest="c" * 64,
-                                 document={"node": node, "version": 1, "instances": instances})
-    NodeState.objects.update_or_create(node_name=node, defaults={"applied_digest": DIGEST, "applied_version": 1})
+    document = {"node": node, "version": 1, "instances": instances}
+    digest = signing.digest(document)  # what names a document (ingest keeps what it carries by it)
+    ConfigVersion.objects.update_or_create(node_name=node, version=1, defaults={
+        "digest": digest, "content_digest": "c" * 64, "document": document})
+    NodeState.objects.update_or_create(node_name=node, defaults={"applied_digest": digest, "applied_version": 1})
 
 
 def test_ingest_keeps_the_newest_facts_per_instance_and_is_idempotent():

@@ -74,10 +74,10 @@ def test_minutes_fold_into_hours_and_hours_expire(horizons):
 
 def test_retention_of_master_samples_and_old_config_versions(horizons):
     MasterQuotaSample.objects.create(ts=T0, tenant_id="acme")
-    for version in (1, 2):
+    for version in (2, 3):  # version 1 is the document register() stored
         ConfigVersion.objects.create(node_name="node-a", version=version, digest="d", content_digest="c",
                                      document={})
     ConfigVersion.objects.update(created_at=T0)
     counts = rollup(now=T0 + timedelta(days=40))
     assert counts["master_samples_deleted"] == 1
-    assert list(ConfigVersion.objects.values_list("version", flat=True)) == [2]
+    assert list(ConfigVersion.objects.values_list("version", flat=True)) == [3]

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from agent.contract.messages import InstanceStats as Stats
 from agent.contract.messages import Report
+from dashboard.rollout.push import ensure_version
 from dashboard.telemetry.ingest import ingest
 from tests.support.factories import make_assignment, make_model, make_node, make_release, make_tenant
 from tests.support.messages import secret_of, sent
@@ -15,10 +16,13 @@ pytestmark = pytest.mark.django_db
 
 
 def _report(node, instance_id: str, **counters) -> dict:
+    """A report of ``node``'s agent running the node's document as the registry renders it now."""
     now = timezone.now()
+    applied = ensure_version(node).version.version
     stats = Stats(instance_id=instance_id, tenant_id="acme", served_model_name="tiny", namespace="tiny-2026-12",
                   observed_since=now, last_event_at=now, **counters)
-    return sent(Report(node=node.name, sequence=1, sent_at=now, started_at=now, instances=[stats]).to_wire())
+    return sent(Report(node=node.name, sequence=1, sent_at=now, started_at=now, applied_version=applied,
+                       instances=[stats]).to_wire())
 
 
 def test_node_and_release_pages_show_each_instances_engine_facts(ui):
