@@ -27,7 +27,8 @@ def test_the_default_account_is_per_tenant_and_an_own_one_is_rendered():
     node = make_node()
     for tenant, port in ((acme, 8000), (other, 8001)):
         release = make_release(make_model(tenant, "m"))
-        launch = render_assignment(make_assignment(node, release, port=port), ENDPOINTS).launch_spec()
+        launch = render_assignment(make_assignment(node, release, port=port, gpu_ids=str(port - 8000)),
+                                   ENDPOINTS).launch_spec()
         assert launch.user == tenant.engine_account
 
 
