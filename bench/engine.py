@@ -35,6 +35,8 @@ of the machine before and after is reported: other work on the cores slows both 
 If ``bench/engine_ingest.py`` exists with ``run(quick)``, its dict is merged into the result (keys not already
 present). Human-readable lines first; the last stdout line is one JSON object: top-level settings, then one object
 per model (``tiny``, ``large``) with ``ttft_cold_ms``, ``ttft_hit_ms``, ``ratio``, ``hit_tokens``, ...
+The exit status is 1 (logs kept) when a model's hit requests loaded fewer tokens than expected (``hits_complete``
+false): their times are then no Store hit's.
 """
 from __future__ import annotations
 
@@ -147,6 +149,7 @@ def summarize(cold_s: Sequence[float], hit_s: Sequence[float], hit_tokens: Seque
         "hit_tokens_expected": expected_hit_tokens(prompt_tokens) * len(hit_s),
         "ttft_cold_ms_all": [round(x * 1000, 1) for x in cold_s],
         "ttft_hit_ms_all": [round(x * 1000, 1) for x in hit_s],
+        "hits_complete": int(sum(hit_tokens)) == expected_hit_tokens(prompt_tokens) * len(hit_s),
         "hit_breakdown": phases,
     }
 
@@ -246,6 +249,12 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
     engines: list[Any] = []
     segment = None
     base = workdir / size
+    # vLLM 0.32's MooncakeStoreConnector binds its scheduler -> worker lookup socket at
+    # <VLLM_RPC_BASE_PATH>/lookup_rpc_port_<lookup_rpc_port, 0>_host_<hostname>_dp_rank<n>: one path for every
+    # instance on a host, so another vLLM on this machine could answer (or steal) this run's lookups. A directory
+    # of this run's own (short: unix socket paths end at 107 bytes) keeps them apart.
+    rpc_dir = tempfile.mkdtemp(prefix="kvb-rpc-")
+    engine_env = {"VLLM_RPC_BASE_PATH": rpc_dir}
     with MasterProcess({tenant.tenant_id: tenant.quota_bytes}, workdir=base / "master") as master:
         target = render_target(master_server_address=master.rpc_address, metadata_server=master.metadata_server,
                                config_dir=base / "instances",
@@ -260,7 +269,8 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 _say(f"{size}: mooncake_client owns a {segment.config.segment_bytes >> 20} MiB segment "
                      f"(pid {segment.pid})")
             _say(f"{size}: starting instance 1 ({launches[0].instance_id}) …")
-            first = start_instance(first_dir, log_path=base / "vllm-1.log", engine_python=python)
+            first = start_instance(first_dir, log_path=base / "vllm-1.log", engine_python=python,
+                                   extra_env=engine_env)
             engines.append(first)
             _say(f"{size}: instance 1 ready in {first.ready_after_s:.1f} s")
             for prompt in hit_prompts:
@@ -275,7 +285,8 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 engines.remove(first)
 
             _say(f"{size}: starting instance 2 ({launches[1].instance_id}) …")
-            second = start_instance(second_dir, log_path=base / "vllm-2.log", engine_python=python)
+            second = start_instance(second_dir, log_path=base / "vllm-2.log", engine_python=python,
+                                    extra_env=engine_env)
             engines.append(second)
             _say(f"{size}: instance 2 ready in {second.ready_after_s:.1f} s")
             stored = int(master.metrics().get("master_key_count", 0))
@@ -313,6 +324,7 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 engine.stop()
             if segment is not None:
                 segment.stop()
+            shutil.rmtree(rpc_dir, ignore_errors=True)
     return figures
 
 
@@ -376,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                        f"{result[size]['ttft_hit_ms']} ms)" for size in args.models)
     _say(f"TTFT cold/hit, {args.prompt_tokens}-token prompts: {ratios}; load average "
          f"{result['loadavg_start'][0]} -> {result['loadavg_end'][0]}")
-    if args.keep_workdir:
+    incomplete = [size for size in args.models if not result[size]["hits_complete"]]
+    if incomplete:
+        _say(f"error: {', '.join(incomplete)}: the hit requests loaded fewer tokens from the Store than expected, so "
+             f"their TTFT is no Store hit's; logs kept in {workdir}")
+    elif args.keep_workdir:
         _say(f"work directory kept: {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -389,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(extra, dict):
             result.update({key: value for key, value in extra.items() if key not in result})
     print(json.dumps(result), flush=True)
-    return 0
+    return 1 if incomplete else 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def test_summarize_medians_ratio_and_hit_tokens():
     assert (figures["ttft_cold_ms"], figures["ttft_hit_ms"], figures["ratio"]) == (3000.0, 200.0, 15.0)
     assert (figures["ttft_local_hit_ms"], figures["ratio_local"]) == (50.0, 60.0)
     assert (figures["hit_tokens"], figures["hit_tokens_expected"]) == (5920, 3 * 1984)
+    assert figures["hits_complete"] is False  # one hit loaded a block less
+    assert bench.summarize([3.0], [0.2], [1984], phases[:1], prompt_tokens=2000)["hits_complete"] is True
     breakdown = figures["hit_breakdown"]
     assert breakdown["store_load_ms"] == 50.0 and breakdown["store_load_mib"] == 8.0
     assert breakdown["store_load_gb_s"] == pytest.approx(8 * 1.048576 / 50, abs=0.01)
@@ -90,10 +92,10 @@ def test_parse_args_defaults_and_limits(capsys):
         assert message in capsys.readouterr().err
 
 
-def _figures(cold_ms: float, hit_ms: float) -> dict:
+def _figures(cold_ms: float, hit_ms: float, loaded: int = 1984) -> dict:
     phases = [{"store_load_ms": 20.0, "store_lookup_ms": 1.0, "server_ttft_ms": hit_ms - 5, "queue_ms": 25.0,
                "prefill_ms": 10.0, "store_save_check_ms": 1.0, "store_load_bytes": 8 << 20}]
-    return dict(bench.summarize([cold_ms / 1000], [hit_ms / 1000], [1984], phases, prompt_tokens=2000,
+    return dict(bench.summarize([cold_ms / 1000], [hit_ms / 1000], [loaded], phases, prompt_tokens=2000,
                                 local_s=[0.03]), kv_bytes_per_token=4096)
 
 
@@ -125,3 +127,21 @@ def test_main_prints_each_model_then_one_json_line(monkeypatch):
     assert result["ingest_blocks_per_s"] == 7  # engine_ingest's keys are merged, never over the bench's own
     assert "TTFT cold/hit, 2000-token prompts: tiny 1.5x (90.0 / 60.0 ms), large 20.0x (3000.0 / 150.0 ms)" \
         in out.getvalue()
+
+
+def test_main_fails_when_the_hits_did_not_come_from_the_store(monkeypatch, tmp_path):
+    from bench import engine_ingest
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.setattr(bench.tempfile, "mkdtemp", lambda prefix: str(workdir))
+    monkeypatch.setattr(bench, "measure", lambda args, workdir: {
+        "loadavg_start": [1.0], "loadavg_end": [1.0], "tiny": _figures(90.0, 60.0),
+        "large": _figures(3000.0, 2900.0, loaded=0)})  # e.g. another engine answered the lookups
+    monkeypatch.setattr(engine_ingest, "run", lambda quick: {})
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert bench.main([]) == 1
+    assert "error: large: the hit requests loaded fewer tokens from the Store than expected" in out.getvalue()
+    assert workdir.is_dir()  # the logs are kept
+    assert json.loads(out.getvalue().strip().splitlines()[-1])["large"]["hits_complete"] is False
