@@ -254,9 +254,9 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
     # <VLLM_RPC_BASE_PATH>/lookup_rpc_port_<lookup_rpc_port, 0>_host_<hostname>_dp_rank<n>: one path for every
     # instance on a host, so another vLLM on this machine could answer (or steal) this run's lookups. A directory
     # of this run's own (short: unix socket paths end at 107 bytes) keeps them apart.
-    rpc_dir = tempfile.mkdtemp(prefix="kvb-rpc-")
-    engine_env = {"VLLM_RPC_BASE_PATH": rpc_dir}
-    with MasterProcess({tenant.tenant_id: tenant.quota_bytes}, workdir=base / "master") as master:
+    with (tempfile.TemporaryDirectory(prefix="kvb-rpc-") as rpc_dir,
+          MasterProcess({tenant.tenant_id: tenant.quota_bytes}, workdir=base / "master") as master):
+        engine_env = {"VLLM_RPC_BASE_PATH": rpc_dir}
         target = render_target(master_server_address=master.rpc_address, metadata_server=master.metadata_server,
                                config_dir=base / "instances",
                                global_segment_size=segment_bytes_for(kv_per_token, args.prompt_tokens, args.pairs))
@@ -325,7 +325,6 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 engine.stop()
             if segment is not None:
                 segment.stop()
-            shutil.rmtree(rpc_dir, ignore_errors=True)
     return figures
 
 
