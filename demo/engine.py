@@ -5,7 +5,9 @@ instances started from rendered instance directories.
   ``var/vllm-venv``; about a minute the first time, instant after), its progress lines shown as they come;
   returns the engine interpreter.
 * :func:`ensure_tiny_model` — ``var/tiny-llama`` (``scripts/tiny_model.py``: 2-layer random Llama, vocab
-  ``t0``..``t1019``, no BOS), built once.
+  ``t0``..``t1019``, no BOS), built once; :func:`ensure_model` builds either size (``large``: ``var/large-llama``,
+  8 layers, hidden 1024, whose prefill costs seconds on a CPU), :func:`model_spec` / :func:`model_layout` read the
+  builder's spec of a size.
 * :func:`register_tiny_release` — registry objects (tenant, served model, release, request groups, a CPU node,
   instance assignments) for the tiny model, through the registry's own validation; needs Django set up.
   :func:`render_launches` renders them for a :func:`render_target` into launch specs (``tenants.rendering``), which
@@ -47,6 +49,9 @@ ENGINE_PYTHON = ENGINE_VENV / "bin" / "python"
 ENGINE_ENV_SCRIPT = ROOT / "scripts" / "engine_env.sh"
 TINY_MODEL = ROOT / "var" / "tiny-llama"
 TINY_MODEL_SCRIPT = ROOT / "scripts" / "tiny_model.py"
+LARGE_MODEL = ROOT / "var" / "large-llama"
+#: Model size (``scripts/tiny_model.py --size``) -> the directory it is built into.
+MODEL_DIRS = {"tiny": TINY_MODEL, "large": LARGE_MODEL}
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 #: Plain tokens of the tiny model (``t0``..``t1019``); ids from 1020 up are its specials.
 TINY_VOCAB = 1020
@@ -94,20 +99,68 @@ def ensure_engine_env(*, echo: Callable[[str], None] = _echo, venv: Path = ENGIN
 
 def ensure_tiny_model(*, python: Path = ENGINE_PYTHON, out: Path = TINY_MODEL,
                       echo: Callable[[str], None] = _echo) -> Path:
-    """Build the tiny model into ``out`` once (``scripts/tiny_model.py`` with the engine interpreter); returns
-    ``out``. Skips the build when ``out`` holds a finished build (``config.json`` and the build stamp).
+    """Build the tiny model into ``out`` once (:func:`ensure_model` of size ``tiny``); returns ``out``.
 
     Raises:
         EngineError: the build failed (output attached).
     """
-    if (out / "config.json").exists() and (out / ".tiny-model-stamp").exists() and (out / "model.safetensors").exists():
+    return ensure_model("tiny", python=python, out=out, echo=echo)
+
+
+_BUILDER: Any = None
+
+
+def model_builder() -> Any:
+    """``scripts/tiny_model.py`` as a module (its specs and pure helpers import neither torch nor transformers)."""
+    global _BUILDER
+    if _BUILDER is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("kvpool_model_builder", TINY_MODEL_SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _BUILDER = module
+    return _BUILDER
+
+
+def model_spec(size: str) -> dict[str, Any]:
+    """The builder's spec of model ``size`` (``tiny`` or ``large``; a copy). Raises KeyError for another size."""
+    return dict(model_builder().SPECS[size])
+
+
+def model_layout(size: str, block_size: int = 32) -> dict[str, int]:
+    """KV layout of model ``size`` as a release records it (``num_layers``, ``num_kv_heads``, ``head_dim``,
+    ``block_size``); equals :data:`TINY_LAYOUT` for ``tiny``."""
+    spec = model_spec(size)
+    return {"num_layers": spec["num_hidden_layers"], "num_kv_heads": spec["num_key_value_heads"],
+            "head_dim": spec["head_dim"], "block_size": block_size}
+
+
+def ensure_model(size: str, *, python: Path = ENGINE_PYTHON, out: Path | None = None,
+                 echo: Callable[[str], None] = _echo) -> Path:
+    """Build model ``size`` (``scripts/tiny_model.py --size SIZE`` with the engine interpreter) into ``out``
+    (default :data:`MODEL_DIRS` of the size) unless a finished build of the same spec is there (its stamp matches);
+    returns ``out``. The large model takes about 10 s and 185 MB, the tiny one about 5 s.
+
+    Raises:
+        EngineError: the build failed (output attached).
+        KeyError: an unknown size.
+    """
+    out = Path(out) if out is not None else MODEL_DIRS[size]
+    builder = model_builder()
+    stamp = out / builder.STAMP
+    if ((out / "config.json").exists() and (out / "model.safetensors").exists() and stamp.exists()
+            and stamp.read_text() == builder.stamp_text(builder.SPECS[size])):
         return out
-    echo(f"engine: building the tiny model into {out} …")
-    result = subprocess.run([str(python), str(TINY_MODEL_SCRIPT), str(out)], cwd=ROOT, capture_output=True,
-                            text=True)
+    echo(f"engine: building the {size} model into {out} …")
+    result = subprocess.run([str(python), str(TINY_MODEL_SCRIPT), "--size", size, str(out)], cwd=ROOT,
+                            capture_output=True, text=True)
     if result.returncode != 0:
         raise EngineError(f"scripts/tiny_model.py failed (exit {result.returncode}):\n"
                           f"{(result.stdout + result.stderr)[-3000:]}")
+    for line in result.stdout.splitlines():
+        echo(f"engine: {line}")
     return out
 
 
@@ -131,12 +184,15 @@ def register_tiny_release(*, tenant_id: str = "acme", quota_bytes: int = 1 << 30
                           node_name: str = "cpu-a", kv_events_port: int = 5557, store_mode: str = "embedded",
                           store_segment_bytes: int | None = None, store_client_port: int = 50052,
                           hash_seed: str | None = None, request_groups: Mapping[str, str] | None = None,
-                          engine_version: str = "0.32.0") -> TinyDeployment:
+                          engine_version: str = "0.32.0", layout: Mapping[str, int] | None = None,
+                          max_model_len: int | None = None) -> TinyDeployment:
     """Create the registry objects of one tiny-model release on one CPU node with an instance per port.
 
     Every object goes through ``tenants.services.validated_save`` (the registry's rules). The node is
-    ``127.0.0.1``, ``device=cpu``; ``request_groups`` maps group name -> ``cache_salt``. Needs Django set up and
-    migrated (a test's ``db`` fixture, or ``bench.ingest.setup_django``).
+    ``127.0.0.1``, ``device=cpu``; ``request_groups`` maps group name -> ``cache_salt``. Another model (such as
+    the large one) passes its ``model_path`` and ``layout`` (:func:`model_layout`; default :data:`TINY_LAYOUT`);
+    ``max_model_len`` is the release's (vLLM's ``--max-model-len``; default: the model's own). Needs Django set
+    up and migrated (a test's ``db`` fixture, or ``bench.ingest.setup_django``).
     """
     from tenants.models import InstanceAssignment, Node, Release, RequestGroup, ServedModel, Tenant
     from tenants.services import validated_save
@@ -145,8 +201,8 @@ def register_tiny_release(*, tenant_id: str = "acme", quota_bytes: int = 1 << 30
     model_dir = Path(model_path).resolve()
     model = validated_save(ServedModel(tenant=tenant, served_model_name=served_model_name,
                                        model_path=str(model_dir)))
-    release_fields: dict[str, Any] = dict(TINY_LAYOUT, engine="vllm", engine_version=engine_version,
-                                          hash_algo="sha256", state="serving")
+    release_fields: dict[str, Any] = dict(layout or TINY_LAYOUT, engine="vllm", engine_version=engine_version,
+                                          hash_algo="sha256", state="serving", max_model_len=max_model_len)
     if hash_seed is not None:
         release_fields["hash_seed"] = hash_seed
     release = validated_save(Release(model=model, namespace=namespace, **release_fields))
@@ -453,9 +509,10 @@ def random_prompt(length: int, seed: int, vocab: int = TINY_VOCAB) -> list[int]:
 
 
 __all__ = [
-    "EngineError", "EngineInstance", "TinyDeployment", "block_tokens_for", "ensure_engine_env", "ensure_tiny_model",
-    "metric_sum", "parse_metrics", "random_prompt", "register_tiny_release", "render_launches", "render_target",
-    "request_prompt", "start_instance", "trace_prompts",
+    "EngineError", "EngineInstance", "TinyDeployment", "block_tokens_for", "ensure_engine_env", "ensure_model",
+    "ensure_tiny_model", "metric_sum", "model_builder", "model_layout", "model_spec", "parse_metrics",
+    "random_prompt", "register_tiny_release", "render_launches", "render_target", "request_prompt", "start_instance",
+    "trace_prompts",
 ]
 
 
