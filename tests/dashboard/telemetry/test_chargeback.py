@@ -44,8 +44,8 @@ def _generate(seed: int) -> list[OccupancySample]:
                 continue  # this node never held that scope
             fields = dict(zip(KEY, scope))
 
-            def add(level, ts, _fields=fields):
-                rows.append(OccupancySample(level=level, ts=ts, node_name=node, bytes=rng.randrange(0, 1 << 34),
+            def add(level, ts, _fields=fields, _node=node):
+                rows.append(OccupancySample(level=level, ts=ts, node_name=_node, bytes=rng.randrange(0, 1 << 34),
                                             samples=1 if level == Level.RAW else 6, **_fields))
 
             for hour in range(2 + n):
