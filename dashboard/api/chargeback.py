@@ -23,7 +23,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import ValidationError as ApiValidationError
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -172,21 +173,22 @@ class ChargebackView(APIView):
         return Response(ChargebackSerializer(report.as_dict()).data)
 
 
-class CsvRenderer(BaseRenderer):
-    """``text/csv`` (the download is an ``HttpResponse`` already; this lets ``Accept: text/csv`` negotiate)."""
+class _JsonWhateverAccepted(BaseContentNegotiation):
+    """Negotiation of the CSV download: the rows are CSV whatever ``Accept`` or ``?format=`` asks (no 406, no
+    404), and an error is JSON like every other error of the API."""
 
-    media_type = "text/csv"
-    format = "csv"
-    charset = "utf-8"
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
 
-    def render(self, data, accepted_media_type=None, renderer_context=None):
-        return data.encode(self.charset) if isinstance(data, str) else b""
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
 
 
 class ChargebackCsv(APIView):
     """The rows of ``chargeback/`` as a CSV download (``Content-Disposition: attachment``); errors are JSON."""
 
-    renderer_classes = [JSONRenderer, CsvRenderer]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _JsonWhateverAccepted
 
     @extend_schema(parameters=_parameters(), responses={(200, "text/csv"): OpenApiTypes.STR})
     def get(self, request: Request) -> HttpResponse:
@@ -195,8 +197,3 @@ class ChargebackCsv(APIView):
         name = f"chargeback-{report.group_by}-{report.start:%Y%m%dT%H%M%SZ}-{report.end:%Y%m%dT%H%M%SZ}.csv"
         response["Content-Disposition"] = f'attachment; filename="{name}"'
         return response
-
-    def finalize_response(self, request, response, *args, **kwargs):
-        if isinstance(response, Response):  # an error: always JSON, whatever was negotiated
-            request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
-        return super().finalize_response(request, response, *args, **kwargs)
