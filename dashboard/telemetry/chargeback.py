@@ -180,7 +180,7 @@ def chargeback(samples: QuerySet, start: datetime, end: datetime, group_by: str 
     longest = max(max_gap, *ROLLUP_HOLD_SECONDS.values())
     earliest = start - timedelta(seconds=longest) if start - _EARLIEST > timedelta(seconds=longest) else _EARLIEST
     keys = GROUPINGS[group_by]
-    held = (
+    held = (  # every level, spelled out so that the planner can use the (level, ts) index for the time range
         samples.filter(level__in=list(OccupancySample.Level.values), ts__gte=earliest, ts__lt=end)
         .annotate(next_ts=Window(Lead("ts"), partition_by=[F("node_name"), *(F(name) for name in KEY_FIELDS)],
                                  order_by=[F("ts").asc(), F("level").asc(), F("id").asc()]))
@@ -207,8 +207,8 @@ def chargeback(samples: QuerySet, start: datetime, end: datetime, group_by: str 
         f"FROM ({inner_sql}) held) offsets) holds "
         f"GROUP BY {columns}"
     )
-    # parameters in the order their %s appear: the outer SELECT's two ``seconds`` expressions, the offsets
-    # (origin twice), the inner query's own, then the hold of each level
+    # parameters in the order their %s appear: the outer SELECT's two ``seconds`` expressions, the hold of each
+    # level, the offsets (origin twice), then the inner query's own
     params = [finish, begin, finish, begin, max_gap, ROLLUP_HOLD_SECONDS[OccupancySample.Level.MINUTE],
               ROLLUP_HOLD_SECONDS[OccupancySample.Level.HOUR], origin_param, origin_param, *inner_params]
     with connection.cursor() as cursor:
