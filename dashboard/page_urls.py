@@ -2,7 +2,7 @@
 from django.urls import path, register_converter
 
 from dashboard.converters import ObjectIdConverter
-from dashboard.views import audit, checks, edit, occupancy, overview, registry, upgrade
+from dashboard.views import audit, chargeback, checks, edit, occupancy, overview, registry, upgrade
 
 app_name = "ui"
 
@@ -13,6 +13,7 @@ urlpatterns = [
     path("", overview.overview, name="overview"),
     path("occupancy/", occupancy.occupancy_page, name="occupancy"),
     path("occupancy/data.json", occupancy.occupancy_data, name="occupancy-data"),
+    path("chargeback/", chargeback.chargeback_page, name="chargeback"),
     path("checks/", checks.checks_page, name="checks"),
     path("checks/data.json", checks.checks_data, name="checks-data"),
     path("audit/", audit.audit_log, name="audit"),

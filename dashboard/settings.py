@@ -250,6 +250,9 @@ KVPOOL_ROLLUP_RAW_AFTER_SECONDS = env_int("KVPOOL_ROLLUP_RAW_AFTER_SECONDS", 360
 KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS = env_int("KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS", 2 * 86400, minimum=3600)
 KVPOOL_RETENTION_SECONDS = env_int("KVPOOL_RETENTION_SECONDS", 90 * 86400, minimum=3600)
 KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS = env_int("KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS", 14 * 86400, minimum=60)
+# Chargeback (dashboard.telemetry.chargeback): a raw occupancy sample holds at most this long; after that its cache
+# scope counts as absent on that node until its next sample.
+KVPOOL_CHARGEBACK_MAX_GAP_SECONDS = env_int("KVPOOL_CHARGEBACK_MAX_GAP_SECONDS", 60, minimum=1)
 # Sync registry quotas to the master's admin API (KVPOOL_MASTER_ADMIN_URL); tenant_quotas.yaml is written here.
 KVPOOL_MASTER_SYNC = env_bool("KVPOOL_MASTER_SYNC", True)
 KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS = env_int("KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", 3, minimum=1)

@@ -13,6 +13,8 @@ Routes (``dashboard/api/telemetry_urls.py``, under ``/api/v1/telemetry/``):
   ``instances/<node>/<id>/``    one instance's newest facts
   ``master/``                   per tenant: newest master read-back and the sync state (409 errors included)
   ``master/samples/``           master read-back series; ``?tenant_id= &since= &until=``
+  ``chargeback/``, ``chargeback.csv``  bytes·hours per tenant / model / release / request group over a period
+                                (``dashboard.api.chargeback``)
 
 Lists filter through the FilterSets of ``dashboard.api.filtersets`` and order with ``?ordering=`` (the view's
 ``ordering_fields``), so a bad value is a 400 ``{parameter: [message]}`` as on the registry lists.

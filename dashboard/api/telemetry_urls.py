@@ -1,7 +1,7 @@
 """Routes of the telemetry API, included from ``dashboard/urls.py`` under ``api/v1/``."""
 from django.urls import path
 
-from dashboard.api import telemetry
+from dashboard.api import chargeback, telemetry
 
 urlpatterns = [
     path("telemetry/nodes/", telemetry.NodeStateList.as_view(), name="telemetry-nodes"),
@@ -13,4 +13,6 @@ urlpatterns = [
          name="telemetry-instance"),
     path("telemetry/master/", telemetry.MasterQuotaOverview.as_view(), name="telemetry-master"),
     path("telemetry/master/samples/", telemetry.MasterQuotaSamples.as_view(), name="telemetry-master-samples"),
+    path("telemetry/chargeback/", chargeback.ChargebackView.as_view(), name="telemetry-chargeback"),
+    path("telemetry/chargeback.csv", chargeback.ChargebackCsv.as_view(), name="telemetry-chargeback-csv"),
 ]

@@ -290,7 +290,8 @@ def test_the_walk_covers_every_route(world, alice):
     assert len(walked) >= len(names) - 4  # the password reset confirmation routes are left out
     assert {"/api/v1/tenants/", "/api/v1/request-groups/", "/api/v1/audit/", "/api/v1/telemetry/occupancy/",
             "/api/v1/telemetry/instances/", "/api/v1/memberships/", "/", "/audit/", "/occupancy/data.json",
-            "/checks/data.json"} <= walked
+            "/checks/data.json", "/chargeback/", "/api/v1/telemetry/chargeback/",
+            "/api/v1/telemetry/chargeback.csv"} <= walked
 
 
 def test_tenant_a_member_reads_nothing_of_tenant_b(world, member, member_api, member_ui):
@@ -321,6 +322,9 @@ def test_tenant_a_member_reads_nothing_of_tenant_b(world, member, member_api, me
     assert alice_api.get("/api/v1/request-groups/").json()["count"] == 1
     assert alice_api.get("/api/v1/telemetry/instances/").json()["count"] == 1
     assert alice_api.get("/api/v1/assignments/").json()["count"] == 1
+    chargeback = alice_api.get("/api/v1/telemetry/chargeback/?group_by=scope").json()
+    assert [row["namespace"] for row in chargeback["rows"]] == ["alpha-ns"] and chargeback["total_byte_hours"] > 0
+    assert "alpha-ns" in alice_api.get("/api/v1/telemetry/chargeback.csv?group_by=release").content.decode()
     node_page = alice_ui.get(reverse("ui:node", args=[world.node.pk])).content.decode()
     assert "alpha-ns" in node_page
     document = alice_api.get(f"/api/v1/telemetry/nodes/{world.node.name}/").json()["document"]
