@@ -21,6 +21,16 @@ Measured with process CPU time, single thread:
 * baselines: ``decode`` (``decode_message`` alone) and ``hash`` (``VllmBlockHasher.block_hashes`` of the same
   blocks, one call per request: the inherent cost of checking every hash).
 
+Hostile input (issue 16 item 4), measured next to the ratios:
+
+* ``hostile_walk``: one long GPU prefix-cache event (``--hostile-tokens``, 200k tokens by default: 6,250 blocks
+  with the release's real hashes) and then single-block Store events (147 bytes each) whose parent is its last
+  block, as a local process can publish them: CPU milliseconds per hostile event, events per second, and the
+  attributor's GPU-memo lookups per event (an operation count);
+* ``hostile_memory`` (a fresh interpreter, so its high-water is its own): ``--hostile-events`` (300) GPU events of
+  200k tokens each, one at a time; the process's resident high-water before and after (MiB) and what the
+  attributor says it holds (``memory_bytes``, when it accounts for it).
+
 Goal: attribution ≥ 50,000 Store blocks/s/core. The last stdout line is one JSON object.
 """
 
@@ -29,6 +39,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import random
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -192,7 +206,113 @@ def measure(stream: dict[str, Any], repeats: int) -> dict[str, Any]:
     return {"seconds": best, "rates": rates, "check": check, "hashed_blocks": hashed_blocks}
 
 
-def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -> dict[str, Any]:
+HOSTILE_TOKENS = 200_000
+HOSTILE_EVENTS = 300
+#: CPU seconds the walk case may spend on hostile events (it stops earlier at ``HOSTILE_MAX_EVENTS``).
+HOSTILE_CPU_S = 3.0
+HOSTILE_MAX_EVENTS = 20_000
+
+
+class _CountingMemo(dict):  # type: ignore[type-arg]
+    """A dict that counts ``get`` calls (the attributor's GPU-memo lookups: one per parent-walk step)."""
+
+    lookups = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        _CountingMemo.lookups += 1
+        return super().get(key, default)
+
+
+def _long_gpu_message(meta: dict[str, Any], tokens: int, seq: int, rng: random.Random,
+                      hashed: bool = True) -> tuple[list[bytes], list[Any], list[int]]:
+    """One GPU prefix-cache message of ``tokens`` tokens (whole blocks; real chained hashes when ``hashed``, else
+    random 64-bit ones): its frames, the block refs and the token ids."""
+    from agent.datapath.hashing import VllmBlockHasher
+
+    bs = meta["block_size"]
+    n = tokens // bs
+    toks = [rng.randrange(1024) for _ in range(n * bs)]
+    if hashed:
+        digests = VllmBlockHasher(meta["hash_algo"], block_size=bs, seed=meta["PYTHONHASHSEED"]).block_hashes(toks)
+        refs: list[Any] = [external_hash(d, True) for d in digests]
+    else:
+        refs = [rng.getrandbits(64) for _ in range(n)]
+    gpu = BlockStored(block_hashes=refs, parent_block_hash=None, token_ids=toks, block_size=bs, lora_id=None,
+                      medium="GPU", lora_name=None, extra_keys=[None] * n, group_idx=0,
+                      kv_cache_spec_kind="full_attention")
+    return encode_message(TOPIC, seq, EventBatch(1796134464.0, [gpu], 0)), refs, toks
+
+
+def hostile_walk(tokens: int = HOSTILE_TOKENS, *, cpu_s: float = HOSTILE_CPU_S,
+                 max_events: int = HOSTILE_MAX_EVENTS) -> dict[str, Any]:
+    """The crafted long-GPU-event attack (module docstring): CPU per hostile Store event and memo lookups."""
+    from agent.engines.vllm.attribution import Attributor
+
+    meta, _pool = captured_blocks()
+    rng = random.Random(16)
+    att = Attributor(instance_spec(meta), None)
+    gpu_frames, refs, toks = _long_gpu_message(meta, tokens, 0, rng)
+    t0 = time.process_time()
+    att.handle_frames(gpu_frames)
+    gpu_cpu = time.process_time() - t0
+    memo = _CountingMemo(att._gpu)  # noqa: SLF001 - counting the memo's lookups is the point
+    att._gpu = memo  # noqa: SLF001
+    bs = meta["block_size"]
+    events = 0
+    spent = 0.0
+    _CountingMemo.lookups = 0
+    while spent < cpu_s and events < max_events:
+        ev = BlockStored(block_hashes=[rng.getrandbits(64)], parent_block_hash=refs[-1], token_ids=toks[:bs],
+                         block_size=bs, lora_id=None, medium="cpu", lora_name=None, group_idx=0)
+        raw = encode_message(TOPIC, events + 1, EventBatch(1796134465.0, [ev], 0))
+        t0 = time.process_time()
+        att.handle_frames(raw)
+        spent += time.process_time() - t0
+        events += 1
+    per_event = spent / max(events, 1)
+    return {"tokens": tokens, "gpu_blocks": len(refs), "gpu_event_cpu_ms": round(gpu_cpu * 1e3, 1),
+            "events": events, "event_bytes": len(raw[2]), "cpu_ms_per_event": round(per_event * 1e3, 4),
+            "events_per_s": round(events / max(spent, 1e-9)),
+            "memo_lookups_per_event": round(_CountingMemo.lookups / max(events, 1), 1)}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _hostile_memory_here(events: int, tokens: int) -> dict[str, Any]:
+    """In this process: feed ``events`` long GPU events one at a time; resident memory before, after, high-water."""
+    from agent.engines.vllm.attribution import Attributor
+
+    meta, _pool = captured_blocks()
+    rng = random.Random(4)
+    att = Attributor(instance_spec(meta), None)
+    gc.collect()
+    before = _rss_mib()
+    for seq in range(events):
+        raw, _refs, _toks = _long_gpu_message(meta, tokens, seq, rng, hashed=False)
+        att.handle_frames(raw)
+        del raw, _refs, _toks
+    gc.collect()
+    after = _rss_mib()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    snap = att.snapshot()
+    return {"events": events, "tokens_per_event": tokens, "rss_before_mib": round(before, 1),
+            "rss_after_mib": round(after, 1), "rss_high_water_mib": round(peak, 1),
+            "gpu_memo_blocks": snap.get("gpu_memo_blocks"), "memory_bytes": snap.get("memory_bytes")}
+
+
+def hostile_memory(events: int = HOSTILE_EVENTS, tokens: int = HOSTILE_TOKENS) -> dict[str, Any]:
+    """:func:`_hostile_memory_here` in a fresh interpreter (its own resident high-water)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.engine_ingest import "
+            f"_hostile_memory_here as m; print(json.dumps(m({events}, {tokens})))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
+        hostile_tokens: int = HOSTILE_TOKENS, hostile_events: int | None = None) -> dict[str, Any]:
     """Build the stream, measure, print a summary; returns the result dict (the JSON line's content)."""
     requests = requests or (300 if quick else 4000)
     stream = build_stream(requests, blocks)
@@ -226,6 +346,17 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -
     print(f"ratio attribution/hashing {out['ratio_vs_hash']:.3f}; attribution/decode {out['ratio_vs_decode']:.3f}; "
           f"goal {GOAL_BLOCKS_PER_S:,} blocks/s/core"
           + ("" if quick else f": {'met' if out['meets_goal'] else 'NOT met'}"))
+    walk = hostile_walk(hostile_tokens, cpu_s=1.0 if quick else HOSTILE_CPU_S)
+    memory = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens)
+    out["hostile_walk"] = walk
+    out["hostile_memory"] = memory
+    print(f"hostile: GPU event of {walk['tokens']:,} tokens ({walk['gpu_blocks']:,} blocks, "
+          f"{walk['gpu_event_cpu_ms']:,} ms), then {walk['events']:,} Store events of {walk['event_bytes']} bytes "
+          f"below its last block: {walk['cpu_ms_per_event']:,} ms CPU/event, {walk['events_per_s']:,} events/s, "
+          f"{walk['memo_lookups_per_event']:,} memo lookups/event")
+    print(f"hostile: {memory['events']} GPU events of {memory['tokens_per_event']:,} tokens: resident "
+          f"{memory['rss_before_mib']} -> {memory['rss_after_mib']} MiB (high-water {memory['rss_high_water_mib']} "
+          f"MiB), attributor holds {memory['memory_bytes']} bytes in {memory['gpu_memo_blocks']} memo blocks")
     return out
 
 
@@ -234,8 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short stream (smoke run; goal not judged)")
     parser.add_argument("--requests", type=int, default=None, help="requests in the stream")
     parser.add_argument("--blocks", type=int, default=16, help="full blocks per request")
+    parser.add_argument("--hostile-tokens", type=int, default=HOSTILE_TOKENS,
+                        help="tokens of each hostile GPU event")
+    parser.add_argument("--hostile-events", type=int, default=None,
+                        help=f"GPU events of the memory case ({HOSTILE_EVENTS}; 30 with --quick)")
     args = parser.parse_args(argv)
-    out = run(args.quick, requests=args.requests, blocks=args.blocks)
+    out = run(args.quick, requests=args.requests, blocks=args.blocks, hostile_tokens=args.hostile_tokens,
+              hostile_events=args.hostile_events)
     print(json.dumps(out))
     return 0 if out["all_attributed"] and out["meets_goal"] is not False else 1
 
