@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.contract.messages import InstanceSpec
 from agent.engines.vllm.events import BlockStored, EventBatch, decode_message, encode_batch
+from tests.support.fakes import FakeStore
 from tests.support.paths import DATA
 
 VLLM_DATA = DATA / "vllm"
@@ -71,3 +72,11 @@ def store_blocks(run: str) -> int:
     """Blocks of the run's Store (``medium: "cpu"``) events."""
     return sum(len(ev.block_hashes) for f in frames(run) for ev in decode_message(f).batch.events
                if ev.medium == "cpu")
+
+
+def held_store(run: str, *, tenant_id: str | None = None, keys: list[str] | None = None) -> FakeStore:
+    """A ``FakeStore`` of the run's tenant holding the keys the run's master held (or ``keys``): what
+    ``Attributor.confirm`` checks the attributed blocks against."""
+    store = FakeStore(tenant_id or meta(run)["tenant_id"])
+    store.objects = {key: b"x" for key in (meta(run)["store_keys"]["keys_present"] if keys is None else keys)}
+    return store

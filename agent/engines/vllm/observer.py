@@ -17,6 +17,11 @@ second one that scrapes each instance's ``http://<host>:<port>/metrics`` every `
 (failures counted, never raised). :meth:`snapshot` is thread-safe.
 
 The socket part is thin: :meth:`EngineObserver.handle_frames` routes one message and is what the thread calls.
+Routing only queues the message on its instance (:class:`agent.engines.vllm.inbox.Inbox`); a third thread attributes
+the queues in turn with a work budget per instance and round, so one instance's traffic cannot stall another's and
+receiving never waits for attribution. Every socket should be set up with :meth:`EngineObserver.socket_options`
+(``zmq.MAXMSGSIZE``: libzmq drops a peer that sends a larger message; ``handle_frames`` checks the size again).
+Memory: the node's bound (``memory_bytes``) is divided among its instances' attributors.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from typing import Any
 
 import zmq
 
-from agent.engines.vllm.attribution import Attributor
+from agent.engines.vllm.attribution import DEFAULT_MEMORY_BYTES, MAX_MESSAGE_BYTES, Attributor
 from agent.engines.vllm.events import MEDIUM_STORE, BlockStored, EventDecodeError, decode_message
+from agent.engines.vllm.inbox import Inbox
 from agent.engines.vllm.metrics import MetricsTracker, fetch_text, parse_metrics
 
 log = logging.getLogger("kvpool.agent.engines.vllm")
@@ -41,6 +47,9 @@ DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
 DEFAULT_METRICS_INTERVAL = 15.0
 #: Receive high-water mark (messages) of the SUB socket; the engine's PUB default is 100000 too.
 DEFAULT_RCVHWM = 100_000
+#: Default memory bound of all attribution state of the node (bytes), divided among its instances (each gets at
+#: most ``agent.engines.vllm.attribution.DEFAULT_MEMORY_BYTES``).
+DEFAULT_NODE_MEMORY_BYTES = 1 << 30
 
 
 def default_topic(instance: Any) -> str:
@@ -74,6 +83,10 @@ class EngineObserver:
             ``known_blocks``, ``gpu_memo_blocks``).
         rcvhwm: the SUB socket's receive high-water mark (messages).
         poll_ms: how often the receiving thread checks for subscription changes and stop (milliseconds).
+        max_message_bytes: largest message accepted (bytes; :meth:`socket_options` and each attributor).
+        memory_bytes: bound of the node's attribution state (bytes), divided among the instances.
+        inbox_options: keyword arguments of the :class:`agent.engines.vllm.inbox.Inbox` (``round_work``,
+            ``max_bytes``, ``max_total_bytes``).
     """
 
     def __init__(self, ledger: Any = None, *, endpoint: str = DEFAULT_ENDPOINT,
@@ -81,7 +94,9 @@ class EngineObserver:
                  metrics_timeout: float = 2.0, fetch: Callable[[str, float], str] = fetch_text,
                  topic_for: Callable[[Any], str] = default_topic,
                  attributor_options: Mapping[str, Any] | None = None, rcvhwm: int = DEFAULT_RCVHWM,
-                 poll_ms: int = 100) -> None:
+                 poll_ms: int = 100, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 memory_bytes: int = DEFAULT_NODE_MEMORY_BYTES,
+                 inbox_options: Mapping[str, Any] | None = None) -> None:
         self.ledger = ledger
         self._endpoint = endpoint
         self.metrics_interval = metrics_interval
@@ -92,6 +107,9 @@ class EngineObserver:
         self.attributor_options = dict(attributor_options or {})
         self.rcvhwm = rcvhwm
         self.poll_ms = poll_ms
+        self.max_message_bytes = max_message_bytes
+        self.memory_bytes = memory_bytes
+        self._inbox = Inbox(self.attributor, **dict(inbox_options or {}))
         self._lock = threading.Lock()
         self._attributors: dict[str, Attributor] = {}   # instance_id -> attributor
         self._routes: dict[bytes, Attributor] = {}      # topic frame -> attributor (replaced, never mutated)
@@ -126,7 +144,8 @@ class EngineObserver:
                 if previous is not None and previous.instance == instance:
                     att = previous
                 else:
-                    att = Attributor(instance, self.ledger, previous=previous, **self.attributor_options)
+                    options = {"max_message_bytes": self.max_message_bytes, **self.attributor_options}
+                    att = Attributor(instance, self.ledger, previous=previous, **options)
                 topic = self.topic_for(instance).encode("utf-8")
             except Exception as exc:  # a bad instance must not stop the others
                 errors[iid] = str(exc)
@@ -137,6 +156,12 @@ class EngineObserver:
                 continue
             attributors[iid] = att
             routes[topic] = att
+        if attributors:  # the node's bound, shared: no instance gets more than an attributor's default
+            share = min(int(self.attributor_options.get("memory_bytes", DEFAULT_MEMORY_BYTES)),
+                        self.memory_bytes // len(attributors))
+            for att in attributors.values():
+                if att.memory_bytes != share:
+                    att.set_memory_bytes(share)
         now = time.time()
         with self._lock:
             self._attributors = attributors
@@ -161,19 +186,36 @@ class EngineObserver:
         """The attributor of an observed instance."""
         return self._attributors.get(instance_id)
 
+    def attributors(self) -> list[Attributor]:
+        """The attributors of every observed instance (ordered by instance id)."""
+        return [att for _iid, att in sorted(self._attributors.items())]
+
+    @property
+    def inbox(self) -> Inbox:
+        """The per-instance queues of received messages and the attribution thread."""
+        return self._inbox
+
+    def socket_options(self) -> dict[int, int]:
+        """ZMQ options for each SUB socket: ``MAXMSGSIZE`` (``max_message_bytes``) and ``RCVHWM``."""
+        return {zmq.MAXMSGSIZE: self.max_message_bytes, zmq.RCVHWM: self.rcvhwm}
+
     # --- messages -----------------------------------------------------------------------------------------
 
     def handle_frames(self, frames: list[bytes]) -> bool:
-        """Route one multipart message to its instance's attributor by its topic frame (exact match).
+        """Route one multipart message to its instance by its topic frame (exact match): queued for the attribution
+        thread (:class:`agent.engines.vllm.inbox.Inbox`; attributed at once when that thread does not run).
 
         Returns False when no observed instance has that topic: the message is counted in ``unknown_topic`` and
-        the Store blocks it announces (``BlockStored`` with the Store medium) in ``unknown_topic_blocks``. Never
-        raises for malformed input (the attributor counts it).
+        the Store blocks it announces (``BlockStored`` with the Store medium) in ``unknown_topic_blocks`` (not
+        decoded when over ``max_message_bytes``); also False when the instance's queue was full (counted on the
+        instance). Never raises for malformed input (the attributor counts it).
         """
         self.received += 1
         att = self._routes.get(bytes(frames[0])) if frames else None
         if att is None:
             self.unknown_topic += 1
+            if sum(len(f) for f in frames) > self.max_message_bytes:
+                return False
             try:
                 events = decode_message(frames).batch.events
             except EventDecodeError:
@@ -181,8 +223,7 @@ class EngineObserver:
             self.unknown_topic_blocks += sum(len(ev.block_hashes) for ev in events
                                              if type(ev) is BlockStored and ev.medium == MEDIUM_STORE)
             return False
-        att.handle_frames(frames)
-        return True
+        return self._inbox.put(att.instance_id, frames)
 
     # --- threads ------------------------------------------------------------------------------------------
 
@@ -216,7 +257,8 @@ class EngineObserver:
         self._stop.clear()
         ctx = zmq.Context()
         sock = ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        for option, value in self.socket_options().items():
+            sock.setsockopt(option, value)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.bind(self._endpoint)
@@ -230,6 +272,7 @@ class EngineObserver:
         if self.metrics_interval > 0:
             threads.append(threading.Thread(target=self._metrics_loop, name="kvpool-vllm-metrics", daemon=True))
         self._threads = threads
+        self._inbox.start()
         for t in threads:
             t.start()
 
@@ -241,6 +284,7 @@ class EngineObserver:
             t.join(timeout)
             alive = alive or t.is_alive()
         self._threads = []
+        self._inbox.stop(timeout)
         if self._ctx is not None and not alive:  # term() would wait for a socket a stuck thread still holds
             self._ctx.term()
             self._ctx = None

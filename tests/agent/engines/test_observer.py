@@ -15,7 +15,7 @@ import zmq
 from agent.datapath.ledger import Ledger
 from agent.engines.vllm.observer import EngineObserver
 from tests.agent.engines.test_metrics import metrics_text
-from tests.support.captures import frames, instance, meta, retopic
+from tests.support.captures import frames, held_store, instance, meta, retopic
 from tests.support.waiting import wait_for
 
 
@@ -68,6 +68,8 @@ def test_replayed_capture_through_a_real_socket(observer, publisher) -> None:
     snap = obs.snapshot()["instances"]["vllm-a"]
     assert snap["attributed"] == 19 and snap["by_group"] == {"default": 15, "group-a": 4}
     assert snap["seq_gaps"] == 0 and snap["topic"] == "vllm-a"
+    assert not ledger.tables()  # events are hints: nothing is booked before the Store confirms it
+    assert att.confirm(held_store("embedded-int")).confirmed == 19
     keys = {k for t in ledger.tables() for k in ledger.present_keys(t.scope)}
     assert sorted(keys) == sorted(meta("embedded-int")["store_keys"]["keys_present"])
 
@@ -90,6 +92,8 @@ def test_reapply_changes_subscriptions_without_dropping_the_socket(observer, pub
     wait_for(lambda: obs.attributor("vllm-a").snapshot()["attributed"] == 19
              and obs.attributor("vllm-b").snapshot()["attributed"] == 8)
     assert obs.endpoint == endpoint and obs.snapshot()["running"]
+    obs.attributor("vllm-a").confirm(held_store("embedded-int"))
+    obs.attributor("vllm-b").confirm(held_store("standalone-store"))
     tenants: dict[str, int] = {}
     for row in ledger.snapshot():
         tenants[row["tenant_id"]] = tenants.get(row["tenant_id"], 0) + row["bytes"]
