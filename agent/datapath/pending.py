@@ -42,6 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from agent.datapath.errors import store_error
@@ -49,8 +50,8 @@ from agent.datapath.keyspace import KeySpace
 from agent.datapath.ledger import Ledger, Outcome
 
 #: Bytes one waiting block costs (entry, key string, digest, dictionary slot; measured with ``tracemalloc``).
-PENDING_ENTRY_BYTES = 448
-#: Default bound of one instance's set (bytes): about 37,000 blocks.
+PENDING_ENTRY_BYTES = 352
+#: Default bound of one instance's set (bytes): about 47,000 blocks.
 DEFAULT_PENDING_BYTES = 16 << 20
 #: Seconds a reported block may stay absent from the Store before it is dropped as ``unconfirmed``.
 DEFAULT_GRACE_S = 5.0
@@ -66,26 +67,17 @@ MAX_RECHECKS = 4096
 Alternate = tuple[str, Callable[[KeySpace, bytes], str]]
 
 
-class _Entry:
-    """One reported block: its key space, hash, parent hash (None: a chain's first block), bytes, report time."""
-
-    __slots__ = ("keyspace", "block_hash", "parent", "size", "first_seen", "key")
-
-    def __init__(self, keyspace: KeySpace, block_hash: bytes, parent: bytes | None, size: int, first_seen: float,
-                 key: str) -> None:
-        self.keyspace = keyspace
-        self.block_hash = block_hash
-        self.parent = parent
-        self.size = size
-        self.first_seen = first_seen
-        self.key = key
+#: One reported block, by its primary key: (key space, block hash, parent hash or None, bytes, first seen). A plain
+#: tuple: the attribution thread makes one per block (a class instance costs twice as much).
+_Value = tuple[KeySpace, bytes, "bytes | None", int, float]
 
 
 @dataclass
 class ConfirmResult:
     """One :meth:`PendingWrites.confirm`: blocks ``checked``, ``confirmed`` (booked), ``unconfirmed`` (dropped),
     ``waiting`` (still absent within the grace, or below a waiting parent), ``rechecked_gone`` (removals
-    confirmed), ``unknown_namespace`` (name -> blocks found under another namespace)."""
+    confirmed), ``unknown_namespace`` / ``unknown_namespace_bytes`` (name -> blocks / bytes found under another
+    namespace), ``cut_parents`` (dropped blocks that confirmed children were booked below)."""
 
     checked: int = 0
     confirmed: int = 0
@@ -93,6 +85,8 @@ class ConfirmResult:
     waiting: int = 0
     rechecked_gone: int = 0
     unknown_namespace: dict[str, int] = field(default_factory=dict)
+    unknown_namespace_bytes: dict[str, int] = field(default_factory=dict)
+    cut_parents: list[tuple[KeySpace, bytes]] = field(default_factory=list, repr=False)
 
 
 class PendingWrites:
@@ -114,7 +108,7 @@ class PendingWrites:
         self.grace = grace
         self.clock = clock
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: dict[str, _Value] = {}  # insertion order: oldest first
         self._rechecks: OrderedDict[str, tuple[KeySpace, bytes]] = OrderedDict()
         self.confirmed = 0
         self.unconfirmed = 0
@@ -148,17 +142,23 @@ class PendingWrites:
         now = self.clock()
         keys = keyspace.keys(block_hashes) if keyspace.objects_per_block == 1 else [
             keyspace.primary_key(h) for h in block_hashes]
-        kept = 0
+        parents = [parent, *block_hashes[:-1]]
         with self._lock:
             entries = self._entries
-            for key, h in zip(keys, block_hashes):
+            free = room - len(entries)
+            if free >= len(keys):
+                for key, h, up in zip(keys, block_hashes, parents):
+                    if key not in entries:
+                        entries[key] = (keyspace, h, up, size, now)
+                return len(keys)
+            kept = 0
+            for key, h, up in zip(keys, block_hashes, parents):
                 if key not in entries:
                     if len(entries) >= room:
-                        self.overflow += len(block_hashes) - kept
+                        self.overflow += len(keys) - kept
                         return kept
-                    entries[key] = _Entry(keyspace, h, parent, size, now, key)
+                    entries[key] = (keyspace, h, up, size, now)
                 kept += 1
-                parent = h
         return kept
 
     def recheck(self, keyspace: KeySpace, block_hashes: Sequence[bytes]) -> None:
@@ -173,13 +173,13 @@ class PendingWrites:
     def merge_from(self, other: PendingWrites) -> None:
         """Take over another set's waiting blocks and counters (an instance's attributor replaced on re-apply)."""
         with other._lock:
-            entries = list(other._entries.values())
+            entries = list(other._entries.items())
             rechecks = list(other._rechecks.items())
             counters = (other.confirmed, other.unconfirmed, other.overflow, dict(other.unknown_namespace_keys),
                         dict(other.unknown_namespace_bytes))
         with self._lock:
-            for e in entries:
-                self._entries.setdefault(e.key, e)
+            for key, value in entries:
+                self._entries.setdefault(key, value)
             self._rechecks.update(rechecks)
             (self.confirmed, self.unconfirmed, self.overflow, self.unknown_namespace_keys,
              self.unknown_namespace_bytes) = counters
@@ -211,8 +211,8 @@ class PendingWrites:
         """
         result = ConfirmResult()
         with self._lock:
-            taken = [e for _, e in zip(range(max(0, limit)), self._entries.values())]
-            rechecks = list(self._rechecks.items())[:max(0, limit)]
+            taken = list(islice(self._entries.items(), max(0, limit)))
+            rechecks = list(islice(self._rechecks.items(), max(0, limit)))
             for key, _ in rechecks:
                 del self._rechecks[key]
         if taken:
@@ -226,58 +226,69 @@ class PendingWrites:
             result.rechecked_gone = len(gone)
         return result
 
-    def _confirm_writes(self, store: Any, ledger: Ledger | None, taken: list[_Entry],
+    def _confirm_writes(self, store: Any, ledger: Ledger | None, taken: list[tuple[str, _Value]],
                         alternates: Callable[[], Sequence[Alternate]] | None, result: ConfirmResult) -> None:
-        present = _present(store, [e.keyspace.keys_for(e.block_hash) for e in taken])
-        now = self.clock()
-        expired = [e for e, ok in zip(taken, present) if not ok and now - e.first_seen >= self.grace]
-        found: dict[str, str] = {}  # key -> namespace name it was found under
-        if expired and alternates is not None:
-            found = _find_elsewhere(store, expired, alternates())
-        dropped: set[str] = set()
-        waiting: set[str] = set()
-        done: list[_Entry] = []
-        book: list[_Entry] = []
-        cut_parents: list[tuple[KeySpace, bytes]] = []
-        elsewhere_bytes: dict[str, int] = {}
-        for e, ok in zip(taken, present):
-            if not ok:
-                if now - e.first_seen < self.grace:
-                    waiting.add(e.key)
-                    continue
-                done.append(e)
-                dropped.add(e.key)
-                name = found.get(e.key)
-                if name is None:
-                    result.unconfirmed += 1
-                else:
-                    result.unknown_namespace[name] = result.unknown_namespace.get(name, 0) + 1
-                    elsewhere_bytes[name] = elsewhere_bytes.get(name, 0) + e.size
-                continue
-            parent_key = e.keyspace.primary_key(e.parent) if e.parent is not None else None
-            if parent_key is not None and parent_key in waiting:
-                waiting.add(e.key)  # parents first: wait for the parent's verdict
-                continue
-            if parent_key is not None and parent_key in dropped:
-                cut_parents.append((e.keyspace, e.parent))  # type: ignore[arg-type]
-            book.append(e)
-            done.append(e)
+        present = _present(store, [(key,) if value[0].objects_per_block == 1 else value[0].keys_for(value[1])
+                                   for key, value in taken])
+        if all(present):  # the common case: every reported write is there
+            book, done = taken, taken
+        else:
+            book, done = self._sort_out(store, taken, present, alternates, result)
         if ledger is not None:
             _book(ledger, book)
-            for ks, parent in cut_parents:  # booked below a block the Store does not hold: an orphan
+            for ks, parent in result.cut_parents:  # booked below a block the Store does not hold: an orphan
                 ledger.observe(ks, [parent], [False])
         with self._lock:
-            for e in done:
-                if self._entries.get(e.key) is e:
-                    del self._entries[e.key]
+            entries = self._entries
+            for key, value in done:
+                if entries.get(key) is value:
+                    del entries[key]
             self.confirmed += len(book)
             self.unconfirmed += result.unconfirmed
             for name, n in result.unknown_namespace.items():
                 self.unknown_namespace_keys[name] = self.unknown_namespace_keys.get(name, 0) + n
-                self.unknown_namespace_bytes[name] = self.unknown_namespace_bytes.get(name, 0) + elsewhere_bytes[name]
+                self.unknown_namespace_bytes[name] = (self.unknown_namespace_bytes.get(name, 0)
+                                                      + result.unknown_namespace_bytes[name])
         result.checked = len(taken)
         result.confirmed = len(book)
+
+    def _sort_out(self, store: Any, taken: list[tuple[str, _Value]], present: list[bool],
+                  alternates: Callable[[], Sequence[Alternate]] | None,
+                  result: ConfirmResult) -> tuple[list[tuple[str, _Value]], list[tuple[str, _Value]]]:
+        """Some blocks are absent: which to book (parents first), which to drop, which wait (module docstring)."""
+        now = self.clock()
+        grace = self.grace
+        expired = [(key, value) for (key, value), ok in zip(taken, present) if not ok and now - value[4] >= grace]
+        found = _find_elsewhere(store, expired, alternates()) if expired and alternates is not None else {}
+        dropped: set[str] = set()
+        waiting: set[str] = set()
+        done: list[tuple[str, _Value]] = []
+        book: list[tuple[str, _Value]] = []
+        for item, ok in zip(taken, present):
+            key, (ks, _h, parent, size, first_seen) = item
+            if not ok:
+                if now - first_seen < grace:
+                    waiting.add(key)
+                    continue
+                done.append(item)
+                dropped.add(key)
+                name = found.get(key)
+                if name is None:
+                    result.unconfirmed += 1
+                else:
+                    result.unknown_namespace[name] = result.unknown_namespace.get(name, 0) + 1
+                    result.unknown_namespace_bytes[name] = result.unknown_namespace_bytes.get(name, 0) + size
+                continue
+            parent_key = ks.primary_key(parent) if parent is not None and (waiting or dropped) else None
+            if parent_key is not None and parent_key in waiting:
+                waiting.add(key)  # parents first: wait for the parent's verdict
+                continue
+            if parent_key is not None and parent_key in dropped:
+                result.cut_parents.append((ks, parent))  # type: ignore[arg-type]
+            book.append(item)
+            done.append(item)
         result.waiting = len(waiting)
+        return book, done
 
 
 def _present(store: Any, key_groups: Sequence[Sequence[str]]) -> list[bool]:
@@ -286,15 +297,20 @@ def _present(store: Any, key_groups: Sequence[Sequence[str]]) -> list[bool]:
     Raises:
         StoreError: -1 for some key.
     """
-    keys = [k for group in key_groups for k in group]
+    single = all(len(group) == 1 for group in key_groups)
+    keys = [group[0] for group in key_groups] if single else [k for group in key_groups for k in group]
     codes: list[int] = []
     for start in range(0, len(keys), CONFIRM_BATCH):
         chunk = keys[start:start + CONFIRM_BATCH]
         answer = list(store.exists(chunk))
+        if len(answer) != len(chunk):
+            raise store_error("exist", [(chunk[0], -1)], tenant_id=getattr(store, "tenant_id", ""))
         errors = [(k, c) for k, c in zip(chunk, answer) if c < 0]
         if errors:
             raise store_error("exist", errors, tenant_id=getattr(store, "tenant_id", ""))
         codes += answer
+    if single:
+        return [c == 1 for c in codes]
     out = []
     pos = 0
     for group in key_groups:
@@ -304,39 +320,38 @@ def _present(store: Any, key_groups: Sequence[Sequence[str]]) -> list[bool]:
     return out
 
 
-def _find_elsewhere(store: Any, expired: Sequence[_Entry], alternates: Sequence[Alternate]) -> dict[str, str]:
+def _find_elsewhere(store: Any, expired: Sequence[tuple[str, _Value]],
+                    alternates: Sequence[Alternate]) -> dict[str, str]:
     """Key of each expired block found under one of ``alternates`` -> that namespace's name (first match wins)."""
     found: dict[str, str] = {}
     left = list(expired)
     for name, key_of in alternates:
         if not left:
             break
-        hits = _present(store, [(key_of(e.keyspace, e.block_hash),) for e in left])
-        for e, ok in zip(left, hits):
+        hits = _present(store, [(key_of(value[0], value[1]),) for _key, value in left])
+        for (key, _value), ok in zip(left, hits):
             if ok:
-                found[e.key] = name
-        left = [e for e, ok in zip(left, hits) if not ok]
+                found[key] = name
+        left = [item for item, ok in zip(left, hits) if not ok]
     return found
 
 
-def _book(ledger: Ledger, entries: Sequence[_Entry]) -> None:
+def _book(ledger: Ledger, items: Sequence[tuple[str, _Value]]) -> None:
     """``record_put`` confirmed blocks in report order, consecutive blocks of one chain in one call."""
-    run: list[_Entry] = []
-
-    def flush() -> None:
-        if run:
-            head = run[0]
-            ledger.record_put(head.keyspace, [e.block_hash for e in run], head.parent, [Outcome.STORED] * len(run),
-                              head.size)
-            run.clear()
-
-    for e in entries:
-        if run:
-            last = run[-1]
-            if e.keyspace is not last.keyspace or e.parent != last.block_hash or e.size != last.size:
-                flush()
-        run.append(e)
-    flush()
+    head: _Value | None = None
+    hashes: list[bytes] = []
+    last: bytes | None = None
+    for _key, value in items:
+        ks, h, parent, size, _seen = value
+        if head is not None and ks is head[0] and parent is not None and parent == last and size == head[3]:
+            hashes.append(h)
+        else:
+            if head is not None:
+                ledger.record_put(head[0], hashes, head[2], [Outcome.STORED] * len(hashes), head[3])
+            head, hashes = value, [h]
+        last = h
+    if head is not None:
+        ledger.record_put(head[0], hashes, head[2], [Outcome.STORED] * len(hashes), head[3])
 
 
 __all__ = ["Alternate", "CONFIRM_BATCH", "ConfirmResult", "DEFAULT_CONFIRM_LIMIT", "DEFAULT_GRACE_S",

@@ -103,7 +103,7 @@ KNOWN_ENTRY_BYTES = 208
 #: Bytes per entry of the failed map.
 FAILED_ENTRY_BYTES = 144
 #: Bytes per remembered GPU block (memo slot, the (event, index) pair, its hash in the event's list).
-GPU_BLOCK_BYTES = 176
+GPU_BLOCK_BYTES = 208
 #: Bytes per remembered GPU event besides its blocks and tokens (4 bytes each, 8 above 2**32).
 GPU_EVENT_BYTES = 256
 
