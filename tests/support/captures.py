@@ -80,3 +80,29 @@ def held_store(run: str, *, tenant_id: str | None = None, keys: list[str] | None
     store = FakeStore(tenant_id or meta(run)["tenant_id"])
     store.objects = {key: b"x" for key in (meta(run)["store_keys"]["keys_present"] if keys is None else keys)}
     return store
+
+
+def forged_store_events(run: str, blocks: int, *, topic: str, seq: int = 1000, per_chain: int = 10,
+                        seed: int = 7) -> list[list[bytes]]:
+    """What a local process that knows the run's release settings can publish: Store events (``medium: "cpu"``)
+    of ``blocks`` blocks in chains of ``per_chain`` that the engine never wrote — random tokens, hashed exactly as
+    the release hashes (so attribution accepts them), keys the Store does not hold."""
+    import random
+
+    from agent.datapath.hashing import VllmBlockHasher
+    from agent.engines.vllm.events import encode_message, external_hash
+
+    m = meta(run)
+    bs = m["block_size"]
+    hasher = VllmBlockHasher(m["hash_algo"], block_size=bs, seed=m["PYTHONHASHSEED"])
+    rng = random.Random(seed)
+    out = []
+    for start in range(0, blocks, per_chain):
+        n = min(per_chain, blocks - start)
+        tokens = [rng.randrange(1000) for _ in range(n * bs)]
+        refs = [external_hash(d, True) for d in hasher.block_hashes(tokens)]
+        events = [BlockStored(block_hashes=[refs[i]], parent_block_hash=refs[i - 1] if i else None,
+                              token_ids=tokens[i * bs:(i + 1) * bs], block_size=bs, lora_id=None, medium="cpu",
+                              lora_name=None, group_idx=0) for i in range(n)]
+        out.append(encode_message(topic.encode(), seq + len(out), EventBatch(1796134500.0, events, 0)))
+    return out

@@ -11,7 +11,8 @@ receiving never waits for attribution.
 Memory: at most ``max_bytes`` of queued frames per instance and ``max_total_bytes`` over all; a message that does
 not fit is dropped and counted on its instance (``dropped_messages``; its sequence number then shows as a gap).
 
-Without the thread (tests, or before :meth:`Inbox.start`) :meth:`Inbox.put` attributes at once.
+Before :meth:`Inbox.start` (or :meth:`Inbox.open`, which queues without a thread: the caller runs the rounds)
+:meth:`Inbox.put` attributes at once.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Inbox:
         self._total = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._queueing = False
         #: Rounds run (an operation count for tests and the bench).
         self.rounds = 0
 
@@ -63,6 +65,10 @@ class Inbox:
     def running(self) -> bool:
         """Whether the attribution thread runs."""
         return self._thread is not None
+
+    def open(self) -> None:
+        """Queue messages from now on without starting the thread (the caller calls :meth:`run_round`)."""
+        self._queueing = True
 
     def queued(self, instance_id: str | None = None) -> int:
         """Messages waiting (of one instance, or of all)."""
@@ -74,7 +80,7 @@ class Inbox:
     def put(self, instance_id: str, frames: Sequence[bytes]) -> bool:
         """Queue one message of an instance (attribute it at once when the thread does not run). Returns False when
         it was dropped: the instance's or the node's queue is full, or the instance is not observed."""
-        if self._thread is None:
+        if not self._queueing:
             att = self.resolve(instance_id)
             if att is None:
                 return False
@@ -140,11 +146,14 @@ class Inbox:
         if self._thread is not None:
             return
         self._stop.clear()
+        self._queueing = True
         self._thread = threading.Thread(target=self._run, name="kvpool-vllm-attribution", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread after the message it is attributing; queued messages are attributed at the next start."""
+        """Stop the thread after the message it is attributing; queued messages are attributed at the next start,
+        new ones at once."""
+        self._queueing = False
         thread, self._thread = self._thread, None
         if thread is None:
             return
