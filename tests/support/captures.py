@@ -83,10 +83,12 @@ def held_store(run: str, *, tenant_id: str | None = None, keys: list[str] | None
 
 
 def forged_store_events(run: str, blocks: int, *, topic: str, seq: int = 1000, per_chain: int = 10,
-                        seed: int = 7) -> list[list[bytes]]:
+                        seed: int = 7, keys: list[str] | None = None) -> list[list[bytes]]:
     """What a local process that knows the run's release settings can publish: Store events (``medium: "cpu"``)
     of ``blocks`` blocks in chains of ``per_chain`` that the engine never wrote — random tokens, hashed exactly as
-    the release hashes (so attribution accepts them), keys the Store does not hold."""
+    the release hashes (so attribution accepts them), keys the Store does not hold (appended to ``keys``)."""
+    from agent.contract.keys import vllm_key
+
     import random
 
     from agent.datapath.hashing import VllmBlockHasher
@@ -100,7 +102,10 @@ def forged_store_events(run: str, blocks: int, *, topic: str, seq: int = 1000, p
     for start in range(0, blocks, per_chain):
         n = min(per_chain, blocks - start)
         tokens = [rng.randrange(1000) for _ in range(n * bs)]
-        refs = [external_hash(d, True) for d in hasher.block_hashes(tokens)]
+        digests = hasher.block_hashes(tokens)
+        refs = [external_hash(d, True) for d in digests]
+        if keys is not None:
+            keys += [vllm_key(m["model_dir_name"], d, cache_prefix=m["cache_prefix"]) for d in digests]
         events = [BlockStored(block_hashes=[refs[i]], parent_block_hash=refs[i - 1] if i else None,
                               token_ids=tokens[i * bs:(i + 1) * bs], block_size=bs, lora_id=None, medium="cpu",
                               lora_name=None, group_idx=0) for i in range(n)]
