@@ -87,10 +87,9 @@ def forged_store_events(run: str, blocks: int, *, topic: str, seq: int = 1000, p
     """What a local process that knows the run's release settings can publish: Store events (``medium: "cpu"``)
     of ``blocks`` blocks in chains of ``per_chain`` that the engine never wrote — random tokens, hashed exactly as
     the release hashes (so attribution accepts them), keys the Store does not hold (appended to ``keys``)."""
-    from agent.contract.keys import vllm_key
-
     import random
 
+    from agent.contract.keys import vllm_key
     from agent.datapath.hashing import VllmBlockHasher
     from agent.engines.vllm.events import encode_message, external_hash
 
