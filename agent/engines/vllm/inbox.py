@@ -114,9 +114,8 @@ class Inbox:
             order = [iid for iid, q in self._queues.items() if q]
         handled = 0
         for iid in order:
-            att = self.resolve(iid)
-            start = att.work if att is not None else 0
-            while True:
+            used = 0
+            while used < self.round_work:
                 with self._cond:
                     queue = self._queues.get(iid)
                     if not queue:
@@ -127,15 +126,16 @@ class Inbox:
                     if not queue:
                         del self._queues[iid]
                         del self._bytes[iid]
+                att = self.resolve(iid)  # per message: a re-applied instance's next message goes to its new attributor
                 if att is None:
                     continue  # the instance left the document: its messages go
+                before = att.work
                 try:
                     att.handle_frames(frames)
                 except Exception:  # pragma: no cover - a bug must not end attribution
                     log.exception("engine observer: attributing a message of instance %s failed", iid)
                 handled += 1
-                if att.work - start >= self.round_work:
-                    break
+                used += max(1, att.work - before)
         self.rounds += 1
         return handled
 
