@@ -49,9 +49,9 @@ from agent.datapath.errors import store_error
 from agent.datapath.keyspace import KeySpace
 from agent.datapath.ledger import Ledger, Outcome
 
-#: Bytes one waiting block costs (entry, key string, digest, dictionary slot; measured with ``tracemalloc``).
-PENDING_ENTRY_BYTES = 352
-#: Default bound of one instance's set (bytes): about 47,000 blocks.
+#: Bytes one waiting block costs (entry tuple, digest, dictionary slot; measured with ``tracemalloc``).
+PENDING_ENTRY_BYTES = 176
+#: Default bound of one instance's set (bytes): about 95,000 blocks.
 DEFAULT_PENDING_BYTES = 16 << 20
 #: Seconds a reported block may stay absent from the Store before it is dropped as ``unconfirmed``.
 DEFAULT_GRACE_S = 5.0
@@ -67,9 +67,12 @@ MAX_RECHECKS = 4096
 Alternate = tuple[str, Callable[[KeySpace, bytes], str]]
 
 
-#: One reported block, by its primary key: (key space, block hash, parent hash or None, bytes, first seen). A plain
-#: tuple: the attribution thread makes one per block (a class instance costs twice as much).
+#: One reported block, by its primary key: (key space, block hash, parent hash or None, bytes, first seen).
 _Value = tuple[KeySpace, bytes, "bytes | None", int, float]
+#: As stored, in the dictionary of its key space by block hash: (parent hash or None, bytes, first seen). A plain
+#: tuple of atomic values: the attribution thread makes one per block (a class instance costs twice as much), and the
+#: garbage collector stops tracking it. Keys are built at confirmation, in the maintenance thread.
+_Stored = tuple["bytes | None", int, float]
 
 
 @dataclass
@@ -87,6 +90,20 @@ class ConfirmResult:
     unknown_namespace: dict[str, int] = field(default_factory=dict)
     unknown_namespace_bytes: dict[str, int] = field(default_factory=dict)
     cut_parents: list[tuple[KeySpace, bytes]] = field(default_factory=list, repr=False)
+
+
+class _Batch:
+    """Waiting blocks of one key space taken for a check: its number, the key space, their hashes and entries, and
+    (once made) their keys."""
+
+    __slots__ = ("number", "keyspace", "hashes", "values", "keys")
+
+    def __init__(self, number: int, keyspace: KeySpace, hashes: list[bytes], values: list[_Stored]) -> None:
+        self.number = number
+        self.keyspace = keyspace
+        self.hashes = hashes
+        self.values = values
+        self.keys: list[str] = []
 
 
 class PendingWrites:
@@ -108,7 +125,10 @@ class PendingWrites:
         self.grace = grace
         self.clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[str, _Value] = {}  # insertion order: oldest first
+        self._spaces: list[KeySpace] = []  # the key spaces of the entries, by number
+        self._space_number: dict[int, int] = {}  # id(key space) -> its number (the list keeps it alive)
+        self._by_space: list[dict[bytes, _Stored]] = []  # per key space number: block hash -> entry, oldest first
+        self._count = 0
         self._rechecks: OrderedDict[str, tuple[KeySpace, bytes]] = OrderedDict()
         self.confirmed = 0
         self.unconfirmed = 0
@@ -119,16 +139,16 @@ class PendingWrites:
     # --- input (the attribution thread) ---------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._count
 
     def has_work(self) -> bool:
         """Whether some block waits for a check (a reported write or removal)."""
-        return bool(self._entries) or bool(self._rechecks)
+        return self._count > 0 or bool(self._rechecks)
 
     @property
     def size_bytes(self) -> int:
         """Bytes the waiting blocks cost (``PENDING_ENTRY_BYTES`` each)."""
-        return len(self._entries) * PENDING_ENTRY_BYTES
+        return self._count * PENDING_ENTRY_BYTES
 
     def set_max_bytes(self, max_bytes: int) -> None:
         """Change the bound; blocks over a lower one stay until they are checked (none are added meanwhile)."""
@@ -140,24 +160,30 @@ class PendingWrites:
         Returns how many were kept (the rest count as ``overflow``)."""
         room = self.max_bytes // PENDING_ENTRY_BYTES
         now = self.clock()
-        keys = keyspace.keys(block_hashes) if keyspace.objects_per_block == 1 else [
-            keyspace.primary_key(h) for h in block_hashes]
         parents = [parent, *block_hashes[:-1]]
+        n = len(block_hashes)
         with self._lock:
-            entries = self._entries
-            free = room - len(entries)
-            if free >= len(keys):
-                for key, h, up in zip(keys, block_hashes, parents):
-                    if key not in entries:
-                        entries[key] = (keyspace, h, up, size, now)
-                return len(keys)
+            number = self._space_number.get(id(keyspace))
+            if number is None:
+                number = self._space_number[id(keyspace)] = len(self._spaces)
+                self._spaces.append(keyspace)
+                self._by_space.append({})
+            entries = self._by_space[number]
+            before = len(entries)
+            if room - self._count >= n:
+                for h, up in zip(block_hashes, parents):
+                    if h not in entries:
+                        entries[h] = (up, size, now)
+                self._count += len(entries) - before
+                return n
             kept = 0
-            for key, h, up in zip(keys, block_hashes, parents):
-                if key not in entries:
-                    if len(entries) >= room:
-                        self.overflow += len(keys) - kept
+            for h, up in zip(block_hashes, parents):
+                if h not in entries:
+                    if self._count >= room:
+                        self.overflow += n - kept
                         return kept
-                    entries[key] = (keyspace, h, up, size, now)
+                    entries[h] = (up, size, now)
+                    self._count += 1
                 kept += 1
         return kept
 
@@ -170,25 +196,11 @@ class PendingWrites:
             while len(self._rechecks) > MAX_RECHECKS:
                 self._rechecks.popitem(last=False)
 
-    def merge_from(self, other: PendingWrites) -> None:
-        """Take over another set's waiting blocks and counters (an instance's attributor replaced on re-apply)."""
-        with other._lock:
-            entries = list(other._entries.items())
-            rechecks = list(other._rechecks.items())
-            counters = (other.confirmed, other.unconfirmed, other.overflow, dict(other.unknown_namespace_keys),
-                        dict(other.unknown_namespace_bytes))
-        with self._lock:
-            for key, value in entries:
-                self._entries.setdefault(key, value)
-            self._rechecks.update(rechecks)
-            (self.confirmed, self.unconfirmed, self.overflow, self.unknown_namespace_keys,
-             self.unknown_namespace_bytes) = counters
-
     def snapshot(self) -> dict[str, Any]:
         """``pending`` (blocks waiting), ``pending_bytes``, ``confirmed``, ``unconfirmed``, ``pending_overflow``,
         ``unknown_namespace_keys`` / ``unknown_namespace_bytes`` (copies)."""
         with self._lock:
-            return {"pending": len(self._entries), "pending_bytes": len(self._entries) * PENDING_ENTRY_BYTES,
+            return {"pending": self._count, "pending_bytes": self._count * PENDING_ENTRY_BYTES,
                     "confirmed": self.confirmed, "unconfirmed": self.unconfirmed, "pending_overflow": self.overflow,
                     "unknown_namespace_keys": dict(self.unknown_namespace_keys),
                     "unknown_namespace_bytes": dict(self.unknown_namespace_bytes)}
@@ -211,12 +223,20 @@ class PendingWrites:
         """
         result = ConfirmResult()
         with self._lock:
-            taken = list(islice(self._entries.items(), max(0, limit)))
+            batches: list[_Batch] = []
+            left = max(0, limit)
+            for number, entries in enumerate(self._by_space):
+                if left <= 0:
+                    break
+                if entries:
+                    hashes = list(islice(entries, left))
+                    batches.append(_Batch(number, self._spaces[number], hashes, [entries[h] for h in hashes]))
+                    left -= len(hashes)
             rechecks = list(islice(self._rechecks.items(), max(0, limit)))
             for key, _ in rechecks:
                 del self._rechecks[key]
-        if taken:
-            self._confirm_writes(store, ledger, taken, alternates, result)
+        if batches:
+            self._confirm_writes(store, ledger, batches, alternates, result)
         if rechecks:  # after the writes: a block reported stored, then removed, is booked first, then checked
             gone = [item for item, ok in zip(rechecks, _present(store, [ks.keys_for(h) for _, (ks, h) in rechecks]))
                     if not ok]
@@ -226,31 +246,55 @@ class PendingWrites:
             result.rechecked_gone = len(gone)
         return result
 
-    def _confirm_writes(self, store: Any, ledger: Ledger | None, taken: list[tuple[str, _Value]],
+    def _confirm_writes(self, store: Any, ledger: Ledger | None, batches: list[_Batch],
                         alternates: Callable[[], Sequence[Alternate]] | None, result: ConfirmResult) -> None:
-        present = _present(store, [(key,) if value[0].objects_per_block == 1 else value[0].keys_for(value[1])
-                                   for key, value in taken])
-        if all(present):  # the common case: every reported write is there
-            book, done = taken, taken
+        keys: list[str] = []
+        for batch in batches:  # keys are made here, in the maintenance thread
+            ks = batch.keyspace
+            batch.keys = ks.keys(batch.hashes) if ks.objects_per_block == 1 else [ks.primary_key(h)
+                                                                                 for h in batch.hashes]
+            keys += batch.keys
+        if all(b.keyspace.objects_per_block == 1 for b in batches):
+            present = _exists(store, keys)
         else:
-            book, done = self._sort_out(store, taken, present, alternates, result)
-        if ledger is not None:
-            _book(ledger, book)
-            for ks, parent in result.cut_parents:  # booked below a block the Store does not hold: an orphan
-                ledger.observe(ks, [parent], [False])
+            present = _present(store, [b.keyspace.keys_for(h) for b in batches for h in b.hashes])
+        checked = len(present)
+        if all(present):  # the common case: every reported write is there, parents before children
+            booked = checked
+            if ledger is not None:
+                for batch in batches:
+                    _book_runs(ledger, batch.keyspace, batch.hashes, batch.values)
+            done: set[str] | None = None
+        else:
+            taken = [(key, (b.keyspace, h, v[0], v[1], v[2]))
+                     for b in batches for key, h, v in zip(b.keys, b.hashes, b.values)]
+            book, finished = self._sort_out(store, taken, present, alternates, result)
+            booked = len(book)
+            if ledger is not None:
+                for ks, items in _by_keyspace(book):
+                    _book_runs(ledger, ks, [v[1] for _key, v in items], [(v[2], v[3]) for _key, v in items])
+                for ks, parent in result.cut_parents:  # booked below a block the Store does not hold: an orphan
+                    ledger.observe(ks, [parent], [False])
+            done = {key for key, _value in finished}
         with self._lock:
-            entries = self._entries
-            for key, value in done:
-                if entries.get(key) is value:
-                    del entries[key]
-            self.confirmed += len(book)
+            for batch in batches:
+                entries = self._by_space[batch.number]
+                for key, h, stored in zip(batch.keys, batch.hashes, batch.values):
+                    if (done is None or key in done) and entries.get(h) is stored:
+                        del entries[h]
+                        self._count -= 1
+            if self._count == 0:  # nothing refers to the old key spaces any more
+                self._spaces.clear()
+                self._space_number.clear()
+                self._by_space.clear()
+            self.confirmed += booked
             self.unconfirmed += result.unconfirmed
             for name, n in result.unknown_namespace.items():
                 self.unknown_namespace_keys[name] = self.unknown_namespace_keys.get(name, 0) + n
                 self.unknown_namespace_bytes[name] = (self.unknown_namespace_bytes.get(name, 0)
                                                       + result.unknown_namespace_bytes[name])
-        result.checked = len(taken)
-        result.confirmed = len(book)
+        result.checked = checked
+        result.confirmed = booked
 
     def _sort_out(self, store: Any, taken: list[tuple[str, _Value]], present: list[bool],
                   alternates: Callable[[], Sequence[Alternate]] | None,
@@ -291,31 +335,37 @@ class PendingWrites:
         return book, done
 
 
-def _present(store: Any, key_groups: Sequence[Sequence[str]]) -> list[bool]:
-    """Per group of object keys (one block's), whether the Store holds all of them; ``batch_is_exist`` in batches.
+def _exists(store: Any, keys: Sequence[str]) -> list[bool]:
+    """Whether the Store holds each key: ``batch_is_exist`` in batches of ``CONFIRM_BATCH``.
 
     Raises:
-        StoreError: -1 for some key.
+        StoreError: -1 for some key, or an answer of the wrong length.
     """
-    single = all(len(group) == 1 for group in key_groups)
-    keys = [group[0] for group in key_groups] if single else [k for group in key_groups for k in group]
-    codes: list[int] = []
+    out: list[bool] = []
     for start in range(0, len(keys), CONFIRM_BATCH):
         chunk = keys[start:start + CONFIRM_BATCH]
         answer = list(store.exists(chunk))
         if len(answer) != len(chunk):
             raise store_error("exist", [(chunk[0], -1)], tenant_id=getattr(store, "tenant_id", ""))
-        errors = [(k, c) for k, c in zip(chunk, answer) if c < 0]
-        if errors:
-            raise store_error("exist", errors, tenant_id=getattr(store, "tenant_id", ""))
-        codes += answer
-    if single:
-        return [c == 1 for c in codes]
+        if min(answer, default=0) < 0:
+            raise store_error("exist", [(k, c) for k, c in zip(chunk, answer) if c < 0],
+                              tenant_id=getattr(store, "tenant_id", ""))
+        out += [c == 1 for c in answer]
+    return out
+
+
+def _present(store: Any, key_groups: Sequence[Sequence[str]]) -> list[bool]:
+    """Per group of object keys (one block's: SGLang's ``_k`` and ``_v``), whether the Store holds all of them.
+
+    Raises:
+        StoreError: -1 for some key.
+    """
+    found = _exists(store, [k for group in key_groups for k in group])
     out = []
     pos = 0
     for group in key_groups:
         n = len(group)
-        out.append(n > 0 and all(c == 1 for c in codes[pos:pos + n]))
+        out.append(n > 0 and all(found[pos:pos + n]))
         pos += n
     return out
 
@@ -336,22 +386,30 @@ def _find_elsewhere(store: Any, expired: Sequence[tuple[str, _Value]],
     return found
 
 
-def _book(ledger: Ledger, items: Sequence[tuple[str, _Value]]) -> None:
-    """``record_put`` confirmed blocks in report order, consecutive blocks of one chain in one call."""
-    head: _Value | None = None
-    hashes: list[bytes] = []
-    last: bytes | None = None
-    for _key, value in items:
-        ks, h, parent, size, _seen = value
-        if head is not None and ks is head[0] and parent is not None and parent == last and size == head[3]:
-            hashes.append(h)
+def _by_keyspace(items: Sequence[tuple[str, _Value]]) -> list[tuple[KeySpace, list[tuple[str, _Value]]]]:
+    """Consecutive items of one key space together, in order."""
+    out: list[tuple[KeySpace, list[tuple[str, _Value]]]] = []
+    for item in items:
+        ks = item[1][0]
+        if out and out[-1][0] is ks:
+            out[-1][1].append(item)
         else:
-            if head is not None:
-                ledger.record_put(head[0], hashes, head[2], [Outcome.STORED] * len(hashes), head[3])
-            head, hashes = value, [h]
-        last = h
-    if head is not None:
-        ledger.record_put(head[0], hashes, head[2], [Outcome.STORED] * len(hashes), head[3])
+            out.append((ks, [item]))
+    return out
+
+
+def _book_runs(ledger: Ledger, ks: KeySpace, hashes: Sequence[bytes], values: Sequence[Any]) -> None:
+    """``record_put`` confirmed blocks of one key space in report order (``values[i]`` starts with the parent hash
+    and the bytes), each run of consecutive blocks of one chain in one call."""
+    start = 0
+    n = len(hashes)
+    while start < n:
+        parent, size = values[start][0], values[start][1]
+        end = start + 1
+        while end < n and values[end][0] == hashes[end - 1] and values[end][1] == size:
+            end += 1
+        ledger.record_put(ks, hashes[start:end], parent, [Outcome.STORED] * (end - start), size)
+        start = end
 
 
 __all__ = ["Alternate", "CONFIRM_BATCH", "ConfirmResult", "DEFAULT_CONFIRM_LIMIT", "DEFAULT_GRACE_S",

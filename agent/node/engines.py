@@ -16,7 +16,8 @@ applied config document (schema 2, ``agent.contract.messages``):
 3. **KV events and metrics** (vLLM 0.32.0/0.33.0): one :class:`agent.engines.vllm.observer.EngineObserver` bound at
    ``tcp://127.0.0.1:<node_settings.kv_events_port>`` (re-bound when the port changes) attributes the engines'
    Store writes (booked into the node's ledger, exactly as the connector records its own puts, once the Store
-   confirms them: **confirm** below), and scrapes each instance's ``/metrics``. A document without vLLM instances (or without ``node_settings``) runs no observer.
+   confirms them: **confirm** below), and scrapes each instance's ``/metrics``. A document without vLLM instances
+   (or without ``node_settings``) runs no observer.
 
 A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) makes engine-written blocks behave like
 the simulator's (confirmation, hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):

@@ -62,6 +62,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import msgspec
+
 from agent.datapath.keyspace import adapter_keyspaces
 from agent.datapath.pending import Alternate, ConfirmResult, PendingWrites
 from agent.engines.vllm.events import (
@@ -106,6 +108,11 @@ FAILED_ENTRY_BYTES = 144
 GPU_BLOCK_BYTES = 208
 #: Bytes per remembered GPU event besides its blocks and tokens (4 bytes each, 8 above 2**32).
 GPU_EVENT_BYTES = 256
+#: Bytes per block of an event's hash -> index map (built the first time a walk or a Store event needs it).
+GPU_INDEX_BYTES = 72
+
+#: Messages up to this size need no block and token count: each block hash and token id takes a byte at least.
+_SMALL_MESSAGE_BYTES = min(MAX_MESSAGE_BLOCKS, MAX_EVENT_TOKENS)
 
 #: The outcomes of a Store block; ``blocks_seen`` is their sum.
 OUTCOMES = ("attributed", "unknown_salt", "unknown_adapter", "hash_mismatch", "unresolved_parent", "unverifiable")
@@ -181,21 +188,25 @@ class _Ctx:
         return out
 
 
-class _GpuEvent:
+class _GpuEvent(msgspec.Struct, gc=False):
     """What the memo keeps of one GPU prefix-cache event: its block hashes, parent, token ids (a compact array),
-    per-block extra keys, LoRA name, block size, its byte cost and how many memo entries still point at it."""
+    per-block extra keys, LoRA name, block size, its byte cost and how many memo entries still point at it. Not
+    tracked by the garbage collector (one per event; the memo holds it once per block)."""
 
-    __slots__ = ("hashes", "parent", "tokens", "extra_keys", "lora_name", "block_size", "cost", "live")
+    hashes: list[Any]
+    parent: Any
+    tokens: Any  # array.array of token ids
+    extra_keys: Any
+    lora_name: str | None
+    block_size: int
+    cost: int = 0
+    live: int = 0
+    index: dict[Any, int] | None = None
 
-    def __init__(self, ev: BlockStored, tokens: array) -> None:
-        self.hashes = ev.block_hashes
-        self.parent = ev.parent_block_hash
-        self.tokens = tokens
-        self.extra_keys = ev.extra_keys
-        self.lora_name = ev.lora_name
-        self.block_size = ev.block_size
-        self.cost = GPU_EVENT_BYTES + tokens.itemsize * len(tokens)
-        self.live = 0
+    @classmethod
+    def of(cls, ev: BlockStored, tokens: array) -> _GpuEvent:
+        return cls(ev.block_hashes, ev.parent_block_hash, tokens, ev.extra_keys, ev.lora_name, ev.block_size,
+                   GPU_EVENT_BYTES + tokens.itemsize * len(tokens))
 
     def block_tokens(self, i: int) -> list[int] | None:
         """Token ids of block ``i`` (None when the event carries fewer)."""
@@ -287,7 +298,7 @@ class Attributor:
         self._known: OrderedDict[Any, bytes] = OrderedDict()
         self._failed: OrderedDict[Any, str] = OrderedDict()
         # engine hash -> (its GPU event, its index there); _gpu_bytes: what the remembered events cost
-        self._gpu: OrderedDict[Any, tuple[_GpuEvent, int]] = OrderedDict()
+        self._gpu: OrderedDict[Any, _GpuEvent] = OrderedDict()
         self._gpu_bytes = 0
         self.counters = AttributionCounters()
         self._seq = SequenceTracker()
@@ -328,7 +339,7 @@ class Attributor:
         gpu = self._gpu
         cap_entries, cap_bytes = self.gpu_entries, self.gpu_cap_bytes
         while gpu and (len(gpu) > cap_entries or self._gpu_bytes + GPU_BLOCK_BYTES * len(gpu) > cap_bytes):
-            _h, (rec, _i) = gpu.popitem(last=False)
+            _h, rec = gpu.popitem(last=False)
             rec.live -= 1
             if rec.live == 0:
                 self._gpu_bytes -= rec.cost
@@ -360,14 +371,15 @@ class Attributor:
         Never raises for bad input; returns the decoded message (None when dropped).
         """
         try:
-            size = sum(len(f) for f in frames)
+            size = sum(map(len, frames))
         except TypeError:
             size = 0
         try:
             if size > self.max_message_bytes:
                 raise EventDecodeError("frames", f"{size} bytes, over the limit of {self.max_message_bytes}")
             msg = decode_message(frames)
-            _check_limits(msg)
+            if size > _SMALL_MESSAGE_BYTES:  # a smaller one cannot hold that many blocks or tokens
+                _check_limits(msg)
         except EventDecodeError as exc:
             with self._lock:
                 self.counters.decode_errors += 1
@@ -421,13 +433,13 @@ class Attributor:
     def _apply_events(self, events: Sequence[Any]) -> None:
         c = self.counters
         c.events += len(events)
+        self.work += len(events)  # plus one unit per block of a multi-block event, counted where it is handled
         store_media = self.store_media
         bs = self.block_size
         run: list[BlockStored] = []
         for ev in events:
             if type(ev) is BlockStored:
                 medium = ev.medium
-                self.work += len(ev.block_hashes)
                 if medium in store_media:
                     n = len(ev.block_hashes)
                     if n == 0:
@@ -460,7 +472,6 @@ class Attributor:
                 run = []
             if type(ev) is BlockRemoved:
                 if ev.medium in store_media:
-                    self.work += len(ev.block_hashes)
                     self._removed(ev)
             elif type(ev) is AllBlocksCleared:
                 c.cleared += 1
@@ -470,22 +481,35 @@ class Attributor:
     def _remember_gpu(self, ev: BlockStored) -> None:
         hashes = ev.block_hashes
         self.counters.gpu_blocks += len(hashes)
+        self.work += len(hashes)
         tokens = _compact(ev.token_ids)
         if tokens is None or not hashes:
             return
-        rec = _GpuEvent(ev, tokens)
+        rec = _GpuEvent.of(ev, tokens)
         gpu = self._gpu
         self._gpu_bytes += rec.cost
-        for i, h in enumerate(hashes):
-            old = gpu.pop(h, None)  # re-inserted below: the newest report of a block is the freshest entry
-            if old is not None:
-                prev = old[0]
+        pop = gpu.pop
+        for h in hashes:
+            prev = pop(h, None)  # re-inserted below: the newest report of a block is the freshest entry
+            if prev is not None:
                 prev.live -= 1
                 if prev.live == 0 and prev is not rec:
                     self._gpu_bytes -= prev.cost
-            gpu[h] = (rec, i)
-            rec.live += 1
+            gpu[h] = rec
+        rec.live += len(hashes)
         self._trim_gpu()
+
+    def _position(self, rec: _GpuEvent, h: Any) -> int:
+        """Index of block ``h`` in its GPU event: a map built once per event (its bytes counted in the memo's),
+        never a list search per call."""
+        index = rec.index
+        if index is None:
+            index = rec.index = {ref: i for i, ref in enumerate(rec.hashes)}
+            extra = GPU_INDEX_BYTES * len(rec.hashes)
+            rec.cost += extra
+            if rec.live > 0:
+                self._gpu_bytes += extra
+        return index[h]
 
     def _tokens_from_gpu(self, ev: BlockStored) -> bool:
         """Fill the token ids of a Store event sent without them (vLLM sends ``[]`` when the request's tokens
@@ -493,10 +517,10 @@ class Attributor:
         bs = self.block_size
         toks: list[int] = []
         for h in ev.block_hashes:
-            hit = self._gpu.get(h)
-            if hit is None or hit[0].block_size != bs:
+            rec = self._gpu.get(h)
+            if rec is None or rec.block_size != bs:
                 return False
-            block = hit[0].block_tokens(hit[1])
+            block = rec.block_tokens(self._position(rec, h))
             if block is None:
                 return False
             toks += block
@@ -504,6 +528,7 @@ class Attributor:
         return True
 
     def _removed(self, ev: BlockRemoved) -> None:
+        self.work += len(ev.block_hashes)
         for ref in ev.block_hashes:
             hit = self._lookup(ref)
             if hit is None:
@@ -557,6 +582,7 @@ class Attributor:
             for ev in run:
                 refs += ev.block_hashes
                 toks += ev.token_ids
+        self.work += len(refs) - len(run)  # blocks beyond one per event
         bs = self.block_size
         parent_ref = head.parent_block_hash
         parent_full: bytes | None
@@ -619,9 +645,8 @@ class Attributor:
 
     def _resolve_root(self, ref: Any, first_toks: list[int], lora_name: str | None) -> tuple[_Ctx, bytes] | str:
         """The (group, adapter) context and full digest of a request's first block, or the failure reason."""
-        hit = self._gpu.get(ref)
-        if hit is not None and hit[1] == 0 and hit[0].parent is None:
-            rec = hit[0]
+        rec = self._gpu.get(ref)
+        if rec is not None and rec.parent is None and rec.hashes[0] == ref:
             extra = rec.extra(0)
             if has_unhashable_extras(extra, rec.lora_name):
                 return "unverifiable"
@@ -659,10 +684,10 @@ class Attributor:
             reason = failed.get(cur)
             if reason is not None:
                 return self._fail_walk(chain, reason)
-            hit = gpu.get(cur)
-            if hit is None or len(chain) >= MAX_GPU_WALK:
+            rec = gpu.get(cur)
+            if rec is None or len(chain) >= MAX_GPU_WALK:
                 return self._fail_walk(chain, "unresolved_parent")
-            rec, i = hit
+            i = self._position(rec, cur)
             chain.append((cur, rec, i))
             up = rec.hashes[i - 1] if i > 0 else rec.parent
             if up is None:
@@ -670,6 +695,7 @@ class Attributor:
             cur = up
         self.counters.walk_steps += len(chain)
         self.work += len(chain)
+        self._trim_gpu()  # the walk may have built index maps: the memo stays in its bytes
         chain.reverse()
         bs = self.block_size
         if base is None:
