@@ -38,8 +38,9 @@ failed block inherit its outcome.
 
 Bounds (issue 16 item 4: input from another process). Per message: at most ``max_message_bytes`` (frame bytes,
 ``MAX_MESSAGE_BYTES``), ``MAX_MESSAGE_BLOCKS`` blocks and ``MAX_EVENT_TOKENS`` tokens per event, else it is dropped
-and counted in ``decode_errors``. Per event: the GPU memo maps each block hash to its event *and index*, so a walk
-up a GPU chain to a Store block's parent costs one lookup per block, never a list search, and walks are memoised —
+and counted in ``decode_errors``. Per event: the GPU memo maps each block hash to its event, whose hash -> index map
+is built once, so a walk up a GPU chain to a Store block's parent costs one lookup per block, never a list search
+(``list.index`` made it quadratic before), and walks are memoised —
 a resolved chain becomes known blocks, a failed one is remembered with its reason — so every remembered GPU block
 is walked and hashed at most once (a walk stops after ``MAX_GPU_WALK`` blocks). Memory, in bytes: the known map,
 the failed map, the GPU memo (token ids kept as 32-bit arrays) and the pending set each have a share of the
