@@ -49,9 +49,9 @@ from agent.datapath.errors import store_error
 from agent.datapath.keyspace import KeySpace
 from agent.datapath.ledger import Ledger, Outcome
 
-#: Bytes one waiting block costs (entry tuple, digest, dictionary slot; measured with ``tracemalloc``).
-PENDING_ENTRY_BYTES = 176
-#: Default bound of one instance's set (bytes): about 95,000 blocks.
+#: Bytes one waiting block costs (digest, dictionary slot, a share of its report's head; measured with ``tracemalloc``).
+PENDING_ENTRY_BYTES = 120
+#: Default bound of one instance's set (bytes): about 140,000 blocks.
 DEFAULT_PENDING_BYTES = 16 << 20
 #: Seconds a reported block may stay absent from the Store before it is dropped as ``unconfirmed``.
 DEFAULT_GRACE_S = 5.0
@@ -69,10 +69,14 @@ Alternate = tuple[str, Callable[[KeySpace, bytes], str]]
 
 #: One reported block, by its primary key: (key space, block hash, parent hash or None, bytes, first seen).
 _Value = tuple[KeySpace, bytes, "bytes | None", int, float]
-#: As stored, in the dictionary of its key space by block hash: (parent hash or None, bytes, first seen). A plain
-#: tuple of atomic values: the attribution thread makes one per block (a class instance costs twice as much), and the
-#: garbage collector stops tracking it. Keys are built at confirmation, in the maintenance thread.
-_Stored = tuple["bytes | None", int, float]
+#: As stored, in the dictionary of its key space by block hash (report order): the first new block of each report
+#: holds ``(parent hash or None, bytes, first seen)``; every later block of the report holds only its parent's hash
+#: (the previous block's digest: an object that exists anyway) and shares the head's bytes and time. So the
+#: attribution thread allocates one tuple per reported chain, not per block (a container per block made the garbage
+#: collector run a third more often). A kept block whose head left becomes a head itself. Keys are built at
+#: confirmation, in the maintenance thread.
+_Head = tuple["bytes | None", int, float]
+_Stored = "bytes | _Head"
 
 
 @dataclass
@@ -93,16 +97,30 @@ class ConfirmResult:
 
 
 class _Batch:
-    """Waiting blocks of one key space taken for a check: its number, the key space, their hashes and entries, and
-    (once made) their keys."""
+    """Waiting blocks of one key space taken for a check, in report order: its number, the key space, their hashes,
+    the entries as stored, and per block its parent, bytes and first-seen time; ``after``: the block that followed
+    the taken ones (None: none); ``keys`` once made."""
 
-    __slots__ = ("number", "keyspace", "hashes", "values", "keys")
+    __slots__ = ("number", "keyspace", "hashes", "stored", "parents", "sizes", "seen", "after", "keys")
 
-    def __init__(self, number: int, keyspace: KeySpace, hashes: list[bytes], values: list[_Stored]) -> None:
+    def __init__(self, number: int, keyspace: KeySpace, hashes: list[bytes], stored: list[Any],
+                 after: bytes | None, size: int, seen: float) -> None:
         self.number = number
         self.keyspace = keyspace
         self.hashes = hashes
-        self.values = values
+        self.stored = stored
+        self.after = after
+        self.parents: list[bytes | None] = []
+        self.sizes: list[int] = []
+        self.seen: list[float] = []
+        for value in stored:  # (size, seen): the key space's last report until the first head (never needed)
+            if type(value) is tuple:
+                parent, size, seen = value
+            else:
+                parent = value
+            self.parents.append(parent)
+            self.sizes.append(size)
+            self.seen.append(seen)
         self.keys: list[str] = []
 
 
@@ -127,7 +145,8 @@ class PendingWrites:
         self._lock = threading.Lock()
         self._spaces: list[KeySpace] = []  # the key spaces of the entries, by number
         self._space_number: dict[int, int] = {}  # id(key space) -> its number (the list keeps it alive)
-        self._by_space: list[dict[bytes, _Stored]] = []  # per key space number: block hash -> entry, oldest first
+        self._by_space: list[dict[bytes, Any]] = []  # per key space number: block hash -> entry (_Stored), oldest first
+        self._sizes: list[int] = []  # per key space number: the bytes of its last report
         self._count = 0
         self._rechecks: OrderedDict[str, tuple[KeySpace, bytes]] = OrderedDict()
         self.confirmed = 0
@@ -160,7 +179,6 @@ class PendingWrites:
         Returns how many were kept (the rest count as ``overflow``)."""
         room = self.max_bytes // PENDING_ENTRY_BYTES
         now = self.clock()
-        parents = [parent, *block_hashes[:-1]]
         n = len(block_hashes)
         with self._lock:
             number = self._space_number.get(id(keyspace))
@@ -168,23 +186,27 @@ class PendingWrites:
                 number = self._space_number[id(keyspace)] = len(self._spaces)
                 self._spaces.append(keyspace)
                 self._by_space.append({})
+                self._sizes.append(size)
+            self._sizes[number] = size
             entries = self._by_space[number]
             before = len(entries)
-            if room - self._count >= n:
-                for h, up in zip(block_hashes, parents):
-                    if h not in entries:
-                        entries[h] = (up, size, now)
-                self._count += len(entries) - before
-                return n
+            free = room - self._count
+            head = True
             kept = 0
-            for h, up in zip(block_hashes, parents):
+            for h in block_hashes:
                 if h not in entries:
-                    if self._count >= room:
+                    if free <= 0:
                         self.overflow += n - kept
-                        return kept
-                    entries[h] = (up, size, now)
-                    self._count += 1
+                        break
+                    if head:
+                        entries[h] = (parent, size, now)
+                        head = False
+                    else:
+                        entries[h] = parent
+                    free -= 1
                 kept += 1
+                parent = h
+            self._count += len(entries) - before
         return kept
 
     def recheck(self, keyspace: KeySpace, block_hashes: Sequence[bytes]) -> None:
@@ -222,6 +244,7 @@ class PendingWrites:
             StoreError: ``batch_is_exist`` answered -1 for some key (nothing was booked or dropped).
         """
         result = ConfirmResult()
+        now = self.clock()
         with self._lock:
             batches: list[_Batch] = []
             left = max(0, limit)
@@ -229,8 +252,10 @@ class PendingWrites:
                 if left <= 0:
                     break
                 if entries:
-                    hashes = list(islice(entries, left))
-                    batches.append(_Batch(number, self._spaces[number], hashes, [entries[h] for h in hashes]))
+                    hashes = list(islice(entries, left + 1))
+                    after = hashes.pop() if len(hashes) > left else None
+                    batches.append(_Batch(number, self._spaces[number], hashes, [entries[h] for h in hashes], after,
+                                          self._sizes[number], now))
                     left -= len(hashes)
             rechecks = list(islice(self._rechecks.items(), max(0, limit)))
             for key, _ in rechecks:
@@ -263,30 +288,28 @@ class PendingWrites:
             booked = checked
             if ledger is not None:
                 for batch in batches:
-                    _book_runs(ledger, batch.keyspace, batch.hashes, batch.values)
+                    _book_runs(ledger, batch.keyspace, batch.hashes, batch.parents, batch.sizes)
             done: set[str] | None = None
         else:
-            taken = [(key, (b.keyspace, h, v[0], v[1], v[2]))
-                     for b in batches for key, h, v in zip(b.keys, b.hashes, b.values)]
+            taken = [(key, (b.keyspace, h, parent, size, seen)) for b in batches
+                     for key, h, parent, size, seen in zip(b.keys, b.hashes, b.parents, b.sizes, b.seen)]
             book, finished = self._sort_out(store, taken, present, alternates, result)
             booked = len(book)
             if ledger is not None:
                 for ks, items in _by_keyspace(book):
-                    _book_runs(ledger, ks, [v[1] for _key, v in items], [(v[2], v[3]) for _key, v in items])
+                    _book_runs(ledger, ks, [v[1] for _key, v in items], [v[2] for _key, v in items],
+                               [v[3] for _key, v in items])
                 for ks, parent in result.cut_parents:  # booked below a block the Store does not hold: an orphan
                     ledger.observe(ks, [parent], [False])
             done = {key for key, _value in finished}
         with self._lock:
             for batch in batches:
-                entries = self._by_space[batch.number]
-                for key, h, stored in zip(batch.keys, batch.hashes, batch.values):
-                    if (done is None or key in done) and entries.get(h) is stored:
-                        del entries[h]
-                        self._count -= 1
+                self._remove(batch, done)
             if self._count == 0:  # nothing refers to the old key spaces any more
                 self._spaces.clear()
                 self._space_number.clear()
                 self._by_space.clear()
+                self._sizes.clear()
             self.confirmed += booked
             self.unconfirmed += result.unconfirmed
             for name, n in result.unknown_namespace.items():
@@ -295,6 +318,29 @@ class PendingWrites:
                                                       + result.unknown_namespace_bytes[name])
         result.checked = checked
         result.confirmed = booked
+
+    def _remove(self, batch: _Batch, done: set[str] | None) -> None:
+        """Remove a batch's finished blocks (all when ``done`` is None); a kept block whose predecessor in its report
+        left takes the head's bytes and time itself (under the lock)."""
+        entries = self._by_space[batch.number]
+        gone_before = False
+        for key, h, stored, parent, size, seen in zip(batch.keys, batch.hashes, batch.stored, batch.parents,
+                                                      batch.sizes, batch.seen):
+            if entries.get(h) is not stored:  # reported again meanwhile: leave it
+                gone_before = False
+                continue
+            if done is None or key in done:
+                del entries[h]
+                self._count -= 1
+                gone_before = True
+            else:
+                if gone_before and type(stored) is not tuple:
+                    entries[h] = (parent, size, seen)
+                gone_before = False
+        if gone_before and batch.after is not None and batch.stored:
+            nxt = entries.get(batch.after)
+            if nxt is not None and type(nxt) is not tuple:  # it continued the last removed block's report
+                entries[batch.after] = (nxt, batch.sizes[-1], batch.seen[-1])
 
     def _sort_out(self, store: Any, taken: list[tuple[str, _Value]], present: list[bool],
                   alternates: Callable[[], Sequence[Alternate]] | None,
@@ -398,15 +444,16 @@ def _by_keyspace(items: Sequence[tuple[str, _Value]]) -> list[tuple[KeySpace, li
     return out
 
 
-def _book_runs(ledger: Ledger, ks: KeySpace, hashes: Sequence[bytes], values: Sequence[Any]) -> None:
-    """``record_put`` confirmed blocks of one key space in report order (``values[i]`` starts with the parent hash
-    and the bytes), each run of consecutive blocks of one chain in one call."""
+def _book_runs(ledger: Ledger, ks: KeySpace, hashes: Sequence[bytes], parents: Sequence[bytes | None],
+               sizes: Sequence[int]) -> None:
+    """``record_put`` confirmed blocks of one key space in report order, each run of consecutive blocks of one chain
+    in one call."""
     start = 0
     n = len(hashes)
     while start < n:
-        parent, size = values[start][0], values[start][1]
+        parent, size = parents[start], sizes[start]
         end = start + 1
-        while end < n and values[end][0] == hashes[end - 1] and values[end][1] == size:
+        while end < n and parents[end] == hashes[end - 1] and sizes[end] == size:
             end += 1
         ledger.record_put(ks, hashes[start:end], parent, [Outcome.STORED] * (end - start), size)
         start = end

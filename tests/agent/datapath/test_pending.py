@@ -133,3 +133,30 @@ def test_a_store_error_books_and_drops_nothing() -> None:
     with pytest.raises(StoreError):
         pending.confirm(store, ledger)
     assert len(pending) == 3 and booked(ledger) == set() and pending.unconfirmed == 0
+
+
+def test_blocks_left_after_a_partial_check_keep_their_report_time_and_bytes() -> None:
+    clock, ledger = Clock(), Ledger()
+    pending = PendingWrites(grace=5.0, clock=clock)
+    h = chain(10)
+    pending.add(KS, h, None, SIZE)
+    store = holding(h)
+    assert pending.confirm(store, ledger, limit=4).confirmed == 4
+    clock.now += 60.0  # long past the grace: the rest is still checked as reported, and booked with its bytes
+    assert pending.confirm(store, ledger).confirmed == 6
+    assert ledger.table(KS).bytes == 10 * SIZE and booked(ledger) == {KS.primary_key(x) for x in h}
+
+
+def test_a_block_kept_after_its_reports_first_block_left_keeps_its_grace() -> None:
+    clock, ledger = Clock(), Ledger()
+    pending = PendingWrites(grace=5.0, clock=clock)
+    h = chain(3)
+    pending.add(KS, h, None, SIZE)
+    store = holding([h[0], h[2]])  # the middle block is not there (yet)
+    clock.now += 1.0
+    result = pending.confirm(store, ledger)
+    assert (result.confirmed, result.waiting) == (1, 2)  # the third waits for its parent's verdict
+    clock.now += 4.0  # 5 s after the report: the middle block's grace is over
+    result = pending.confirm(store, ledger)
+    assert (result.confirmed, result.unconfirmed) == (1, 1)
+    assert ledger.table(KS).orphaned_blocks == 1 and ledger.table(KS).bytes == 2 * SIZE
