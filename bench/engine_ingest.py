@@ -30,9 +30,10 @@ Hostile input (issue 16 item 4), measured next to the ratios:
   with the release's real hashes) and then single-block Store events (147 bytes each) whose parent is its last
   block, as a local process can publish them: CPU milliseconds per hostile event, events per second, and the
   attributor's GPU-memo lookups per event (an operation count);
-* ``hostile_memory`` (a fresh interpreter, so its high-water is its own): ``--hostile-events`` (300) GPU events of
-  200k tokens each, one at a time; the process's resident high-water before and after (MiB) and what the
-  attributor says it holds (``memory_bytes``, when it accounts for it).
+* ``hostile_memory`` (a fresh interpreter, so its high-water is its own: ``VmHWM``): ``--hostile-events`` (300) GPU
+  events of 200k tokens each, one at a time; the process's resident memory before and after and its high-water
+  (MiB), and what the attributor says it holds (``memory_bytes``, when it accounts for it); ``hostile_memory_one_block``
+  the same with events that name a single block each (the worst case for a memo bounded by entries).
 
 Goal: attribution ≥ 50,000 Store blocks/s/core. The last stdout line is one JSON object.
 """
@@ -44,7 +45,6 @@ import gc
 import json
 import os
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -257,14 +257,17 @@ class _CountingMemo(OrderedDict):  # type: ignore[type-arg]
 
 
 def _long_gpu_message(meta: dict[str, Any], tokens: int, seq: int, rng: random.Random,
-                      hashed: bool = True) -> tuple[list[bytes], list[Any], list[int]]:
+                      hashed: bool = True, blocks: int | None = None) -> tuple[list[bytes], list[Any], list[int]]:
     """One GPU prefix-cache message of ``tokens`` tokens (whole blocks; real chained hashes when ``hashed``, else
-    random 64-bit ones): its frames, the block refs and the token ids."""
+    random 64-bit ones; ``blocks``: name only that many blocks, random hashes): its frames, the block refs and the
+    token ids."""
     from agent.datapath.hashing import VllmBlockHasher
 
     bs = meta["block_size"]
     n = tokens // bs
     toks = [rng.randrange(1024) for _ in range(n * bs)]
+    if blocks is not None:
+        n, hashed = blocks, False
     if hashed:
         digests = VllmBlockHasher(meta["hash_algo"], block_size=bs, seed=meta["PYTHONHASHSEED"]).block_hashes(toks)
         refs: list[Any] = [external_hash(d, True) for d in digests]
@@ -314,8 +317,19 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
 
-def _hostile_memory_here(events: int, tokens: int) -> dict[str, Any]:
-    """In this process: feed ``events`` long GPU events one at a time; resident memory before, after, high-water."""
+def _high_water_mib() -> float:
+    """This process's resident high-water (``VmHWM``: since its ``exec``; ``ru_maxrss`` would include the memory of
+    the parent it was forked from)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _hostile_memory_here(events: int, tokens: int, blocks: int | None = None) -> dict[str, Any]:
+    """In this process: feed ``events`` long GPU events one at a time (naming ``blocks`` blocks each, default all);
+    resident memory before, after, high-water."""
     from agent.engines.vllm.attribution import Attributor
 
     meta, _pool = captured_blocks()
@@ -324,22 +338,23 @@ def _hostile_memory_here(events: int, tokens: int) -> dict[str, Any]:
     gc.collect()
     before = _rss_mib()
     for seq in range(events):
-        raw, _refs, _toks = _long_gpu_message(meta, tokens, seq, rng, hashed=False)
+        raw, _refs, _toks = _long_gpu_message(meta, tokens, seq, rng, hashed=False, blocks=blocks)
         att.handle_frames(raw)
         del raw, _refs, _toks
     gc.collect()
     after = _rss_mib()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _high_water_mib()
     snap = att.snapshot()
     return {"events": events, "tokens_per_event": tokens, "rss_before_mib": round(before, 1),
             "rss_after_mib": round(after, 1), "rss_high_water_mib": round(peak, 1),
             "gpu_memo_blocks": snap.get("gpu_memo_blocks"), "memory_bytes": snap.get("memory_bytes")}
 
 
-def hostile_memory(events: int = HOSTILE_EVENTS, tokens: int = HOSTILE_TOKENS) -> dict[str, Any]:
+def hostile_memory(events: int = HOSTILE_EVENTS, tokens: int = HOSTILE_TOKENS,
+                   blocks: int | None = None) -> dict[str, Any]:
     """:func:`_hostile_memory_here` in a fresh interpreter (its own resident high-water)."""
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.engine_ingest import "
-            f"_hostile_memory_here as m; print(json.dumps(m({events}, {tokens})))")
+            f"_hostile_memory_here as m; print(json.dumps(m({events}, {tokens}, {blocks})))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -383,8 +398,10 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
           + ("" if quick else f": {'met' if out['meets_goal'] else 'NOT met'}"))
     walk = hostile_walk(hostile_tokens, cpu_s=1.0 if quick else HOSTILE_CPU_S)
     memory = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens)
+    one = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens, blocks=1)
     out["hostile_walk"] = walk
     out["hostile_memory"] = memory
+    out["hostile_memory_one_block"] = one
     print(f"hostile: GPU event of {walk['tokens']:,} tokens ({walk['gpu_blocks']:,} blocks, "
           f"{walk['gpu_event_cpu_ms']:,} ms), then {walk['events']:,} Store events of {walk['event_bytes']} bytes "
           f"below its last block: {walk['cpu_ms_per_event']:,} ms CPU/event, {walk['events_per_s']:,} events/s, "
@@ -392,6 +409,9 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
     print(f"hostile: {memory['events']} GPU events of {memory['tokens_per_event']:,} tokens: resident "
           f"{memory['rss_before_mib']} -> {memory['rss_after_mib']} MiB (high-water {memory['rss_high_water_mib']} "
           f"MiB), attributor holds {memory['memory_bytes']} bytes in {memory['gpu_memo_blocks']} memo blocks")
+    print(f"hostile: {one['events']} GPU events of {one['tokens_per_event']:,} tokens naming one block each (a bound "
+          f"by entries keeps them all): resident {one['rss_before_mib']} -> {one['rss_after_mib']} MiB (high-water "
+          f"{one['rss_high_water_mib']} MiB), attributor holds {one['memory_bytes']} bytes")
     return out
 
 
