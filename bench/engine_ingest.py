@@ -19,6 +19,8 @@ Measured with process CPU time, single thread:
   (``record_put``): the whole path of an engine-written block;
 * ``attribution_no_ledger``: the same, the confirmation counting only;
 * ``attribution_hints``: ``handle_frames`` alone (the attribution thread's share; confirmation runs elsewhere);
+* ``attribution_agent_gc``: ``attribution`` with the collector thresholds the agent runs with
+  (``agent.node.engines.ENGINE_GC_THRESHOLD``; the other figures use Python's defaults);
 * ``attribution_budget``: with a ``BudgetEnforcer`` listening on the ledger as well (its prefix-aware policy
   tracks every inserted block), as a node that enforces budgets runs it (reported, not judged);
 * baselines: ``decode`` (``decode_message`` alone) and ``hash`` (``VllmBlockHasher.block_hashes`` of the same
@@ -195,12 +197,14 @@ def measure(stream: dict[str, Any], repeats: int) -> dict[str, Any]:
     from agent.datapath.budget import BudgetEnforcer
     from agent.datapath.ledger import Ledger
     from agent.engines.vllm.attribution import Attributor
+    from agent.node.engines import ENGINE_GC_THRESHOLD
     from agent.node.ledger_file import open_ledger_file
 
     msgs = stream["messages"]
     n = stream["store_blocks"]
     instance = stream["instance"]
-    best = {"attribution": float("inf"), "attribution_no_ledger": float("inf"), "attribution_hints": float("inf"),
+    best = {"attribution": float("inf"), "attribution_agent_gc": float("inf"), "attribution_no_ledger": float("inf"),
+            "attribution_hints": float("inf"),
             "attribution_budget": float("inf"), "attribution_persisted": float("inf"), "decode": float("inf"),
             "hash": float("inf")}
     check: dict[str, Any] = {}
@@ -212,6 +216,14 @@ def measure(stream: dict[str, Any], repeats: int) -> dict[str, Any]:
         check = {"attributed": snap["attributed"], "by_group": snap["by_group"],
                  "ledger_blocks": sum(row["blocks"] for row in ledger.snapshot()),
                  "not_attributed": snap["blocks_seen"] - snap["attributed"], "decode_errors": snap["decode_errors"]}
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*ENGINE_GC_THRESHOLD)
+        try:
+            tuned = Attributor(instance, Ledger())
+            best["attribution_agent_gc"] = min(best["attribution_agent_gc"], _cpu(_with_confirm(tuned, msgs), msgs))
+        finally:
+            gc.set_threshold(*thresholds)
+        del tuned
         bare = Attributor(instance, None)
         best["attribution_no_ledger"] = min(best["attribution_no_ledger"], _cpu(_with_confirm(bare, msgs), msgs))
         hints = Attributor(instance, None, memory_bytes=1 << 30)
@@ -372,6 +384,7 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
         "bench": "engine_ingest", "quick": quick, "requests": requests, "blocks_per_request": blocks,
         "messages": len(stream["messages"]), "store_blocks": n,
         "attribution_blocks_per_s": round(rates["attribution"]),
+        "attribution_agent_gc_blocks_per_s": round(rates["attribution_agent_gc"]),
         "attribution_no_ledger_blocks_per_s": round(rates["attribution_no_ledger"]),
         "attribution_hints_blocks_per_s": round(rates["attribution_hints"]),
         "attribution_budget_blocks_per_s": round(rates["attribution_budget"]),
@@ -386,6 +399,7 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
     print(f"stream: {requests} requests x {blocks} blocks, {len(stream['messages'])} messages, "
           f"{n} Store blocks ({'all' if ok_attr else 'NOT all'} attributed: {result['check']['by_group']})")
     print(f"attribution (ledger)      {rates['attribution']:>12,.0f} blocks/s/core")
+    print(f"attribution (agent's GC)  {rates['attribution_agent_gc']:>12,.0f} blocks/s/core (ENGINE_GC_THRESHOLD)")
     print(f"attribution (no ledger)   {rates['attribution_no_ledger']:>12,.0f} blocks/s/core")
     print(f"attribution (hints only)  {rates['attribution_hints']:>12,.0f} blocks/s/core (handle_frames alone)")
     print(f"attribution (+budget)     {rates['attribution_budget']:>12,.0f} blocks/s/core (not judged)")
