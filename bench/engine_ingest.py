@@ -13,13 +13,29 @@ messages from ``agent.engines.vllm.events.encode_message`` (vLLM's exact bytes).
 
 Measured with process CPU time, single thread:
 
-* ``attribution``: ``Attributor.handle_frames`` for every message, recording into a real ``Ledger`` (decode,
-  group resolution, hash rebuild, comparison, Store key, ``record_put``);
-* ``attribution_no_ledger``: the same without a ledger;
+* ``attribution``: ``Attributor.handle_frames`` for every message (decode, group resolution, hash rebuild,
+  comparison, Store key, the pending set) and, every ``CONFIRM_EVERY`` messages as the maintenance tick does,
+  ``Attributor.confirm`` against an in-memory Store that holds every key, booking into a real ``Ledger``
+  (``record_put``): the whole path of an engine-written block;
+* ``attribution_no_ledger``: the same, the confirmation counting only;
+* ``attribution_hints``: ``handle_frames`` alone (the attribution thread's share; confirmation runs elsewhere);
+* ``attribution_agent_gc``: ``attribution`` with the collector thresholds the agent runs with
+  (``agent.node.engines.ENGINE_GC_THRESHOLD``; the other figures use Python's defaults);
 * ``attribution_budget``: with a ``BudgetEnforcer`` listening on the ledger as well (its prefix-aware policy
   tracks every inserted block), as a node that enforces budgets runs it (reported, not judged);
 * baselines: ``decode`` (``decode_message`` alone) and ``hash`` (``VllmBlockHasher.block_hashes`` of the same
   blocks, one call per request: the inherent cost of checking every hash).
+
+Hostile input (issue 16 item 4), measured next to the ratios:
+
+* ``hostile_walk``: one long GPU prefix-cache event (``--hostile-tokens``, 200k tokens by default: 6,250 blocks
+  with the release's real hashes) and then single-block Store events (147 bytes each) whose parent is its last
+  block, as a local process can publish them: CPU milliseconds per hostile event, events per second, and the
+  attributor's GPU-memo lookups per event (an operation count);
+* ``hostile_memory`` (a fresh interpreter, so its high-water is its own: ``VmHWM``): ``--hostile-events`` (300) GPU
+  events of 200k tokens each, one at a time; the process's resident memory before and after and its high-water
+  (MiB), and what the attributor says it holds (``memory_bytes``, when it accounts for it); ``hostile_memory_one_block``
+  the same with events that name a single block each (the worst case for a memo bounded by entries).
 
 Goal: attribution ≥ 50,000 Store blocks/s/core. The last stdout line is one JSON object.
 """
@@ -29,9 +45,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import random
+import subprocess
 import sys
 import tempfile
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +68,8 @@ from agent.engines.vllm.events import (  # noqa: E402
 )
 
 GOAL_BLOCKS_PER_S = 50_000
+#: Messages between two confirmation steps in the measured loops (a 2 s tick at about 2,000 messages/s).
+CONFIRM_EVERY = 4096
 DATA = ROOT / "tests" / "data" / "vllm"
 RUN = "embedded-int"
 SALT = "groupA-salt"
@@ -145,42 +167,79 @@ def _cpu(fn, items) -> float:
     return time.process_time() - t0
 
 
+class _HoldsEverything:
+    """An in-memory Store client that holds every key it is asked about (as if every reported write landed)."""
+
+    tenant_id = "bench"
+
+    def exists(self, keys: list[str]) -> list[int]:
+        return [1] * len(keys)
+
+
+def _with_confirm(att: Any, msgs: list[list[bytes]]) -> Any:
+    """``handle_frames`` per message, and a confirmation step every ``CONFIRM_EVERY`` messages and at the end."""
+    store = _HoldsEverything()
+    last = msgs[-1]
+    count = 0
+
+    def step(m: list[bytes]) -> None:
+        nonlocal count
+        att.handle_frames(m)
+        count += 1
+        if count % CONFIRM_EVERY == 0 or m is last:
+            while att.pending.has_work():
+                att.confirm(store)
+    return step
+
+
 def measure(stream: dict[str, Any], repeats: int) -> dict[str, Any]:
     """Best-of-``repeats`` CPU seconds of attribution (with and without a ledger) and of both baselines."""
     from agent.datapath.budget import BudgetEnforcer
     from agent.datapath.ledger import Ledger
     from agent.engines.vllm.attribution import Attributor
+    from agent.node.engines import ENGINE_GC_THRESHOLD
     from agent.node.ledger_file import open_ledger_file
 
     msgs = stream["messages"]
     n = stream["store_blocks"]
     instance = stream["instance"]
-    best = {"attribution": float("inf"), "attribution_no_ledger": float("inf"),
+    best = {"attribution": float("inf"), "attribution_agent_gc": float("inf"), "attribution_no_ledger": float("inf"),
+            "attribution_hints": float("inf"),
             "attribution_budget": float("inf"), "attribution_persisted": float("inf"), "decode": float("inf"),
             "hash": float("inf")}
     check: dict[str, Any] = {}
     for _ in range(repeats):
         ledger = Ledger()
         att = Attributor(instance, ledger)
-        best["attribution"] = min(best["attribution"], _cpu(att.handle_frames, msgs))
+        best["attribution"] = min(best["attribution"], _cpu(_with_confirm(att, msgs), msgs))
         snap = att.snapshot()
         check = {"attributed": snap["attributed"], "by_group": snap["by_group"],
                  "ledger_blocks": sum(row["blocks"] for row in ledger.snapshot()),
                  "not_attributed": snap["blocks_seen"] - snap["attributed"], "decode_errors": snap["decode_errors"]}
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*ENGINE_GC_THRESHOLD)
+        try:
+            tuned = Attributor(instance, Ledger())
+            best["attribution_agent_gc"] = min(best["attribution_agent_gc"], _cpu(_with_confirm(tuned, msgs), msgs))
+        finally:
+            gc.set_threshold(*thresholds)
+        del tuned
         bare = Attributor(instance, None)
-        best["attribution_no_ledger"] = min(best["attribution_no_ledger"], _cpu(bare.handle_frames, msgs))
+        best["attribution_no_ledger"] = min(best["attribution_no_ledger"], _cpu(_with_confirm(bare, msgs), msgs))
+        hints = Attributor(instance, None, memory_bytes=1 << 30)
+        best["attribution_hints"] = min(best["attribution_hints"], _cpu(hints.handle_frames, msgs))
         budgeted = Ledger()
         BudgetEnforcer(budgeted)
         with_budget = Attributor(instance, budgeted)
-        best["attribution_budget"] = min(best["attribution_budget"], _cpu(with_budget.handle_frames, msgs))
-        del budgeted, with_budget, ledger, att, bare
+        best["attribution_budget"] = min(best["attribution_budget"], _cpu(_with_confirm(with_budget, msgs), msgs))
+        del budgeted, with_budget, ledger, att, bare, hints
         with tempfile.TemporaryDirectory(prefix="kvpool-bench-ledger-") as tmp:  # + the agent's ledger file
             persisted = Ledger()
             ledger_file = open_ledger_file(persisted, tmp, flush_interval=3600)
             with_file = Attributor(instance, persisted)
+            confirmed = _with_confirm(with_file, msgs)
             best["attribution_persisted"] = min(best["attribution_persisted"], _cpu(
-                lambda m, a=with_file, f=ledger_file: (a.handle_frames(m), f.flush() if m is msgs[-1] else 0),
-                msgs))
+                lambda m, f=ledger_file, c=confirmed: (c(m), f.flush() if m is msgs[-1] else 0), msgs))
             ledger_file.close()
             del persisted, with_file
         best["decode"] = min(best["decode"], _cpu(decode_message, msgs))
@@ -192,7 +251,128 @@ def measure(stream: dict[str, Any], repeats: int) -> dict[str, Any]:
     return {"seconds": best, "rates": rates, "check": check, "hashed_blocks": hashed_blocks}
 
 
-def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -> dict[str, Any]:
+HOSTILE_TOKENS = 200_000
+HOSTILE_EVENTS = 300
+#: CPU seconds the walk case may spend on hostile events (it stops earlier at ``HOSTILE_MAX_EVENTS``).
+HOSTILE_CPU_S = 3.0
+HOSTILE_MAX_EVENTS = 20_000
+
+
+class _CountingMemo(OrderedDict):  # type: ignore[type-arg]
+    """A dict that counts ``get`` calls (the attributor's GPU-memo lookups: one per parent-walk step)."""
+
+    lookups = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        _CountingMemo.lookups += 1
+        return super().get(key, default)
+
+
+def _long_gpu_message(meta: dict[str, Any], tokens: int, seq: int, rng: random.Random,
+                      hashed: bool = True, blocks: int | None = None) -> tuple[list[bytes], list[Any], list[int]]:
+    """One GPU prefix-cache message of ``tokens`` tokens (whole blocks; real chained hashes when ``hashed``, else
+    random 64-bit ones; ``blocks``: name only that many blocks, random hashes): its frames, the block refs and the
+    token ids."""
+    from agent.datapath.hashing import VllmBlockHasher
+
+    bs = meta["block_size"]
+    n = tokens // bs
+    toks = [rng.randrange(1024) for _ in range(n * bs)]
+    if blocks is not None:
+        n, hashed = blocks, False
+    if hashed:
+        digests = VllmBlockHasher(meta["hash_algo"], block_size=bs, seed=meta["PYTHONHASHSEED"]).block_hashes(toks)
+        refs: list[Any] = [external_hash(d, True) for d in digests]
+    else:
+        refs = [rng.getrandbits(64) for _ in range(n)]
+    gpu = BlockStored(block_hashes=refs, parent_block_hash=None, token_ids=toks, block_size=bs, lora_id=None,
+                      medium="GPU", lora_name=None, extra_keys=[None] * n, group_idx=0,
+                      kv_cache_spec_kind="full_attention")
+    return encode_message(TOPIC, seq, EventBatch(1796134464.0, [gpu], 0)), refs, toks
+
+
+def hostile_walk(tokens: int = HOSTILE_TOKENS, *, cpu_s: float = HOSTILE_CPU_S,
+                 max_events: int = HOSTILE_MAX_EVENTS) -> dict[str, Any]:
+    """The crafted long-GPU-event attack (module docstring): CPU per hostile Store event and memo lookups."""
+    from agent.engines.vllm.attribution import Attributor
+
+    meta, _pool = captured_blocks()
+    rng = random.Random(16)
+    att = Attributor(instance_spec(meta), None)
+    gpu_frames, refs, toks = _long_gpu_message(meta, tokens, 0, rng)
+    t0 = time.process_time()
+    att.handle_frames(gpu_frames)
+    gpu_cpu = time.process_time() - t0
+    memo = _CountingMemo(att._gpu)  # noqa: SLF001 - counting the memo's lookups is the point
+    att._gpu = memo  # noqa: SLF001
+    bs = meta["block_size"]
+    events = 0
+    spent = 0.0
+    _CountingMemo.lookups = 0
+    while spent < cpu_s and events < max_events:
+        ev = BlockStored(block_hashes=[rng.getrandbits(64)], parent_block_hash=refs[-1], token_ids=toks[:bs],
+                         block_size=bs, lora_id=None, medium="cpu", lora_name=None, group_idx=0)
+        raw = encode_message(TOPIC, events + 1, EventBatch(1796134465.0, [ev], 0))
+        t0 = time.process_time()
+        att.handle_frames(raw)
+        spent += time.process_time() - t0
+        events += 1
+    per_event = spent / max(events, 1)
+    return {"tokens": tokens, "gpu_blocks": len(refs), "gpu_event_cpu_ms": round(gpu_cpu * 1e3, 1),
+            "events": events, "event_bytes": len(raw[2]), "cpu_ms_per_event": round(per_event * 1e3, 4),
+            "events_per_s": round(events / max(spent, 1e-9)),
+            "memo_lookups_per_event": round(_CountingMemo.lookups / max(events, 1), 1)}
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _high_water_mib() -> float:
+    """This process's resident high-water (``VmHWM``: since its ``exec``; ``ru_maxrss`` would include the memory of
+    the parent it was forked from)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _hostile_memory_here(events: int, tokens: int, blocks: int | None = None) -> dict[str, Any]:
+    """In this process: feed ``events`` long GPU events one at a time (naming ``blocks`` blocks each, default all);
+    resident memory before, after, high-water."""
+    from agent.engines.vllm.attribution import Attributor
+
+    meta, _pool = captured_blocks()
+    rng = random.Random(4)
+    att = Attributor(instance_spec(meta), None)
+    gc.collect()
+    before = _rss_mib()
+    for seq in range(events):
+        raw, _refs, _toks = _long_gpu_message(meta, tokens, seq, rng, hashed=False, blocks=blocks)
+        att.handle_frames(raw)
+        del raw, _refs, _toks
+    gc.collect()
+    after = _rss_mib()
+    peak = _high_water_mib()
+    snap = att.snapshot()
+    return {"events": events, "tokens_per_event": tokens, "rss_before_mib": round(before, 1),
+            "rss_after_mib": round(after, 1), "rss_high_water_mib": round(peak, 1),
+            "gpu_memo_blocks": snap.get("gpu_memo_blocks"), "memory_bytes": snap.get("memory_bytes")}
+
+
+def hostile_memory(events: int = HOSTILE_EVENTS, tokens: int = HOSTILE_TOKENS,
+                   blocks: int | None = None) -> dict[str, Any]:
+    """:func:`_hostile_memory_here` in a fresh interpreter (its own resident high-water)."""
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT)!r}); from bench.engine_ingest import "
+            f"_hostile_memory_here as m; print(json.dumps(m({events}, {tokens}, {blocks})))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
+        hostile_tokens: int = HOSTILE_TOKENS, hostile_events: int | None = None) -> dict[str, Any]:
     """Build the stream, measure, print a summary; returns the result dict (the JSON line's content)."""
     requests = requests or (300 if quick else 4000)
     stream = build_stream(requests, blocks)
@@ -204,7 +384,9 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -
         "bench": "engine_ingest", "quick": quick, "requests": requests, "blocks_per_request": blocks,
         "messages": len(stream["messages"]), "store_blocks": n,
         "attribution_blocks_per_s": round(rates["attribution"]),
+        "attribution_agent_gc_blocks_per_s": round(rates["attribution_agent_gc"]),
         "attribution_no_ledger_blocks_per_s": round(rates["attribution_no_ledger"]),
+        "attribution_hints_blocks_per_s": round(rates["attribution_hints"]),
         "attribution_budget_blocks_per_s": round(rates["attribution_budget"]),
         "attribution_persisted_blocks_per_s": round(rates["attribution_persisted"]),
         "decode_blocks_per_s": round(rates["decode"]), "hash_blocks_per_s": round(rates["hash"]),
@@ -217,7 +399,9 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -
     print(f"stream: {requests} requests x {blocks} blocks, {len(stream['messages'])} messages, "
           f"{n} Store blocks ({'all' if ok_attr else 'NOT all'} attributed: {result['check']['by_group']})")
     print(f"attribution (ledger)      {rates['attribution']:>12,.0f} blocks/s/core")
+    print(f"attribution (agent's GC)  {rates['attribution_agent_gc']:>12,.0f} blocks/s/core (ENGINE_GC_THRESHOLD)")
     print(f"attribution (no ledger)   {rates['attribution_no_ledger']:>12,.0f} blocks/s/core")
+    print(f"attribution (hints only)  {rates['attribution_hints']:>12,.0f} blocks/s/core (handle_frames alone)")
     print(f"attribution (+budget)     {rates['attribution_budget']:>12,.0f} blocks/s/core (not judged)")
     print(f"attribution (+ledger file){rates['attribution_persisted']:>12,.0f} blocks/s/core (not judged; "
           "agent.node.ledger_file, its writes included)")
@@ -226,6 +410,22 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16) -
     print(f"ratio attribution/hashing {out['ratio_vs_hash']:.3f}; attribution/decode {out['ratio_vs_decode']:.3f}; "
           f"goal {GOAL_BLOCKS_PER_S:,} blocks/s/core"
           + ("" if quick else f": {'met' if out['meets_goal'] else 'NOT met'}"))
+    walk = hostile_walk(hostile_tokens, cpu_s=1.0 if quick else HOSTILE_CPU_S)
+    memory = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens)
+    one = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens, blocks=1)
+    out["hostile_walk"] = walk
+    out["hostile_memory"] = memory
+    out["hostile_memory_one_block"] = one
+    print(f"hostile: GPU event of {walk['tokens']:,} tokens ({walk['gpu_blocks']:,} blocks, "
+          f"{walk['gpu_event_cpu_ms']:,} ms), then {walk['events']:,} Store events of {walk['event_bytes']} bytes "
+          f"below its last block: {walk['cpu_ms_per_event']:,} ms CPU/event, {walk['events_per_s']:,} events/s, "
+          f"{walk['memo_lookups_per_event']:,} memo lookups/event")
+    print(f"hostile: {memory['events']} GPU events of {memory['tokens_per_event']:,} tokens: resident "
+          f"{memory['rss_before_mib']} -> {memory['rss_after_mib']} MiB (high-water {memory['rss_high_water_mib']} "
+          f"MiB), attributor holds {memory['memory_bytes']} bytes in {memory['gpu_memo_blocks']} memo blocks")
+    print(f"hostile: {one['events']} GPU events of {one['tokens_per_event']:,} tokens naming one block each (a bound "
+          f"by entries keeps them all): resident {one['rss_before_mib']} -> {one['rss_after_mib']} MiB (high-water "
+          f"{one['rss_high_water_mib']} MiB), attributor holds {one['memory_bytes']} bytes")
     return out
 
 
@@ -234,8 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short stream (smoke run; goal not judged)")
     parser.add_argument("--requests", type=int, default=None, help="requests in the stream")
     parser.add_argument("--blocks", type=int, default=16, help="full blocks per request")
+    parser.add_argument("--hostile-tokens", type=int, default=HOSTILE_TOKENS,
+                        help="tokens of each hostile GPU event")
+    parser.add_argument("--hostile-events", type=int, default=None,
+                        help=f"GPU events of the memory case ({HOSTILE_EVENTS}; 30 with --quick)")
     args = parser.parse_args(argv)
-    out = run(args.quick, requests=args.requests, blocks=args.blocks)
+    out = run(args.quick, requests=args.requests, blocks=args.blocks, hostile_tokens=args.hostile_tokens,
+              hostile_events=args.hostile_events)
     print(json.dumps(out))
     return 0 if out["all_attributed"] and out["meets_goal"] is not False else 1
 

@@ -30,6 +30,10 @@ Then the real engines (from the per-instance facts of the agents' reports, ``das
    config (``unknown_topic_blocks``).
 8. ``engine_events_flow`` — *Engines' events reach their agent*: every observed engine answers its ``/metrics``,
    one that serves requests sends KV events, and none were lost (``seq_gaps``) or garbled.
+9. ``engine_writes_in_store`` — *Engines write where the registry says*: no observed engine writes under a namespace
+   that is not its release's (``unknown_namespace_keys``, named by key prefix with its keys and bytes), and every
+   write an engine reported stored was found in the Store (``unconfirmed``: forged events, or writes the master
+   dropped although the engine got a success code — upstream Mooncake #3741).
 
 8b. ``engine_events_trusted`` — *Only the instance publishes as the instance*: every observed instance's KV events
    come from a socket only its account can have made (``events_status`` ``connected`` or ``waiting``); one its
@@ -38,7 +42,7 @@ Then the real engines (from the per-instance facts of the agents' reports, ``das
 
 And the pool's capacity:
 
-9. ``quota_capacity`` — *Applying a Mooncake quota to each logical tenant.* (seed overview): every tenant gets
+10. ``quota_capacity`` — *Applying a Mooncake quota to each logical tenant.* (seed overview): every tenant gets
    the quota it requests. From the newest master read-back of each tenant: the effective quota is not below the
    requested one (the master scales every quota down when the requested total exceeds the mounted memory —
    ``tenants.capacity``) and not below what the tenant is charged (the master then refuses its writes).
@@ -497,6 +501,33 @@ def check_engine_events_trusted(now: datetime) -> CheckResult:
                        _capped(problems))
 
 
+def check_engine_writes_in_store(now: datetime) -> CheckResult:
+    """Fail for an observed engine instance whose engine writes blocks under a key prefix that is not its release's
+    (``unknown_namespace_keys``: a mistyped ``cache_prefix``, another ``--model``; the blocks count nowhere in the
+    product) or that reported Store writes the Store did not hold (``unconfirmed``)."""
+    problems: list[str] = []
+    rows = _observed_engines()
+    for row in rows:
+        for name, keys, size in row.unknown_namespaces:
+            problems.append(f"{_where(row)}: its engine wrote {keys} key(s), {humanize_bytes(size)}, under namespace "
+                            f"{name}, not under its release's: restart it from its instance directory (check "
+                            "cache_prefix and --model)")
+        if row.unconfirmed:
+            problems.append(f"{_where(row)}: {row.unconfirmed} Store write(s) the engine reported were not in the "
+                            "Store (forged KV events, or writes the master dropped over the tenant's quota)")
+    passed = not problems
+    confirmed = sum(row.confirmed for row in rows)
+    if not rows:
+        summary = "no engine instance observed"
+    elif passed:
+        summary = f"{confirmed} engine-written block(s) of {len(rows)} instance(s) confirmed in the Store"
+    else:
+        summary = f"{len(problems)} engine write problem(s)"
+    return CheckResult("engine_writes_in_store", "Engines write where the registry says",
+                       "Use deterministic names that remain stable across restarts.", passed, summary,
+                       _capped(problems))
+
+
 # --- pool capacity ---------------------------------------------------------------------------------------------
 
 
@@ -654,7 +685,7 @@ def check_nodes_reporting(now: datetime) -> CheckResult:
 CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
     check_names_stable, check_pd_identical, check_namespace_changed, check_salts_stable, check_overlap_capacity,
     check_engines_hash_registered, check_blocks_registered, check_engine_events_flow, check_engine_events_trusted,
-    check_quota_capacity, check_budgets_fit, check_master_healthy, check_nodes_reporting,
+    check_engine_writes_in_store, check_quota_capacity, check_budgets_fit, check_master_healthy, check_nodes_reporting,
 )
 
 

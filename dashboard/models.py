@@ -245,6 +245,11 @@ class InstanceStats(models.Model):
     (``store_keys``). Where its KV events come from: ``events_endpoint``, ``events_status`` / ``events_problem``
     (``connected``, ``waiting``, or refused by its agent: ``refused``, ``insecure``, ``unobserved``),
     ``events_refusals`` and ``topic_mismatch`` (``agent.contract.messages.InstanceStats``).
+    Confirmation (engine events are hints the Store confirms, ``agent.datapath.pending``):
+    ``confirmed``, ``unconfirmed`` (the engine reported them stored, the Store does not hold them: forged events,
+    writes the master dropped — Mooncake #3741 —, blocks evicted before the check), ``pending`` (waiting now),
+    ``pending_overflow``, ``dropped_messages``; ``unknown_namespace_keys`` / ``unknown_namespace_bytes``: the
+    engine's blocks found under a key prefix that is not its release's, per key prefix (``<cache_prefix>@<model>``).
     """
 
     node_name = models.CharField(max_length=128)
@@ -272,6 +277,13 @@ class InstanceStats(models.Model):
     seq_resets = models.BigIntegerField(default=0)
     attributed_by_group = models.JSONField(default=dict, blank=True)
     last_error = models.TextField(blank=True, default="")
+    confirmed = models.BigIntegerField(default=0)
+    unconfirmed = models.BigIntegerField(default=0)
+    pending = models.BigIntegerField(default=0)
+    pending_overflow = models.BigIntegerField(default=0)
+    dropped_messages = models.BigIntegerField(default=0)
+    unknown_namespace_keys = models.JSONField(default=dict, blank=True)
+    unknown_namespace_bytes = models.JSONField(default=dict, blank=True)
     prefix_cache_queries = models.BigIntegerField(default=0)
     prefix_cache_hits = models.BigIntegerField(default=0)
     external_prefix_cache_queries = models.BigIntegerField(default=0)
@@ -289,9 +301,10 @@ class InstanceStats(models.Model):
 
     #: Counter columns (the ``agent.contract.messages.InstanceStats`` integer fields).
     COUNTERS = ("messages", "events", "blocks_seen", "attributed", "unknown_salt", "unknown_adapter", "hash_mismatch",
-                "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
-                "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
-                "external_prefix_cache_hits", "metrics_scrapes", "metrics_errors", "events_refusals", "topic_mismatch")
+                "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets", "confirmed",
+                "unconfirmed", "pending_overflow", "dropped_messages", "prefix_cache_queries", "prefix_cache_hits",
+                "external_prefix_cache_queries", "external_prefix_cache_hits", "metrics_scrapes", "metrics_errors",
+                "events_refusals", "topic_mismatch")
 
     class Meta:
         ordering = ["node_name", "instance_id"]
@@ -326,6 +339,13 @@ class InstanceStats(models.Model):
     def unknown_blocks(self) -> int:
         """Store blocks of the instance that belong to no registered request group or adapter."""
         return self.unknown_salt + self.unknown_adapter
+
+    @property
+    def unknown_namespaces(self) -> list[tuple[str, int, int]]:
+        """``(key prefix, keys, bytes)`` of every namespace the engine writes under that is not its release's."""
+        sizes = self.unknown_namespace_bytes or {}
+        return [(name, int(keys), int(sizes.get(name, 0)))
+                for name, keys in sorted((self.unknown_namespace_keys or {}).items())]
 
 
 class MasterQuotaSample(models.Model):

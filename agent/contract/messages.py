@@ -582,6 +582,15 @@ class InstanceStats(BaseModel):
     (malformed messages dropped), ``seq_gaps`` (messages lost per the sequence numbers), ``seq_resets``
     (publisher restarts); ``last_error``.
 
+    Confirmation (events are hints; ``agent.datapath.pending``): ``confirmed`` (attributed blocks whose keys the
+    Store held under the instance's tenant: booked), ``unconfirmed`` (attributed blocks whose keys were still absent
+    after the grace: forged events, writes the master dropped despite a success code — upstream Mooncake #3741 —,
+    or blocks evicted before the check), ``pending`` (waiting now), ``pending_overflow`` (reported while the
+    pending set was full, never checked), ``dropped_messages`` (received, never attributed: the instance's queue
+    was full). ``unknown_namespace_keys`` / ``unknown_namespace_bytes``: blocks of this instance's engine found in
+    the Store under another key prefix (a namespace the registry does not have: a mistyped ``cache_prefix``,
+    another ``--model``), per key prefix ``<cache_prefix>@<model>``; all default to empty so older agents validate.
+
     ``/metrics`` (``agent.engines.vllm.metrics``), increases since the agent started, in **tokens**:
     ``prefix_cache_queries``/``prefix_cache_hits`` (the engine's own prefix cache),
     ``external_prefix_cache_queries``/``external_prefix_cache_hits`` (the KV connector: the Store);
@@ -621,6 +630,13 @@ class InstanceStats(BaseModel):
     seq_resets: NonNegative = 0
     attributed_by_group: dict[str, NonNegative] = Field(default_factory=dict)
     last_error: str = ""
+    confirmed: NonNegative = 0
+    unconfirmed: NonNegative = 0
+    pending: NonNegative = 0
+    pending_overflow: NonNegative = 0
+    dropped_messages: NonNegative = 0
+    unknown_namespace_keys: dict[Annotated[str, Field(max_length=512)], NonNegative] = Field(default_factory=dict)
+    unknown_namespace_bytes: dict[Annotated[str, Field(max_length=512)], NonNegative] = Field(default_factory=dict)
     prefix_cache_queries: NonNegative = 0
     prefix_cache_hits: NonNegative = 0
     external_prefix_cache_queries: NonNegative = 0

@@ -17,15 +17,24 @@ applied config document (schema 2, ``agent.contract.messages``):
    to each vLLM instance's own socket (``ipc://kv-events.sock`` in its instance directory, bound by its engine;
    ``agent.contract.kv_events``) once it proved that only the instance's account could have made it
    (``agent.engines.vllm.transport``; retried with backoff, refusals reported per instance), attributes the
-   engines' Store writes into the node's ledger exactly as the connector records its own puts, and scrapes each
-   instance's ``/metrics``. A document without vLLM instances (or without ``node_settings``) runs no observer.
+   engines' Store writes (booked into the node's ledger, exactly as the connector records its own puts, once the
+   Store confirms them: **confirm** below), and scrapes each instance's ``/metrics``. A document without vLLM
+   instances (or without ``node_settings``) runs no observer.
 
 Accounts (``agent.node.accounts``, README "Users and permissions on a node"): each instance's directory belongs to
 the account its launch names (``LaunchSpec.user``), which must own its socket. An agent that is not privileged
 uses its own account for every instance and logs it once.
 
 A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) makes engine-written blocks behave like
-the simulator's (hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):
+the simulator's (confirmation, hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):
+
+* **confirm** (first) — engine events are hints: an attributed block waits in its instance's pending set until the
+  Store client of the instance's tenant finds its key (:meth:`NodeEngines.confirm_writes`,
+  ``agent.datapath.pending``); only then is it booked into the ledger, so the ledger matches the Store within a
+  tick of the write and nothing below (budgets, orphans) ever acts on a block the Store does not hold. Blocks still
+  absent after the grace are ``unconfirmed``; before that verdict the engines bound to the instance's events are
+  looked up in ``/proc`` (``agent.engines.vllm.processes``, at most every ``namespace_scan_interval`` seconds) and
+  the blocks checked under the key prefix they really write under (``unknown_namespace_keys``);
 
 * **hits** — the engines' external prefix-cache counters (tokens the KV connector looked up in / loaded from the
   Store) become the ledger's ``hit_blocks`` / ``miss_blocks`` of the instance's release scope
@@ -109,6 +118,9 @@ BUDGET_LOW_WATER = 0.9
 ENGINE_STORE_SEGMENT_BYTES = 0
 #: Transfer buffer of the maintenance Store clients (bytes; they move no data).
 ENGINE_STORE_BUFFER_BYTES = 16 << 20
+#: Seconds between scans of the node's engine command lines for the namespace an engine really writes under (only
+#: when some attributed block was not found in the Store).
+NAMESPACE_SCAN_INTERVAL = 30.0
 #: Log file of the node's ``mooncake_client``, in the agent's state directory.
 STORE_CLIENT_LOG = "mooncake_client.log"
 #: ``gc.set_threshold`` of an agent that observes engines (:func:`tune_gc`). The ledger and the eviction policy
@@ -168,6 +180,8 @@ class NodeEngines:
         segment_options: extra keyword arguments of the ``SegmentSupervisor`` (tests: ``binary``).
         is_privileged: whether instance directories are given to the instances' accounts (None: whether this
             process can, ``agent.node.accounts.privileged``; False: every instance uses the agent's account).
+        proc_root: where the engines' command lines are read (``/proc``; tests pass a directory of their own).
+        namespace_scan_interval: seconds between those scans.
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -182,7 +196,8 @@ class NodeEngines:
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
                  observer_options: Mapping[str, Any] | None = None,
-                 segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None) -> None:
+                 segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
+                 proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL) -> None:
         self.node = node
         self.ledger = ledger
         self.instance_root = Path(instance_root)
@@ -212,6 +227,12 @@ class NodeEngines:
         self.errors: dict[str, str] = {}
         self.removed_over_budget = 0
         self.removed_orphans = 0
+        self.proc_root = Path(proc_root)
+        self.namespace_scan_interval = namespace_scan_interval
+        self._launches: list[Any] = []              # agent.engines.vllm.processes.EngineLaunch of the last scan
+        self._launches_at: float | None = None      # time.monotonic() of that scan
+        #: Sums of every confirmation step: ``confirmed``, ``unconfirmed`` blocks.
+        self.confirm_totals = {"confirmed": 0, "unconfirmed": 0}
         self.foreign_check_interval = foreign_check_interval
         self._last_foreign_check: float | None = None
         self.privileged = privileged() if is_privileged is None else is_privileged
@@ -386,6 +407,7 @@ class NodeEngines:
                     except Exception as exc:
                         self._fail("observer", f"observing engines: {exc}")
             self.credit_hits()
+            self.confirm_writes()
             removed = self._enforce_budgets() if enforce else 0
             orphans = self._collect_orphans(now) if enforce else 0
             checked = missing = 0
@@ -399,6 +421,53 @@ class NodeEngines:
                 self._last_probe = now
                 checked, missing = self._reconcile(PROBE_SAMPLE)
         return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
+
+    def confirm_writes(self) -> dict[str, int]:
+        """Confirm every observed instance's reported Store writes with the Store client of its tenant
+        (``Attributor.confirm``: at most ``agent.datapath.pending.DEFAULT_CONFIRM_LIMIT`` blocks per instance); the
+        confirmed ones are booked into the ledger. Returns ``confirmed``, ``unconfirmed`` and ``waiting`` blocks of
+        this step. A Store failure is kept in :attr:`errors` (``store:<tenant>``) and retried next tick."""
+        out = {"confirmed": 0, "unconfirmed": 0, "waiting": 0}
+        observer = self.observer
+        if observer is None:
+            return out
+        for att in observer.attributors():
+            if not att.pending.has_work():
+                continue
+            tenant_id = att.instance.tenant_id
+            store = self._store(tenant_id)
+            if store is None:
+                continue
+            try:
+                result = att.confirm(store, alternates=lambda att=att: self._alternates(att.instance))
+            except Exception as exc:  # the next tick retries (a fresh client if this one broke)
+                self._fail(f"store:{tenant_id}", f"confirming engine writes of tenant {tenant_id} failed: {exc}")
+                self._close_store(tenant_id)
+                continue
+            out["confirmed"] += result.confirmed
+            out["unconfirmed"] += result.unconfirmed
+            out["waiting"] += result.waiting
+            if result.unconfirmed:
+                log.warning("node %s: instance %s reported %d Store write(s) the Store does not hold (forged events, "
+                            "writes the master dropped, or blocks evicted before the check)", self.node,
+                            att.instance_id, result.unconfirmed)
+            for name, count in result.unknown_namespace.items():
+                log.warning("node %s: instance %s's engine writes under %s, a namespace that is not its release's "
+                            "(%d block(s))", self.node, att.instance_id, name, count)
+        for name in ("confirmed", "unconfirmed"):
+            self.confirm_totals[name] += out[name]
+        return out
+
+    def _alternates(self, instance: Any) -> list[Any]:
+        """The other namespaces the engines bound to ``instance`` write under (``/proc`` scanned at most every
+        ``namespace_scan_interval`` seconds)."""
+        from agent.engines.vllm.processes import alternate_keys, scan_engines
+
+        now = time.monotonic()
+        if self._launches_at is None or now - self._launches_at >= self.namespace_scan_interval:
+            self._launches_at = now
+            self._launches = scan_engines(self.proc_root)
+        return alternate_keys(self._launches, instance, self.instance_root / instance.instance_id)
 
     def reconcile_now(self) -> dict[str, int]:
         """A tick that enforces the budgets and then checks every block of the ledger against the Store."""
@@ -623,6 +692,11 @@ class NodeEngines:
                 unresolved_parent=row["unresolved_parent"], unverifiable=row["unverifiable"],
                 decode_errors=row["decode_errors"], seq_gaps=row["seq_gaps"], seq_resets=row["seq_resets"],
                 attributed_by_group=row.get("by_group", {}), last_error=row.get("last_error", "")[:2000],
+                confirmed=row.get("confirmed", 0), unconfirmed=row.get("unconfirmed", 0),
+                pending=row.get("pending", 0), pending_overflow=row.get("pending_overflow", 0),
+                dropped_messages=row.get("dropped_messages", 0),
+                unknown_namespace_keys=row.get("unknown_namespace_keys", {}),
+                unknown_namespace_bytes=row.get("unknown_namespace_bytes", {}),
                 prefix_cache_queries=int(totals.get("prefix_cache_queries", 0)),
                 prefix_cache_hits=int(totals.get("prefix_cache_hits", 0)),
                 external_prefix_cache_queries=int(totals.get("external_prefix_cache_queries", 0)),
@@ -657,7 +731,8 @@ class NodeEngines:
                     "store_client": self.segment.pid if self.segment is not None else None,
                     "observer": sorted(self.observer.connected()) if self.observer is not None else None,
                     "stores": sorted(self._stores), "errors": dict(self.errors),
-                    "removed_over_budget": self.removed_over_budget, "removed_orphans": self.removed_orphans}
+                    "removed_over_budget": self.removed_over_budget, "removed_orphans": self.removed_orphans,
+                    **self.confirm_totals}
 
     # --- lifecycle ----------------------------------------------------------------------------------------
 
@@ -687,5 +762,5 @@ def _ints(values: Mapping[str, Any] | Iterable[Any]) -> dict[str, int]:
 
 
 __all__ = ["BUDGET_LOW_WATER", "DEFAULT_INTERVAL", "DEFAULT_METRICS_INTERVAL", "DEFAULT_RECONCILE_INTERVAL",
-           "ENGINE_GC_THRESHOLD",
+           "ENGINE_GC_THRESHOLD", "NAMESPACE_SCAN_INTERVAL",
            "ENGINE_STORE_SEGMENT_BYTES", "NodeEngines", "tune_gc"]

@@ -278,11 +278,13 @@ _STATS_COLUMNS = ("node_name", "instance_id", "engine", "tenant_id", "served_mod
                   "agent_started_at", "reported_at", "report_sequence", "observed_since", "last_event_at",
                   "messages", "events", "blocks_seen", "attributed", "unknown_salt", "unknown_adapter",
                   "hash_mismatch", "unresolved_parent", "unverifiable", "decode_errors", "seq_gaps", "seq_resets",
-                  "attributed_by_group", "last_error", "prefix_cache_queries", "prefix_cache_hits",
+                  "attributed_by_group", "last_error", "confirmed", "unconfirmed", "pending", "pending_overflow",
+                  "dropped_messages", "unknown_namespace_keys", "unknown_namespace_bytes",
+                  "prefix_cache_queries", "prefix_cache_hits",
                   "external_prefix_cache_queries", "external_prefix_cache_hits", "store_keys", "store_failed_keys",
                   "metrics_scrapes", "metrics_errors", "metrics_error", "events_endpoint", "events_status",
                   "events_problem", "events_refusals", "topic_mismatch")
-#: Rows per upsert statement (39 parameters each).
+#: Rows per upsert statement (46 parameters each: SQLite allows 32,766 per statement).
 STATS_CHUNK = 500
 
 

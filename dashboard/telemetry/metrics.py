@@ -36,7 +36,12 @@ Families (labels):
       ``kvpool_engine_last_event_age_seconds``, ``kvpool_engine_events_untrusted`` (+ ``status``: 1 when its agent
       refuses or cannot vouch for the instance's KV-event socket), ``kvpool_engine_events_refusals_total``,
       ``kvpool_engine_events_topic_mismatch_messages_total`` — real engine instances (``InstanceStats`` reported
-      within the window; counters since each agent started)
+      within the window; counters since each agent started);
+      ``kvpool_engine_store_writes_{confirmed,unconfirmed}_blocks_total`` (attributed blocks the Store confirmed / did
+      not hold after the grace: forged events, writes the master dropped),
+      ``kvpool_engine_store_writes_pending_blocks``, ``kvpool_engine_kv_event_dropped_total``;
+      ``kvpool_engine_unknown_namespace_{blocks,bytes}_total`` (the same labels plus ``key_prefix``: blocks the engine
+      wrote under a namespace that is not its release's)
   ``kvpool_node_engine_unknown_topic_blocks_total`` (node) — Store blocks from engines of no instance of the node's
       config (newest report)
   ``kvpool_master_up``, ``kvpool_master_restarts_total``, ``kvpool_master_last_restart_timestamp_seconds``,
@@ -170,6 +175,26 @@ class KVPoolCollector:
             "topic_mismatch": CounterMetricFamily("kvpool_engine_events_topic_mismatch_messages", "KV-event messages "
                                                   "on the instance's socket under another topic (dropped)",
                                                   labels=labels),
+            "confirmed": CounterMetricFamily("kvpool_engine_store_writes_confirmed_blocks", "Attributed blocks whose "
+                                             "keys the Store held under the instance's tenant (booked)",
+                                             labels=labels),
+            "unconfirmed": CounterMetricFamily("kvpool_engine_store_writes_unconfirmed_blocks", "Blocks the engine "
+                                               "reported stored that the Store did not hold after the grace (forged "
+                                               "events, writes the master dropped, blocks evicted before the check)",
+                                               labels=labels),
+            "dropped_messages": CounterMetricFamily("kvpool_engine_kv_event_dropped", "KV-event messages received "
+                                                    "but never attributed (the instance's queue was full)",
+                                                    labels=labels),
+        }
+        pending = GaugeMetricFamily("kvpool_engine_store_writes_pending_blocks", "Attributed blocks waiting for the "
+                                    "Store's confirmation", labels=labels)
+        elsewhere = {
+            "blocks": CounterMetricFamily("kvpool_engine_unknown_namespace_blocks", "Blocks the engine wrote under a "
+                                          "namespace that is not its release's, by key prefix",
+                                          labels=[*labels, "key_prefix"]),
+            "bytes": CounterMetricFamily("kvpool_engine_unknown_namespace_bytes", "Bytes the engine wrote under a "
+                                         "namespace that is not its release's, by key prefix",
+                                         labels=[*labels, "key_prefix"]),
         }
         untrusted = GaugeMetricFamily("kvpool_engine_events_untrusted", "1 when the agent does not receive the "
                                       "instance's KV events from a socket only its account can have made (refused, "
@@ -187,11 +212,16 @@ class KVPoolCollector:
                 family.add_metric(values, getattr(row, name))
             ratio.add_metric(values, row.external_hit_ratio or 0.0)
             untrusted.add_metric([*values, row.events_status], 1.0 if row.events_untrusted else 0.0)
+            pending.add_metric(values, row.pending)
+            for name, keys, size in row.unknown_namespaces:
+                elsewhere["blocks"].add_metric([*values, name], keys)
+                elsewhere["bytes"].add_metric([*values, name], size)
             if row.last_event_at is not None:
                 age.add_metric(values, max(0.0, (row.reported_at - row.last_event_at).total_seconds()))
         yield blocks
         yield from counters.values()
-        yield from (ratio, age, untrusted)
+        yield from (ratio, age, untrusted, pending)
+        yield from elsewhere.values()
         unknown = CounterMetricFamily("kvpool_node_engine_unknown_topic_blocks", "Store blocks in KV events of no "
                                       "instance of the node's config, since its agent started", labels=["node"])
         from tenants.models import Node

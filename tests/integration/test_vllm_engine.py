@@ -5,7 +5,8 @@ supervised ``mooncake_client`` of the standalone-store node, KV-event socket on 
 
 Checks that the Store holds exactly the keys the agent's hashing and key grammar predict for the prompts sent (one
 of them salted by a request group), charged to the tenant; that the agent attributes every one of them (0 unknown,
-0 hash mismatches; the salted prompt in its request group), that its ledger equals the Store per scope after a
+0 hash mismatches; the salted prompt in its request group) and books them once the Store confirms them (all at the
+first check: vLLM publishes a Store event after its put returned), that its ledger equals the Store per scope after a
 reconcile (also after an object disappears behind its back), that its report carries the instance's facts, that a
 budget below the occupancy brings the release under it with no orphan, and that a purge of the release removes
 every one of its keys and the ledger forgets them.
@@ -140,6 +141,13 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         unseeded = VllmBlockHasher("sha256", block_size=BLOCK, seed=None).block_hashes(prompts["a"][0])
         wrong = [keys.vllm_key("tiny-llama", digest, cache_prefix=NAMESPACE) for digest in unseeded]
 
+        # the engine's Store events are hints: the agent books them once the Store holds their keys in the tenant.
+        # vLLM publishes BlockStored after its put returned, so the first check already finds every key
+        att = engines.observer.attributor(str(assignment.pk))
+        _wait(lambda: att.snapshot()["blocks_seen"] >= len(every), 30, "the engine's Store events at the agent")
+        assert _present(ledger) == set()
+        assert engines.confirm_writes() == {"confirmed": len(every), "unconfirmed": 0, "waiting": 0}
+
         from agent.datapath.store import open_store
 
         probe = open_store(master.endpoints(global_segment_size=0, local_buffer_size=16 << 20), tenant.tenant_id)
@@ -151,8 +159,6 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         assert metrics["master_total_capacity_bytes"] == 128 << 20  # only the node's client mounted memory
 
         # the agent attributed every Store key: 0 unknown, 0 hash mismatches, the salted prompt in its group
-        att = engines.observer.attributor(str(assignment.pk))
-        _wait(lambda: att.snapshot()["blocks_seen"] >= len(every), 30, "the engine's Store events at the agent")
         engines.observer.scrape_metrics_now()
         (stats,) = engines.instance_stats()
         assert (stats.blocks_seen, stats.attributed, stats.unknown_salt, stats.hash_mismatch) == (10, 10, 0, 0)
@@ -161,6 +167,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
                                                                                      "ipc://kv-events.sock", 0)
         assert (directory / "kv-events.sock").is_socket()
         assert (stats.seq_gaps, stats.decode_errors, stats.unresolved_parent) == (0, 0, 0)
+        assert (stats.confirmed, stats.unconfirmed, stats.pending, stats.unknown_namespace_keys) == (10, 0, 0, {})
         assert stats.attributed_by_group == {"shared": 6, "app-b": 4}
         scope = CacheScope(tenant.tenant_id, "tiny", NAMESPACE)
         assert _present(ledger) == set(every)

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.contract.messages import InstanceSpec
 from agent.engines.vllm.events import BlockStored, EventBatch, decode_message, encode_batch
+from tests.support.fakes import FakeStore
 from tests.support.paths import DATA
 
 VLLM_DATA = DATA / "vllm"
@@ -71,3 +72,41 @@ def store_blocks(run: str) -> int:
     """Blocks of the run's Store (``medium: "cpu"``) events."""
     return sum(len(ev.block_hashes) for f in frames(run) for ev in decode_message(f).batch.events
                if ev.medium == "cpu")
+
+
+def held_store(run: str, *, tenant_id: str | None = None, keys: list[str] | None = None) -> FakeStore:
+    """A ``FakeStore`` of the run's tenant holding the keys the run's master held (or ``keys``): what
+    ``Attributor.confirm`` checks the attributed blocks against."""
+    store = FakeStore(tenant_id or meta(run)["tenant_id"])
+    store.objects = {key: b"x" for key in (meta(run)["store_keys"]["keys_present"] if keys is None else keys)}
+    return store
+
+
+def forged_store_events(run: str, blocks: int, *, topic: str, seq: int = 1000, per_chain: int = 10,
+                        seed: int = 7, keys: list[str] | None = None) -> list[list[bytes]]:
+    """What a local process that knows the run's release settings can publish: Store events (``medium: "cpu"``)
+    of ``blocks`` blocks in chains of ``per_chain`` that the engine never wrote — random tokens, hashed exactly as
+    the release hashes (so attribution accepts them), keys the Store does not hold (appended to ``keys``)."""
+    import random
+
+    from agent.contract.keys import vllm_key
+    from agent.datapath.hashing import VllmBlockHasher
+    from agent.engines.vllm.events import encode_message, external_hash
+
+    m = meta(run)
+    bs = m["block_size"]
+    hasher = VllmBlockHasher(m["hash_algo"], block_size=bs, seed=m["PYTHONHASHSEED"])
+    rng = random.Random(seed)
+    out = []
+    for start in range(0, blocks, per_chain):
+        n = min(per_chain, blocks - start)
+        tokens = [rng.randrange(1000) for _ in range(n * bs)]
+        digests = hasher.block_hashes(tokens)
+        refs = [external_hash(d, True) for d in digests]
+        if keys is not None:
+            keys += [vllm_key(m["model_dir_name"], d, cache_prefix=m["cache_prefix"]) for d in digests]
+        events = [BlockStored(block_hashes=[refs[i]], parent_block_hash=refs[i - 1] if i else None,
+                              token_ids=tokens[i * bs:(i + 1) * bs], block_size=bs, lora_id=None, medium="cpu",
+                              lora_name=None, group_idx=0) for i in range(n)]
+        out.append(encode_message(topic.encode(), seq + len(out), EventBatch(1796134500.0, events, 0)))
+    return out

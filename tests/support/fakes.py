@@ -97,3 +97,11 @@ class FakeStore:
     def evict(self, keys: list[str]) -> None:
         for k in keys:
             self.objects.pop(k, None)
+
+
+class HoldsEverything(FakeStore):
+    """A ``FakeStore`` that finds every key it is asked about (every write an engine reported landed)."""
+
+    def exists(self, keys: list[str]) -> list[int]:
+        self.calls.append("exists")
+        return [1] * len(keys)

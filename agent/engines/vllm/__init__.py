@@ -8,9 +8,13 @@ published as ``BlockStored`` with ``medium: "cpu"`` (one block per event) and th
 
 * :mod:`.events` — typed decoding (:func:`decode_message`, :class:`EventDecodeError`, hash helpers).
 * :mod:`.attribution` — :class:`Attributor`: one per engine instance; reproduces each stored block's full hash
-  under the registry's settings, names its request group and Store key, and records it in the ledger.
+  under the registry's settings, names its request group and Store key, and books it into the ledger once the Store
+  confirms the key (``agent.datapath.pending``).
+* :mod:`.inbox` — per-instance queues of received messages, attributed in turn with a work budget per round.
+* :mod:`.processes` — the node's vLLM engines from their command lines: the key prefix each one really writes under.
 * :mod:`.metrics` — the engine's ``/metrics`` counters (prefix cache, external cache, Mooncake Store keys).
-* :mod:`.observer` — :class:`EngineObserver`: the node's ZMQ SUB socket and metric scrapes, one thread each.
+* :mod:`.observer` — :class:`EngineObserver`: the node's ZMQ SUB socket, attribution and metric scrapes, one thread
+  each.
 """
 
 from agent.engines.vllm.attribution import AttributionCounters, Attributor

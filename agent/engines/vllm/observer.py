@@ -22,6 +22,11 @@ cannot hold the others' back), and a second one that scrapes each instance's ``h
 Where an instance publishes (its ``EventSource``) comes from ``source_for`` (``agent.node.engines`` builds it from the
 instance's launch, its directory and its account). The socket part is thin:
 :meth:`EngineObserver.handle_instance_frames` handles one message of one instance and is what the thread calls.
+Handling only queues the message on its instance (:class:`agent.engines.vllm.inbox.Inbox`); a third thread attributes
+the queues in turn with a work budget per instance and round, so one instance's traffic cannot stall another's and
+receiving never waits for attribution. Every socket should be set up with :meth:`EngineObserver.socket_options`
+(``zmq.MAXMSGSIZE``: libzmq drops a peer that sends a larger message; ``handle_instance_frames`` checks the size again).
+Memory: the node's bound (``memory_bytes``) is divided among its instances' attributors.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from typing import Any
 
 import zmq
 
-from agent.engines.vllm.attribution import Attributor
+from agent.engines.vllm.attribution import DEFAULT_MEMORY_BYTES, MAX_MESSAGE_BYTES, Attributor
 from agent.engines.vllm.events import MEDIUM_STORE, BlockStored, EventDecodeError, decode_message
+from agent.engines.vllm.inbox import Inbox
 from agent.engines.vllm.metrics import MetricsTracker, fetch_text, parse_metrics
 from agent.engines.vllm.transport import (
     CONNECTED,
@@ -64,6 +70,9 @@ DEFAULT_RETRY_MAX = 2.0
 DEFAULT_RECHECK_INTERVAL = 2.0
 #: Messages taken from one instance's socket per poll round before the next socket's turn.
 DRAIN_PER_SOCKET = 1000
+#: Default memory bound of all attribution state of the node (bytes), divided among its instances (each gets at
+#: most ``agent.engines.vllm.attribution.DEFAULT_MEMORY_BYTES``).
+DEFAULT_NODE_MEMORY_BYTES = 1 << 30
 
 
 def default_topic(instance: Any) -> str:
@@ -127,6 +136,10 @@ class EngineObserver:
         poll_ms: how often the receiving thread looks at connections and stop (milliseconds).
         retry_initial / retry_max: backoff of an instance whose socket is missing or refused (seconds).
         recheck_interval: seconds between checks of a connected socket.
+        max_message_bytes: largest message accepted (bytes; :meth:`socket_options` and each attributor).
+        memory_bytes: bound of the node's attribution state (bytes), divided among the instances.
+        inbox_options: keyword arguments of the :class:`agent.engines.vllm.inbox.Inbox` (``round_work``,
+            ``max_bytes``, ``max_total_bytes``).
     """
 
     def __init__(self, ledger: Any = None, *, source_for: Callable[[Any], EventSource] = default_source,
@@ -135,7 +148,9 @@ class EngineObserver:
                  topic_for: Callable[[Any], str] = default_topic,
                  attributor_options: Mapping[str, Any] | None = None, rcvhwm: int = DEFAULT_RCVHWM,
                  poll_ms: int = 100, retry_initial: float = DEFAULT_RETRY_INITIAL,
-                 retry_max: float = DEFAULT_RETRY_MAX, recheck_interval: float = DEFAULT_RECHECK_INTERVAL) -> None:
+                 retry_max: float = DEFAULT_RETRY_MAX, recheck_interval: float = DEFAULT_RECHECK_INTERVAL,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, memory_bytes: int = DEFAULT_NODE_MEMORY_BYTES,
+                 inbox_options: Mapping[str, Any] | None = None) -> None:
         self.ledger = ledger
         self.source_for = source_for
         self.metrics_interval = metrics_interval
@@ -149,6 +164,9 @@ class EngineObserver:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.recheck_interval = recheck_interval
+        self.max_message_bytes = max_message_bytes
+        self.memory_bytes = memory_bytes
+        self._inbox = Inbox(self.attributor, **dict(inbox_options or {}))
         self._lock = threading.Lock()
         self._attributors: dict[str, Attributor] = {}   # instance_id -> attributor
         self._links: dict[str, _Link] = {}              # instance_id -> its connection (replaced, never mutated)
@@ -184,7 +202,8 @@ class EngineObserver:
                 if previous is not None and previous.instance == instance:
                     att = previous
                 else:
-                    att = Attributor(instance, self.ledger, previous=previous, **self.attributor_options)
+                    options = {"max_message_bytes": self.max_message_bytes, **self.attributor_options}
+                    att = Attributor(instance, self.ledger, previous=previous, **options)
                 topic = self.topic_for(instance).encode("utf-8")
                 source = self.source_for(instance)
             except Exception as exc:  # a bad instance must not stop the others
@@ -202,6 +221,12 @@ class EngineObserver:
                     log.error("engine observer: KV events of instance %s are not observed: %s", iid, source.problem)
                 link = fresh
             links[iid] = link
+        if attributors:  # the node's bound, shared: no instance gets more than an attributor's default
+            share = min(int(self.attributor_options.get("memory_bytes", DEFAULT_MEMORY_BYTES)),
+                        self.memory_bytes // len(attributors))
+            for att in attributors.values():
+                if att.memory_bytes != share:
+                    att.set_memory_bytes(share)
         now = time.time()
         with self._lock:
             self._closing += [link for iid, link in self._links.items() if links.get(iid) is not link]
@@ -237,6 +262,19 @@ class EngineObserver:
         link = self._links.get(instance_id)
         return (link.status, link.problem) if link is not None else ("", "")
 
+    def attributors(self) -> list[Attributor]:
+        """The attributors of every observed instance (ordered by instance id)."""
+        return [att for _iid, att in sorted(self._attributors.items())]
+
+    @property
+    def inbox(self) -> Inbox:
+        """The per-instance queues of received messages and the attribution thread."""
+        return self._inbox
+
+    def socket_options(self) -> dict[int, int]:
+        """ZMQ options for each SUB socket: ``MAXMSGSIZE`` (``max_message_bytes``) and ``RCVHWM``."""
+        return {zmq.MAXMSGSIZE: self.max_message_bytes, zmq.RCVHWM: self.rcvhwm}
+
     # --- messages -----------------------------------------------------------------------------------------
 
     def handle_instance_frames(self, instance_id: str, frames: list[bytes]) -> bool:
@@ -245,7 +283,10 @@ class EngineObserver:
         Its topic frame must be the instance's; otherwise it is dropped, counted in the instance's
         ``topic_mismatch`` and the node's ``unknown_topic``, and the Store blocks it announces (``BlockStored``
         with the Store medium) in ``unknown_topic_blocks``; returns False then (and for an instance no longer
-        observed). Never raises for malformed input (the attributor counts it)."""
+        observed, or when its queue was full: counted on the instance). A message of the instance's topic is queued
+        for the attribution thread (:class:`agent.engines.vllm.inbox.Inbox`; attributed at once when that thread
+        does not run). Never raises for malformed input (the attributor counts it); a message over
+        ``max_message_bytes`` is not decoded."""
         self.received += 1
         link = self._links.get(instance_id)
         att = self._attributors.get(instance_id)
@@ -254,6 +295,8 @@ class EngineObserver:
         if not frames or bytes(frames[0]) != link.topic:
             link.topic_mismatch += 1
             self.unknown_topic += 1
+            if sum(len(f) for f in frames) > self.max_message_bytes:
+                return False
             try:
                 events = decode_message(frames).batch.events
             except EventDecodeError:
@@ -261,8 +304,7 @@ class EngineObserver:
             self.unknown_topic_blocks += sum(len(ev.block_hashes) for ev in events
                                              if type(ev) is BlockStored and ev.medium == MEDIUM_STORE)
             return False
-        att.handle_frames(frames)
-        return True
+        return self._inbox.put(att.instance_id, frames)
 
     # --- threads ------------------------------------------------------------------------------------------
 
@@ -289,6 +331,7 @@ class EngineObserver:
         if self.metrics_interval > 0:
             threads.append(threading.Thread(target=self._metrics_loop, name="kvpool-vllm-metrics", daemon=True))
         self._threads = threads
+        self._inbox.start()
         for t in threads:
             t.start()
 
@@ -300,6 +343,7 @@ class EngineObserver:
             t.join(timeout)
             alive = alive or t.is_alive()
         self._threads = []
+        self._inbox.stop(timeout)
         if self._ctx is not None and not alive:  # term() would wait for a socket a stuck thread still holds
             self._ctx.term()
             self._ctx = None
@@ -344,7 +388,8 @@ class EngineObserver:
             return
         assert self._ctx is not None
         sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.RCVHWM, self.rcvhwm)
+        for option, value in self.socket_options().items():
+            sock.setsockopt(option, value)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a message under another one is counted, then dropped
         try:

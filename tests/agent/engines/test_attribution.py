@@ -12,20 +12,25 @@ from agent.engines.vllm.events import BlockStored, EventBatch, decode_message, e
 from tests.support.captures import (
     RUNS,
     frames,
+    held_store,
     instance,
     meta,
     store_blocks,
     without_gpu_events,
 )
+from tests.support.fakes import HoldsEverything
 
 OBJECT_BYTES = 16 * 1024  # 2 layers x K,V x 32 tokens x 2 KV heads x 32 dims x bf16
 
 
 def run_stream(run: str, msgs=None, *, ledger: Ledger | None = None, **spec) -> tuple[Attributor, Ledger]:
+    """Feed the run's messages (or ``msgs``), then confirm the attributed blocks against a Store holding the keys
+    the run's master held (events are hints: nothing is booked before that)."""
     ledger = Ledger() if ledger is None else ledger
     att = Attributor(instance(run, **spec), ledger)
     for raw in frames(run) if msgs is None else msgs:
         att.handle_frames(raw)
+    att.confirm(held_store(run))
     return att, ledger
 
 
@@ -295,6 +300,7 @@ def test_lora_request_is_attributed_to_its_release_scope(gpu: bool) -> None:
     att = Attributor(spec, ledger)
     for raw in msgs:
         att.handle_frames(raw)
+    att.confirm(HoldsEverything(spec.tenant_id))
     assert outcomes(att) == {"attributed": 4}
     assert ledger.snapshot()[0]["request_group"] == "default" and ledger.snapshot()[0]["blocks"] == 4
     # an instance that does not list the adapter cannot reproduce the blocks
@@ -335,7 +341,7 @@ def test_store_events_without_token_ids_take_them_from_gpu_events(gpu: bool) -> 
         assert outcomes(att) == {"unverifiable": 19}
 
 
-def test_store_block_removed_leaves_the_ledger_and_cleared_is_counted() -> None:
+def test_store_block_removed_is_a_hint_the_store_confirms_and_cleared_is_counted() -> None:
     from agent.engines.vllm.events import AllBlocksCleared, BlockRemoved
 
     msgs = frames("embedded-int")
@@ -345,6 +351,13 @@ def test_store_block_removed_leaves_the_ledger_and_cleared_is_counted() -> None:
     att, ledger = run_stream("embedded-int", msgs + [[b"", (8).to_bytes(8, "big"), encode_batch(extra)]])
     snap = att.snapshot()
     assert (snap["removed_blocks"], snap["cleared"], snap["events"]) == (1, 1, 26)
+    assert len(present_keys(ledger)) == 19  # the Store still holds it: the removal was not true
+    store = held_store("embedded-int")
+    store.evict([att.key_of(last[0])])
+    again = EventBatch(1796134481.0, [BlockRemoved(block_hashes=last, medium="cpu")], 0)
+    att.handle_frames([b"", (9).to_bytes(8, "big"), encode_batch(again)])
+    assert len(present_keys(ledger)) == 19  # a hint until the Store is asked
+    assert att.confirm(store).rechecked_gone == 1
     assert len(present_keys(ledger)) == 18
     row = next(r for r in ledger.snapshot(detail=True) if r["request_group"] == "default")
-    assert row["agent_evicted_blocks"] == 1
+    assert row["master_evicted_blocks"] == 1

@@ -18,7 +18,7 @@ from agent.datapath.ledger import Ledger
 from agent.engines.vllm.observer import EngineObserver
 from agent.engines.vllm.transport import EventSource
 from tests.agent.engines.test_metrics import metrics_text
-from tests.support.captures import frames, instance, meta, retopic
+from tests.support.captures import frames, held_store, instance, meta, retopic
 from tests.support.engines import Publisher, bind_publisher, send_when_joined
 from tests.support.waiting import wait_for
 
@@ -70,8 +70,12 @@ def test_replayed_capture_through_a_real_socket(observer, engine) -> None:
     wait_for(lambda: att.snapshot()["decode_errors"] == 1)
     snap = obs.snapshot()["instances"]["vllm-a"]
     assert snap["attributed"] == 19 and snap["by_group"] == {"default": 15, "group-a": 4}
+    link = obs._links["vllm-a"]  # the connected SUB has the observer's size limit (libzmq drops larger messages)
+    assert link.sock is not None and link.sock.getsockopt(zmq.MAXMSGSIZE) == obs.max_message_bytes
     assert snap["seq_gaps"] == 0 and snap["topic"] == "vllm-a" and snap["events_status"] == "connected"
     assert snap["topic_mismatch"] >= 1  # the probes, under topic "probe"
+    assert not ledger.tables()  # events are hints: nothing is booked before the Store confirms it
+    assert att.confirm(held_store("embedded-int")).confirmed == 19
     keys = {k for t in ledger.tables() for k in ledger.present_keys(t.scope)}
     assert sorted(keys) == sorted(meta("embedded-int")["store_keys"]["keys_present"])
 
@@ -98,6 +102,8 @@ def test_reapply_keeps_a_connection_and_adds_one_per_new_instance(observer, engi
     wait_for(lambda: obs.attributor("vllm-a").snapshot()["attributed"] == 19
              and obs.attributor("vllm-b").snapshot()["attributed"] == 8)
     assert obs.snapshot()["running"]
+    obs.attributor("vllm-a").confirm(held_store("embedded-int"))
+    obs.attributor("vllm-b").confirm(held_store("standalone-store"))
     tenants: dict[str, int] = {}
     for row in ledger.snapshot():
         tenants[row["tenant_id"]] = tenants.get(row["tenant_id"], 0) + row["bytes"]

@@ -121,6 +121,16 @@ def present_keys(ledger: Ledger) -> set[str]:
     return {key for table in ledger.tables() for key in ledger.present_keys(table.scope)}
 
 
+def store_of(engines: NodeEngines, run: str = RUN) -> FakeStore:
+    """The fake Store of the run's tenant that the engines' maintenance opens, holding the keys the run's master
+    held (what the engine really wrote)."""
+    opener: Stores = engines._store_opener  # type: ignore[assignment]
+    tenant = meta(run)["tenant_id"]
+    store = opener.by_tenant.setdefault(tenant, FakeStore(tenant))
+    store.objects = {key: b"x" for key in meta(run)["store_keys"]["keys_present"]}
+    return store
+
+
 def test_apply_writes_instance_dirs_connects_to_the_instance_socket_and_attributes_engine_writes(engines, pub,
                                                                                                  tmp_path):
     (port,) = free_ports(1)
@@ -131,12 +141,16 @@ def test_apply_writes_instance_dirs_connects_to_the_instance_socket_and_attribut
     assert engines.observer.running and engines.observer.status("7")[0] == "waiting"  # no engine yet
     publish(engines, pub("7"), "7")
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="19 attributed blocks")
+    assert present_keys(engines.ledger) == set()  # hints until the Store confirms them
+    store_of(engines)
+    assert engines.confirm_writes() == {"confirmed": 19, "unconfirmed": 0, "waiting": 0}
     assert present_keys(engines.ledger) == set(meta(RUN)["store_keys"]["keys_present"])
     (stats,) = engines.report_fields()["instances"]
     assert (stats.instance_id, stats.tenant_id, stats.namespace) == ("7", meta(RUN)["tenant_id"],
                                                                       meta(RUN)["cache_prefix"])
     assert (stats.attributed, stats.blocks_seen, stats.hash_mismatch, stats.unknown_salt) == (19, 19, 0, 0)
     assert stats.attributed_by_group == {"default": 15, "group-a": 4} and stats.seq_gaps == 0
+    assert (stats.confirmed, stats.unconfirmed, stats.pending) == (19, 0, 0)
     assert stats.last_event_at is not None and stats.observed_since <= stats.last_event_at
     assert (stats.events_status, stats.events_problem, stats.events_endpoint) == ("connected", "",
                                                                                   "ipc://kv-events.sock")
@@ -211,7 +225,8 @@ def test_reconcile_drops_blocks_the_store_lost(engines, pub):
     wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     tenant = meta(RUN)["tenant_id"]
-    store = opener(engines.document.store, tenant)
+    store = store_of(engines)
+    engines.confirm_writes()
     keys = sorted(meta(RUN)["store_keys"]["keys_present"])
     store.objects = {key: b"x" for key in keys[:12]}  # the master evicted 7 of them
     counts = engines.reconcile_now()
@@ -328,6 +343,9 @@ def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their
         assert (tmp_path / "instances" / "7" / "launch.sh").is_file()
         publish(engines, pub("7"), "7")
         wait_for(lambda: engines.observer.attributor("7").snapshot()["attributed"] == 19, what="attribution")
+        engines._store_opener = Stores()
+        store_of(engines)
+        engines.confirm_writes()
         daemon.report_now()
         daemon.flush()
         reports = [Report.model_validate(m) for batch in published for m in batch if m["kind"] == "report"]

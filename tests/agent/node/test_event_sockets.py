@@ -23,7 +23,7 @@ from agent.contract.messages import LaunchSpec
 from agent.datapath.ledger import Ledger
 from agent.node.engines import NodeEngines
 from agent.sim.master import free_ports
-from tests.agent.node.test_engines import RUN, Stores, document, present_keys, spec
+from tests.agent.node.test_engines import RUN, Stores, document, present_keys, spec, store_of
 from tests.support.accounts import python_for, run_as
 from tests.support.captures import frames, meta, retopic
 from tests.support.engines import ENGINE_SCRIPT, bind_publisher, events_flag, send_when_joined
@@ -143,6 +143,8 @@ def test_another_account_cannot_publish_as_an_instance_nor_read_its_events(share
         engine.stdin.flush()
         assert _line(engine) == "sent"
         wait_for(lambda: observer.attributor("7").snapshot()["attributed"] == 19, what="19 blocks of 7")
+        store_of(engines)  # the Store holds what alice's engine wrote: the confirmation books it
+        engines.confirm_writes()
         keys = present_keys(engines.ledger)
         # mallory can neither read 7's socket (its directory is alice's, 0700) nor its seed
         python, env = python_for(mallory)

@@ -205,3 +205,47 @@ def test_instances_whose_events_the_agent_cannot_vouch_for_fail_the_trust_check_
     assert sorted(line.rsplit(" ", 1)[1] for line in untrusted) == ["0.0", "1.0", "1.0"]
     assert any('instance_id="7"' in line and 'status="refused"' in line and line.endswith(" 1.0")
                for line in untrusted)
+
+
+ELSEWHERE = "tiny-2026-1@tiny-llama"
+
+
+def test_confirmation_and_unknown_namespaces_are_stored_checked_listed_and_exported(api):
+    from tests.support.factories import make_tenant
+
+    make_tenant("acme")
+    now = timezone.now()
+    applied("node-a", "7", "8")
+    ingest([report(1, now, [stats("7", confirmed=19), stats("8", attributed=168, blocks_seen=168, unconfirmed=3,
+                                                             unknown_namespace_keys={ELSEWHERE: 165},
+                                                             unknown_namespace_bytes={ELSEWHERE: 165 * 16384},
+                                                             pending=2, dropped_messages=1)])])
+    row = InstanceStats.objects.get(instance_id="8")
+    assert (row.unconfirmed, row.pending, row.dropped_messages) == (3, 2, 1)
+    assert row.unknown_namespaces == [(ELSEWHERE, 165, 165 * 16384)]
+    check = _check("engine_writes_in_store")
+    assert not check.passed and len(check.details) == 2
+    assert f"165 key(s), 2.58 MB, under namespace {ELSEWHERE}" in check.details[0] and "instance 8" in check.details[0]
+    assert "3 Store write(s) the engine reported were not in the Store" in check.details[1]
+    listed = {r["instance_id"]: r for r in api.get("/api/v1/telemetry/instances/").json()["results"]}
+    assert listed["8"]["unknown_namespace_keys"] == {ELSEWHERE: 165} and listed["7"]["confirmed"] == 19
+    text = metrics.render().decode()
+    base = 'instance_id="8",namespace="tiny-2026-12",node="node-a",served_model_name="tiny",tenant_id="acme"'
+    assert (f'kvpool_engine_unknown_namespace_blocks_total{{instance_id="8",key_prefix="{ELSEWHERE}",'
+            'namespace="tiny-2026-12",node="node-a",served_model_name="tiny",tenant_id="acme"} 165.0') in text
+    assert f"kvpool_engine_store_writes_unconfirmed_blocks_total{{{base}}} 3.0" in text
+    assert f"kvpool_engine_store_writes_pending_blocks{{{base}}} 2.0" in text
+
+
+def test_engines_whose_writes_are_all_confirmed_pass_and_old_agents_still_validate():
+    now = timezone.now()
+    applied("node-a", "7")
+    old = stats("7").model_dump(mode="json")
+    for name in ("confirmed", "unconfirmed", "pending", "pending_overflow", "dropped_messages",
+                 "unknown_namespace_keys", "unknown_namespace_bytes"):
+        old.pop(name)
+    ingest([report(1, now, [Stats.model_validate(old)])])  # an agent from before confirmation
+    assert _check("engine_writes_in_store").passed
+    ingest([report(2, now + timedelta(seconds=1), [stats("7", confirmed=19)])])
+    check = _check("engine_writes_in_store")
+    assert check.passed and "19 engine-written block(s)" in check.summary

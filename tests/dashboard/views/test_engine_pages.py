@@ -44,9 +44,22 @@ def test_node_and_release_pages_show_each_instances_engine_facts(ui):
     assert "engine:" not in release_page.split(f'id="instance-{quiet.pk}"')[1].split("</section>")[0]
 
 
+def test_the_node_page_names_a_namespace_its_engine_writes_under_with_keys_and_bytes(ui):
+    node = make_node("gpu-a", signing_secret=secret_of("gpu-a"))
+    observed = make_assignment(node, make_release(make_model(make_tenant("acme"), "tiny"), "tiny-2026-12"), port=8000)
+    ingest([_report(node, str(observed.pk), blocks_seen=168, attributed=168, confirmed=0, unconfirmed=3,
+                    unknown_namespace_keys={"tiny-2026-1@tiny-llama": 165},
+                    unknown_namespace_bytes={"tiny-2026-1@tiny-llama": 165 << 14})])
+    page = ui.get(f"/nodes/{node.pk}/").content.decode()
+    row = page.split(f'data-instance="{observed.pk}"')[1].split("</tr>")[0]
+    assert '0 / <span class="flag bad">3</span>' in row  # confirmed / not in the Store
+    cell = row.split('class="unknown-namespaces">')[1].split("</td>")[0]
+    assert '<span class="flag bad">tiny-2026-1@tiny-llama</span> 165 keys' in cell and 'data-bytes="2703360"' in cell
+
+
 def test_checks_page_lists_the_engine_checks(ui):
     page = ui.get("/checks/").content.decode()
-    for key in ("engines_hash_registered", "blocks_registered", "engine_events_flow"):
+    for key in ("engines_hash_registered", "blocks_registered", "engine_events_flow", "engine_writes_in_store"):
         assert f'data-check="{key}" data-status="pass"' in page
     data = ui.get("/checks/data.json").json()["checks"]
     assert {"Engines hash as registered", "Every stored block belongs to a registered request group",
