@@ -250,13 +250,9 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
     engines: list[Any] = []
     segment = None
     base = workdir / size
-    # vLLM 0.32's MooncakeStoreConnector binds its scheduler -> worker lookup socket at
-    # <VLLM_RPC_BASE_PATH>/lookup_rpc_port_<lookup_rpc_port, 0>_host_<hostname>_dp_rank<n>: one path for every
-    # instance on a host, so another vLLM on this machine could answer (or steal) this run's lookups. A directory
-    # of this run's own (short: unix socket paths end at 107 bytes) keeps them apart.
-    with (tempfile.TemporaryDirectory(prefix="kvb-rpc-") as rpc_dir,
-          MasterProcess({tenant.tenant_id: tenant.quota_bytes}, workdir=base / "master") as master):
-        engine_env = {"VLLM_RPC_BASE_PATH": rpc_dir}
+    # vLLM's lookup socket (one path per host by default) lives in each instance's own directory: launch.sh sets
+    # VLLM_RPC_BASE_PATH=. (agent.node.instance_dirs.PRIVATE_ENV), so another vLLM on this machine cannot answer it.
+    with MasterProcess({tenant.tenant_id: tenant.quota_bytes}, workdir=base / "master") as master:
         target = render_target(master_server_address=master.rpc_address, metadata_server=master.metadata_server,
                                config_dir=base / "instances",
                                global_segment_size=segment_bytes_for(kv_per_token, args.prompt_tokens, args.pairs))
@@ -270,8 +266,7 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 _say(f"{size}: mooncake_client owns a {segment.config.segment_bytes >> 20} MiB segment "
                      f"(pid {segment.pid})")
             _say(f"{size}: starting instance 1 ({launches[0].instance_id}) …")
-            first = start_instance(first_dir, log_path=base / "vllm-1.log", engine_python=python,
-                                   extra_env=engine_env)
+            first = start_instance(first_dir, log_path=base / "vllm-1.log", engine_python=python)
             engines.append(first)
             _say(f"{size}: instance 1 ready in {first.ready_after_s:.1f} s")
             for prompt in hit_prompts:
@@ -284,8 +279,7 @@ def measure_model(size: str, args: argparse.Namespace, workdir: Path, python: Pa
                 engines.remove(first)
 
             _say(f"{size}: starting instance 2 ({launches[1].instance_id}) …")
-            second = start_instance(second_dir, log_path=base / "vllm-2.log", engine_python=python,
-                                    extra_env=engine_env)
+            second = start_instance(second_dir, log_path=base / "vllm-2.log", engine_python=python)
             engines.append(second)
             _say(f"{size}: instance 2 ready in {second.ready_after_s:.1f} s")
             second.time_to_first_token(random_prompt(64, seed=999))  # warm-up: first-request costs

@@ -149,9 +149,20 @@ class InstanceLaunch:
         return cls(instance_id=instance_id, argv=argv, env=env, file_env=file_env, files=files, user=user)
 
     def resolved_env(self, directory: Path) -> dict[str, str]:
-        """``env`` plus each ``file_env`` variable set to the absolute path of its file in ``directory``."""
+        """``PRIVATE_ENV``, then ``env``, plus each ``file_env`` variable set to the absolute path of its file in
+        ``directory``."""
         directory = Path(os.path.abspath(directory))
-        return {**self.env, **{var: str(directory / name) for var, name in self.file_env.items()}}
+        return {**PRIVATE_ENV, **self.env, **{var: str(directory / name) for var, name in self.file_env.items()}}
+
+
+#: Set in every instance's environment (a rendered ``env`` may override it). vLLM 0.32.0/0.33.0 puts its ZMQ ``ipc://``
+#: sockets under ``VLLM_RPC_BASE_PATH`` (default the system temp directory), among them the MooncakeStoreConnector's
+#: lookup socket ``lookup_rpc_port_<n>_host_<hostname>_dp_rank<r>``, which is the same path for every instance of a
+#: host: two instances then answered each other's Store lookups (seen here: every hit of one loaded 0 tokens while
+#: another engine ran), across tenants too. ``.`` is the instance directory (``launch.sh`` changes into it; its
+#: processes inherit it), private to the instance's account, and keeps the socket paths short (a unix socket path
+#: holds at most 107 bytes).
+PRIVATE_ENV = {"VLLM_RPC_BASE_PATH": "."}
 
 
 def env_file_line(name: str, value: str) -> str:

@@ -116,7 +116,8 @@ def test_writes_the_expected_directory(tmp_path):
     assert (path / "mooncake.json").read_text() == '{"mode": "embedded"}\n'
     launch = read_launch(path)
     assert launch == {"instance_id": "7", "argv": _launch()["argv"], "cwd": str(path), "user": "",
-                      "env": {"PYTHONHASHSEED": "42", "T_A": "a", "MOONCAKE_CONFIG_PATH": str(path / "mooncake.json")}}
+                      "env": {"PYTHONHASHSEED": "42", "T_A": "a", "MOONCAKE_CONFIG_PATH": str(path / "mooncake.json"),
+                              "VLLM_RPC_BASE_PATH": "."}}  # vLLM's ipc sockets in the private directory
     script = (path / "launch.sh").read_text()
     assert script.startswith("#!/bin/sh\n") and "\nset -e\numask 077\n" in script
     assert f"\ncd {path}\n" in script  # the engine binds its ipc:// KV-event socket in its instance directory
@@ -198,7 +199,8 @@ def test_accepts_launch_spec_objects(tmp_path):
     spec = LaunchSpec(instance_id="12", argv=("python", "-V"), env={"A": "1"},
                       file_env={"MOONCAKE_CONFIG_PATH": "mooncake.json"}, files={"mooncake.json": "{}"})
     (path,) = write_instance_dirs(tmp_path, [spec])
-    assert read_launch(path)["env"] == {"A": "1", "MOONCAKE_CONFIG_PATH": str(path / "mooncake.json")}
+    assert read_launch(path)["env"] == {"A": "1", "MOONCAKE_CONFIG_PATH": str(path / "mooncake.json"),
+                                        "VLLM_RPC_BASE_PATH": "."}
     assert InstanceLaunch.from_value(spec.to_dict()) == InstanceLaunch.from_value(spec)
 
 
@@ -296,3 +298,14 @@ def test_instance_files_are_readable_by_their_account_only(shared_tmp, local_acc
     assert started.returncode == 0 and started.stdout.strip() == f"started as {engine.uid}"
     refused = run_as(other, [str(path / "launch.sh")])
     assert refused.returncode != 0 and "started" not in refused.stdout
+
+
+def test_vllm_sockets_live_in_the_instance_directory_unless_the_launch_says_otherwise(tmp_path):
+    """vLLM's lookup socket is one path per host in the temp directory: two instances answered each other's Store
+    lookups. Each instance gets its own (its directory, ``VLLM_RPC_BASE_PATH=.``); a rendered value still wins."""
+    first, second = write_instance_dirs(tmp_path, [_launch(instance_id="7"), _launch(instance_id="8")])
+    for path in (first, second):
+        assert read_launch(path)["env"]["VLLM_RPC_BASE_PATH"] == "."
+        assert "\nexport VLLM_RPC_BASE_PATH=.\n" in (path / "launch.sh").read_text()
+    (own,) = write_instance_dirs(tmp_path / "other", [_launch(env={"VLLM_RPC_BASE_PATH": "/run/x"})])
+    assert read_launch(own)["env"]["VLLM_RPC_BASE_PATH"] == "/run/x"
