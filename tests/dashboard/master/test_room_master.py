@@ -25,7 +25,7 @@ def test_capacity_and_effective_quotas_from_the_master_drive_implicit_budgets(se
     quotas = {"acme": 48 * MiB, "globex": 32 * MiB}
     acme = make_tenant("acme", quota=quotas["acme"])
     make_tenant("globex", quota=quotas["globex"])
-    model = make_model(acme, "chat", "/m")
+    model = make_model(acme, "chat", "/models/chat")
     release = make_release(model, "v2", state="serving")
     make_release(model, "v1", budget_bytes=8 * MiB)
     node = make_node("node-a")
