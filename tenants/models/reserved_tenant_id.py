@@ -45,8 +45,8 @@ def refuse_reserved_tenant_id(tenant) -> None:
     another tenant (or for an unknown one); an id a live tenant holds now is left to the unique check."""
     from tenants.models.tenant import Tenant
 
-    if not tenant.tenant_id:
-        return
+    if not tenant.tenant_id or "\x00" in tenant.tenant_id:  # no id, or one the field's validators refuse (PostgreSQL
+        return                                           # cannot even compare a NUL)
     if Tenant._base_manager.filter(tenant_id=tenant.tenant_id).exclude(pk=tenant.pk).exists():
         return
     row = ReservedTenantId.objects.filter(tenant_id=tenant.tenant_id).first()

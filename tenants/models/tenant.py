@@ -96,6 +96,6 @@ class Tenant(RegistryModel):
             collisions.check_tenant_reserved_namespaces(self)
         if stored is not None and isinstance(self.quota_bytes, int):
             budgets.check_quota(self)
-        if self.engine_user:
+        if self.engine_user and "\x00" not in self.engine_user:  # a NUL is the validators' to refuse
             self.unique_together_check("engine_user", f"engine_user '{self.engine_user}' is not available.",
                                        engine_user=self.engine_user)

@@ -185,6 +185,7 @@ def workers(tmp_path) -> Iterator[Callable[..., Worker]]:
               report_interval: float = 1.0) -> Worker:
         secret_file = tmp_path / f"{node}.secret"
         secret_file.write_text(secret)
+        secret_file.chmod(0o600)  # the agent refuses a secret others can read
         state_dir = state_dir or tmp_path / f"state-{node}"
         worker = Worker(
             [PYTHON, "-m", "agent", "run", "--node", node, "--broker", broker_url, "--secret-file",
