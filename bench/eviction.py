@@ -51,6 +51,11 @@ from bench import eviction_traces
 DEFAULT_TRACE = str(Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl")
 DEFAULT_CAPACITIES = (1_000_000, 3_000_000, 10_000_000)
 POLICIES = ("lru", "hit-density", "belady", "plain-lru")
+#: What the online policies are told of each request: ``full`` every block read or stored (``on_request``);
+#: ``stores`` only the blocks it stores after its prefix hit (``on_insert``), as an agent fed by engine KV
+#: events sees; ``stores-inferred`` the same, with the policies counting a stored block's prefix as read
+#: (:attr:`EvictionPolicy.infer_access`).
+SIGNALS = ("full", "stores", "stores-inferred")
 
 
 @dataclass
@@ -84,14 +89,14 @@ def next_uses(requests: Sequence[TraceRequest]) -> list[list[float]]:
     return out
 
 
-def make_policy(name: str, oracle: dict | None = None, seed: int = 0, samples: int = 32) -> EvictionPolicy:
+def make_policy(name: str, oracle: dict | None = None) -> EvictionPolicy:
     """A fresh policy by name; ``belady`` reads next uses from ``oracle`` (block id -> next request index)."""
     if name == "lru":
         return LeafLRUPolicy()
     if name == "plain-lru":
         return PlainLRUPolicy()
     if name == "hit-density":
-        return HitDensityPolicy(samples=samples, seed=seed)
+        return HitDensityPolicy()
     if name == "belady":
         table = oracle if oracle is not None else {}
         return BeladyPolicy(lambda key: table.get(key, math.inf))
@@ -104,26 +109,32 @@ def simulate(
     policy: str | EvictionPolicy,
     *,
     future: list[list[float]] | None = None,
-    seed: int = 0,
-    samples: int = 32,
+    signal: str = "full",
 ) -> SimResult:
     """Replay ``requests`` (already in timestamp order) against ``capacity_blocks`` one-byte blocks.
 
     ``policy``: a name from :data:`POLICIES` or a fresh policy object. ``future``: :func:`next_uses` of the
-    requests, computed when ``belady`` needs it and not given. Raises ``ValueError`` for a capacity < 1.
+    requests, computed when ``belady`` needs it and not given. ``signal`` (see :data:`SIGNALS`): what the
+    policy is told of each request; ``belady`` is always told everything. Raises ``ValueError`` for a
+    capacity < 1 or an unknown signal.
     """
     if capacity_blocks < 1:
         raise ValueError(f"capacity must be at least one block, got {capacity_blocks}")
+    if signal not in SIGNALS:
+        raise ValueError(f"unknown signal {signal!r}; choose from {', '.join(SIGNALS)}")
     oracle: dict[int, float] = {}
     if isinstance(policy, str):
         if policy == "belady" and future is None:
             future = next_uses(requests)
-        pol = make_policy(policy, oracle, seed=seed, samples=samples)
+        pol = make_policy(policy, oracle)
     else:
         pol = policy
     use_oracle = isinstance(pol, BeladyPolicy)
     if use_oracle and future is None:
         raise ValueError("a BeladyPolicy object needs future= (next_uses of the requests)")
+    stores_only = signal != "full" and not use_oracle
+    if signal == "stores-inferred" and not use_oracle:
+        pol.infer_access = True
     start = time.perf_counter()
     hit = total = evicted = orphaned = max_orphaned = 0
     for i, req in enumerate(requests):
@@ -132,7 +143,10 @@ def simulate(
             for b, nxt in zip(ids, future[i]):  # type: ignore[index]
                 oracle[b] = nxt
         now = req.timestamp_ms / 1000.0
-        hit += pol.on_request(ids, 1, now)
+        if stores_only:
+            hit += _store_misses(pol, ids, now)
+        else:
+            hit += pol.on_request(ids, 1, now)
         total += len(ids)
         over = pol.used_bytes - capacity_blocks
         if over > 0:
@@ -146,6 +160,23 @@ def simulate(
     )
 
 
+def _store_misses(pol: EvictionPolicy, ids: Sequence[int], now: float) -> int:
+    """What an engine does on a request, told to ``pol`` as stores only: the prefix hit (returned) is read
+    without a report; each block after it is stored (``on_insert``, one byte), root first."""
+    tree = pol.tree
+    hit = 0
+    for key in ids:
+        node = tree.get(key)
+        if node is None or not node.attached:
+            break
+        hit += 1
+    parent = ids[hit - 1] if hit else None
+    for key in ids[hit:]:
+        pol.on_insert(key, parent, 1, now)
+        parent = key
+    return hit
+
+
 def run_trace(
     label: str,
     requests: Sequence[TraceRequest],
@@ -153,8 +184,7 @@ def run_trace(
     block_tokens: int,
     policies: Sequence[str],
     out: Callable[[str], None],
-    seed: int = 0,
-    samples: int = 32,
+    signal: str = "full",
 ) -> dict:
     """Simulate every policy at every capacity, print one table per capacity, return the figures."""
     requests = sorted_by_time(requests)
@@ -173,7 +203,7 @@ def run_trace(
             f" {'seconds':>7}")
         rows: dict[str, SimResult] = {}
         for name in policies:
-            rows[name] = simulate(requests, cap, name, future=future, seed=seed, samples=samples)
+            rows[name] = simulate(requests, cap, name, future=future, signal=signal)
         base = rows["lru"].hit_ratio if "lru" in rows else None
         cap_fig: dict = {"capacity_blocks": cap}
         for name, res in rows.items():
@@ -212,8 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="replay a synthetic trace instead of --trace")
     parser.add_argument("--suite", action="store_true",
                         help="also replay the transforms and synthetic traces (about 6x longer)")
-    parser.add_argument("--samples", type=int, default=32, help="hit-density candidates per victim")
-    parser.add_argument("--seed", type=int, default=0, help="seed for sampling, transforms and generators")
+    parser.add_argument("--signal", choices=SIGNALS, default="full",
+                        help="what the online policies are told of each request: every read and store (full), "
+                             "only the stores (stores), or the stores with their prefix inferred as read "
+                             "(stores-inferred); default: %(default)s")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the transforms and the synthetic generators")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
@@ -226,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     out = print
     result: dict = {"bench": "eviction", "hit_ratio": "prefix-hit blocks / requested blocks",
-                    "block_tokens": args.block_tokens, "capacities_tokens": args.capacity_tokens, "traces": {}}
+                    "signal": args.signal, "block_tokens": args.block_tokens,
+                    "capacities_tokens": args.capacity_tokens, "traces": {}}
     if args.synthetic:
         label = f"synthetic-{args.synthetic}"
         requests = eviction_traces.synthetic(args.synthetic, seed=args.seed, block_tokens=args.block_tokens)
@@ -241,11 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             label = f"{args.transform}({args.trace})"
             requests = eviction_traces.TRANSFORMS[args.transform](requests, seed=args.seed)
     result["traces"][label] = run_trace(label, requests, args.capacity_tokens, args.block_tokens, policies, out,
-                                        seed=args.seed, samples=args.samples)
+                                        args.signal)
     if args.suite:
         for name, reqs in suite_traces(requests, args.seed):
             result["traces"][name] = run_trace(name, reqs, args.capacity_tokens, args.block_tokens, policies, out,
-                                               seed=args.seed, samples=args.samples)
+                                               args.signal)
     result["elapsed_s"] = round(time.perf_counter() - started, 1)
     out(json.dumps(result, separators=(",", ":")))
     return 0

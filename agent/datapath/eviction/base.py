@@ -35,8 +35,16 @@ class EvictionPolicy(ABC):
 
     name = "base"
 
+    #: Infer reads from stores: storing a new block under a present parent means the request that stored it
+    #: used the whole prefix above it, so those blocks count as accessed (once per request). For callers that
+    #: see only stores, like an agent fed by engine KV events; with read reports as well it would count a
+    #: request's reads twice. Set on the instance.
+    infer_access = False
+
     def __init__(self) -> None:
-        self.tree = PrefixTree(on_leaf=self._leaf_added, off_leaf=self._leaf_removed)
+        self.tree = PrefixTree(
+            on_leaf=self._leaf_added, off_leaf=self._leaf_removed, on_branch=self._leaf_rebranched
+        )
         self.now = 0.0
 
     # -- the interface ---------------------------------------------------------------------------------
@@ -56,9 +64,24 @@ class EvictionPolicy(ABC):
                 )
             self._access(node, now)
             return
+        if self.infer_access and parent is not None:
+            self._infer_prefix_read(parent, now)
         node = self.tree.insert(block, parent, size_bytes, now)
         self.tree.mark_inserted(node)
         self._touched(node, now, True)
+
+    def _infer_prefix_read(self, parent: Key, now: float) -> None:
+        """Touch the attached prefix ending at ``parent``, root first, down from the first block not yet
+        touched at ``now`` (O(blocks touched): each block of a request at most once)."""
+        node = self.tree.get(parent)
+        if node is None or not node.attached:
+            return
+        chain: list[Block] = []
+        while node is not None and node.last < now:
+            chain.append(node)
+            node = node.parent
+        for block in reversed(chain):
+            self._access(block, now)
 
     def on_access(self, block: Key, now: float) -> None:
         """A stored block was read. Raises ``KeyError`` when ``block`` is not in the tree."""
@@ -164,6 +187,9 @@ class EvictionPolicy(ABC):
 
     def _leaf_removed(self, node: Block) -> None:
         """An attached leaf stopped being one (child added, removed, or detached)."""
+
+    def _leaf_rebranched(self, node: Block) -> None:
+        """An attached leaf's branch top changed (``node.top``); it is still a leaf."""
 
     def _touched(self, node: Block, now: float, inserted: bool) -> None:
         """A block was inserted (``inserted``) or accessed; ``node.count``/``last``/``tail`` are updated."""

@@ -91,18 +91,25 @@ class PrefixTree:
 
     ``on_leaf(block)`` is called when an attached block becomes a leaf (inserted without children, its last
     child removed, or its subtree re-attached); ``off_leaf(block)`` when an attached leaf stops being one (it
-    gets a child, is removed, or loses an ancestor). Both may be ``None``.
+    gets a child, is removed, or loses an ancestor); ``on_branch(block)`` when an attached leaf stays a leaf
+    but its branch top changed (a sibling appeared or left above it). Each may be ``None``.
 
     Counters: ``len(tree)`` blocks, :attr:`bytes` total, :attr:`orphaned_blocks` / :attr:`orphaned_bytes`
     (present but unreachable), :attr:`orphaned_total` (blocks ever orphaned by :meth:`remove`).
     """
 
-    def __init__(self, on_leaf: LeafHook | None = None, off_leaf: LeafHook | None = None) -> None:
+    def __init__(
+        self,
+        on_leaf: LeafHook | None = None,
+        off_leaf: LeafHook | None = None,
+        on_branch: LeafHook | None = None,
+    ) -> None:
         self._nodes: dict[Key, Block] = {}
         # Orphan roots waiting for their missing parent: parent key -> {key: block}.
         self._waiting: dict[Key, dict[Key, Block]] = {}
         self._on_leaf = on_leaf or (lambda b: None)
         self._off_leaf = off_leaf or (lambda b: None)
+        self._on_branch = on_branch or (lambda b: None)
         self.bytes = 0
         self.orphaned_blocks = 0
         self.orphaned_bytes = 0
@@ -254,13 +261,16 @@ class PrefixTree:
             only = next(iter(parent.children.values()))
             self._set_branch(only, parent.top)
 
-    @staticmethod
-    def _set_branch(start: Block, top: Block) -> None:
+    def _set_branch(self, start: Block, top: Block) -> None:
         node = start
         while True:
             node.top = top
             children = node.children
-            if children is None or len(children) != 1:
+            if children is None:
+                if node.attached:
+                    self._on_branch(node)
+                return
+            if len(children) != 1:
                 return
             node = next(iter(children.values()))
 

@@ -143,3 +143,39 @@ def test_transforms_keep_prefix_structure(head):
     full = eviction_traces.full_blocks(head)
     assert all(len(r.hash_ids) == r.input_length // 512 for r in full)
     assert all(r.input_length % 512 == 0 for r in full)
+
+
+@needs_trace
+def test_cli_signal_stores_tells_the_policies_only_the_stores(tmp_path, head):
+    path = tmp_path / "slice.jsonl"
+    write_trace(path, head[:400])
+    runs = {}
+    for signal in ("full", "stores", "stores-inferred"):
+        code, out, _ = run_main(["--trace", str(path), "--capacity-tokens", "51200", "--signal", signal,
+                                 "--policies", "lru,hit-density,belady"])
+        assert code == 0
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["signal"] == signal
+        runs[signal] = result["traces"][str(path)]["capacities"]["51200"]
+    assert runs["stores"]["belady"] == runs["full"]["belady"]  # the offline optimum is always told everything
+    for cap in runs.values():
+        assert cap["hit-density"]["orphaned"] == cap["lru"]["orphaned"] == 0
+    with pytest.raises(SystemExit):
+        run_main(["--signal", "reads"])
+
+
+@needs_trace
+def test_bound_refined_classes_never_bound_lower(tmp_path, head):
+    from bench import eviction_bound
+
+    path = tmp_path / "slice.jsonl"
+    write_trace(path, head)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert eviction_bound.main(["--trace", str(path), "--capacity-tokens", "102400", "204800"]) == 0
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    for row in result["capacities"].values():
+        # each set refines the one before it, and the holding times are chosen with hindsight
+        assert row["age only"] <= row["visits"] <= row["visits+depth"] <= row["visits+depth+gap"]
+        assert row["age only"] <= row["oracle: continues?"]
+        assert set(row["holding_s_by_visit_class"]) <= {"0", "1", "2", "3"}
