@@ -307,7 +307,7 @@ def check_master_ha(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         warnings.append(checks.Warning(
             f"KVPOOL_METADATA_SERVER={metadata!r} in HA mode: no master serves HTTP metadata in HA mode (a master's "
             "embedded server would die with it, and clients could no longer start).",
-            hint=f"Use the etcd endpoints, KVPOOL_METADATA_SERVER=etcd://{topology.etcd_endpoints[0]}, or "
+            hint=f"Use the etcd endpoints, KVPOOL_METADATA_SERVER=etcd://{';'.join(topology.etcd_endpoints)}, or "
                  "P2PHANDSHAKE.", obj="KVPOOL_METADATA_SERVER", id="kvpool.W009"))
     return warnings
 
