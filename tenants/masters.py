@@ -146,12 +146,20 @@ class MasterTopology:
         """
         from django.conf import settings
 
-        etcd = getattr(settings, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "") or ""
-        if isinstance(etcd, str) and not etcd.strip():
+        if not ha_configured():
             return cls.single(settings.KVPOOL_MASTER_ADDRESS, settings.KVPOOL_MASTER_ADMIN_URL)
-        return cls.ha_set(etcd, list(getattr(settings, "KVPOOL_MASTER_HA_ADDRESSES", [])),
+        return cls.ha_set(settings.KVPOOL_MASTER_HA_ETCD_ENDPOINTS,
+                          list(getattr(settings, "KVPOOL_MASTER_HA_ADDRESSES", [])),
                           list(getattr(settings, "KVPOOL_MASTER_HA_ADMIN_URLS", [])),
                           oplog=bool(getattr(settings, "KVPOOL_MASTER_HA_OPLOG", True)))
+
+
+def ha_configured() -> bool:
+    """Whether the settings put the masters in HA mode (``KVPOOL_MASTER_HA_ETCD_ENDPOINTS`` set)."""
+    from django.conf import settings
+
+    etcd = getattr(settings, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "") or ""
+    return not (isinstance(etcd, str) and not etcd.strip())
 
 
 def client_master_address_from_settings() -> str:
@@ -164,7 +172,6 @@ def client_master_address_from_settings() -> str:
     """
     from django.conf import settings
 
-    etcd = getattr(settings, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "") or ""
-    if isinstance(etcd, str) and not etcd.strip():
+    if not ha_configured():
         return settings.KVPOOL_MASTER_ADDRESS
-    return ha_master_address(etcd, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS")
+    return ha_master_address(settings.KVPOOL_MASTER_HA_ETCD_ENDPOINTS, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS")

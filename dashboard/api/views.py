@@ -86,7 +86,7 @@ class TenantViewSet(RegistryViewSet):
         in HA mode the one of master ``?master=`` (default 0)."""
         configs = render_masters(Tenant.objects.all(), RenderTarget.from_settings())
         raw = request.query_params.get("master", "0")
-        index = int(raw) if raw.isdigit() else -1
+        index = int(raw) if raw.isascii() and raw.isdecimal() else -1
         if not 0 <= index < len(configs):
             raise serializers.ValidationError({"master": [
                 f"Must be a master index from 0 to {len(configs) - 1}."]})

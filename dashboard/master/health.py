@@ -171,11 +171,11 @@ def probe_master(metrics_url: str | None = None, *, now: datetime | None = None)
     from django.utils import timezone
 
     from dashboard.models import MasterHealth
-    from tenants.masters import MasterTopology
+    from tenants.masters import ha_configured
 
     now = now or timezone.now()
     timeout = settings.KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS
-    ha = metrics_url is None and MasterTopology.from_settings().ha
+    ha = metrics_url is None and ha_configured()
     view = None
     if ha:
         view, reading, error = _read_ha(timeout)

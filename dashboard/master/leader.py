@@ -131,8 +131,12 @@ def leader_admin_url(topology: Any = None) -> str:
     Raises:
         NoLeader: HA mode and no master serves as leader at the moment (the message says what each answered).
     """
-    from tenants.masters import MasterTopology
+    from django.conf import settings
 
+    from tenants.masters import MasterTopology, ha_configured
+
+    if topology is None and not ha_configured():
+        return settings.KVPOOL_MASTER_ADMIN_URL
     topology = topology or MasterTopology.from_settings()
     if not topology.ha:
         return topology.masters[0].admin_url

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from tenants.masters import MasterNode, MasterTopology
+from tenants.masters import MasterNode, MasterTopology, ha_configured
 from tenants.quota import format_quota
 from tenants.rendering.types import RenderedConfig, RenderTarget
 from tenants.room import MasterEviction
@@ -97,15 +97,16 @@ def render_master(tenants: Iterable, endpoints: RenderTarget, *, binary: str = "
 
 def render_masters(tenants: Iterable, endpoints: RenderTarget, topology: MasterTopology | None = None, *,
                    binary: str = "mooncake_master", eviction: MasterEviction | None = None) -> list[RenderedConfig]:
-    """Every master of ``topology`` (default ``MasterTopology.from_settings()``), in order: one
+    """Every master of ``topology`` (default: the settings', ``MasterTopology.from_settings()``), in order: one
     ``render_master`` each (an HA set's share the quota policy, the etcd endpoints and every flag but their own
     addresses). One master without HA renders as ``render_master(tenants, endpoints)`` does.
 
     Raises ``ValueError`` as ``render_master`` and ``MasterTopology.from_settings``.
     """
-    topology = topology or MasterTopology.from_settings()
+    if topology is None:
+        topology = MasterTopology.from_settings() if ha_configured() else None
     tenants = list(tenants)
-    if not topology.ha:
+    if topology is None or not topology.ha:
         return [render_master(tenants, endpoints, binary=binary, eviction=eviction)]
     return [render_master(tenants, endpoints, binary=binary, eviction=eviction, master=master, topology=topology)
             for master in topology.masters]

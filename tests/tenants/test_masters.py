@@ -120,6 +120,6 @@ def test_master_config_endpoint_renders_the_chosen_ha_master(ha, admin_api, tena
     second = admin_api.get("/api/v1/tenants/master-config/?master=1").json()
     assert (first["master_index"], second["master_index"], second["masters"]) == (0, 1, 2)
     assert "--rpc_address=10.0.0.12" in second["argv"] and "--enable_ha=true" in second["argv"]
-    for bad in ("2", "x", "-1"):
+    for bad in ("2", "x", "-1", "\u00b2", "99999999999999999999"):
         response = admin_api.get(f"/api/v1/tenants/master-config/?master={bad}")
         assert response.status_code == 400 and "from 0 to 1" in response.json()["master"][0]
