@@ -203,6 +203,9 @@ def probe_master(metrics_url: str | None = None, *, now: datetime | None = None)
                 row.view_version = elected.view_version
             row.standbys = view.standbys
             row.masters_down = "; ".join(f"{m.rpc_address}: {m.error}" for m in view.down)[:2000]
+        elif metrics_url is None:  # one master (again): no leader, standbys or down masters to show
+            row.leader_address = row.leader_admin_url = row.masters_down = ""
+            row.view_version = row.standbys = None
         if reading is None:
             if row.up or row.down_since is None:
                 log.warning("master down: %s", error)
