@@ -35,7 +35,9 @@ Scenarios (each one after the previous recovered):
   are mounted there again: its capacity is back to ``capacity_before``); and ``keys_before`` /
   ``keys_after`` (the leader's ``master_key_count`` just before the kill and once serving), ``capacity_before`` /
   ``capacity_after``. Recovered: the killed master is started again (a standby) and every check passes but
-  ``master_healthy`` (flagged for ``KVPOOL_MASTER_FAILOVER_FLAG_SECONDS``).
+  ``master_healthy`` (flagged for ``KVPOOL_MASTER_FAILOVER_FLAG_SECONDS``). Then, the load paused as for
+  ``agent``: ``occupancy_settled_s`` (kill → the agents' reported occupancy equals what the new leader charges) and
+  ``occupancy_error``.
 * ``database`` — stop PostgreSQL for ``--db-down`` seconds, start it again. Detected: ``/metrics`` fails (the
   scrape target is down; no check can run without the database); recovered once every check passes again. Agent
   messages that arrive meanwhile wait in the broker: the ingest task retries while the database is unreachable.
@@ -583,6 +585,15 @@ def scenario_failover(demo: FaultDemo, load: Load) -> dict[str, Any]:
         return bool(view is not None and not (set(view["failed"]) - EXPECTED_FAILURES)
                     and view["metrics"].get("kvpool_master_standbys") == 1)
     figures["recover_s"] = wait(recovered, 120)
+    # as for ``agent``: with the load paused and the queues empty, do the ledgers equal what the new leader charges?
+    load.paused.set()
+    wait(lambda: queued_batches(demo) == 0, 60, interval=0.5)
+    time.sleep(4)
+    settled = wait(lambda: (e := occupancy_error(demo.master)) is not None and e <= OCCUPANCY_TOLERANCE, 60,
+                   interval=0.5)
+    figures["occupancy_error"] = occupancy_error(demo.master)
+    figures["occupancy_settled_s"] = None if settled is None else round(time.monotonic() - killed, 2)
+    load.paused.clear()
     return figures
 
 
