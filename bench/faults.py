@@ -1,6 +1,6 @@
 """Fault suite: break one part of a running system at a time and measure what the dashboard shows.
 
-    python -m bench.faults [--scenarios master,broker,agent,worker,database] [--requests N] [--speed X]
+    python -m bench.faults [--scenarios master,broker,agent,worker,database|failover] [--requests N] [--speed X]
                            [--keep-workdir]
 
 Set-up: the demo's system (``demo.cli.Demo``: a private ``redis-server`` — here with append-only persistence —,
@@ -24,6 +24,20 @@ Scenarios (each one after the previous recovered):
   ``occupancy_error``.
 * ``worker`` — SIGKILL the dashboard's Celery worker (ingest and beat), restart it once flagged. Detected as
   ``broker`` (and the master probe goes stale).
+* ``failover`` — the masters in HA mode (chosen with this scenario; not with ``master``): a real ``etcd`` (Debian's
+  ``etcd-server``, started here on free ports in the work directory) and two ``mooncake_master --enable_ha=true
+  --enable_oplog=true`` (``agent.sim.ha.HAMasterSet``, a policy file each, as on two hosts); the dashboard and the
+  agents get ``KVPOOL_MASTER_HA_*`` and ``etcd://`` addresses. Under load, a registry quota change (which the
+  standby's policy file does not have), then SIGKILL of the leader. Detected: ``master_healthy`` fails and
+  ``kvpool_master_failovers_total`` grows. Also measured from the kill: ``elected_s`` (a standby leads),
+  ``serving_s`` (it serves); from ``serving_s``: ``quotas_held_s`` (the new leader's requested quotas equal the
+  registry's), ``stored_s`` (the new leader completed a put from the agents), ``remounted_s`` (the agents' segments
+  are mounted there again: its capacity is back to ``capacity_before``); and ``keys_before`` /
+  ``keys_after`` (the leader's ``master_key_count`` just before the kill and once serving), ``capacity_before`` /
+  ``capacity_after``. Recovered: the killed master is started again (a standby) and every check passes but
+  ``master_healthy`` (flagged for ``KVPOOL_MASTER_FAILOVER_FLAG_SECONDS``). Then, the load paused as for
+  ``agent``: ``occupancy_settled_s`` (kill → the agents' reported occupancy equals what the new leader charges) and
+  ``occupancy_error``.
 * ``database`` — stop PostgreSQL for ``--db-down`` seconds, start it again. Detected: ``/metrics`` fails (the
   scrape target is down; no check can run without the database); recovered once every check passes again. Agent
   messages that arrive meanwhile wait in the broker: the ingest task retries while the database is unreachable.
@@ -34,8 +48,8 @@ passes again; ``master``: reported occupancy equals the master's), ``reports_los
 plus messages the outboxes dropped), ``reports_duplicated`` (occupancy rows stored twice for one report),
 ``duplicates_refused_total`` (redeliveries ingest refused as ``duplicate``, since the start),
 ``occupancy_error`` (after recovery: max over tenants of ``|reported - charged| / max(charged, 1 MiB)``).
-Done when every scenario has 0 lost, 0 duplicated, ``detect_s`` <= 15, (``master``) ``recover_s`` <= 30 and
-(``agent``) an ``occupancy_settled_s``.
+Done when every scenario has 0 lost, 0 duplicated, ``detect_s`` <= 15, (``master``) ``recover_s`` <= 30,
+(``agent``) an ``occupancy_settled_s`` and (``failover``) ``quotas_held_s`` <= 5 and a ``stored_s``.
 The last stdout line is one JSON object; exit status 0 when every scenario passed.
 """
 from __future__ import annotations
@@ -56,16 +70,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.sim.master import sample_values
+from agent.sim.master import MasterError, sample_values
 from demo.cli import Demo
 from demo.cli import parse_args as demo_args
 from demo.procs import DemoError, Service
 
-SCENARIOS = ("master", "broker", "agent", "worker", "database")
+SCENARIOS = ("master", "broker", "agent", "worker", "database", "failover")
+#: Scenarios run in the default order when none are named (``failover`` needs the HA set-up: name it alone).
+DEFAULT_SCENARIOS = ("master", "broker", "agent", "worker", "database")
 #: Fault → flagged on Checks and in /metrics, seconds (issue 13).
 DETECT_LIMIT_S = 15.0
 #: Master restart → reported occupancy equals the Store, seconds (issue 13).
 MASTER_RECOVER_LIMIT_S = 30.0
+#: New leader serving → its requested quotas equal the registry's, seconds (issue 19).
+QUOTA_HOLD_LIMIT_S = 5.0
 #: Reported vs charged bytes per tenant count as equal within this share (or 1 MiB).
 OCCUPANCY_TOLERANCE = 0.02
 MIB = 1 << 20
@@ -142,10 +160,31 @@ class PrivatePostgres:
 class FaultDemo(Demo):
     """The demo's services with a persistent Redis and a private PostgreSQL (see the module docstring)."""
 
-    def __init__(self, args: argparse.Namespace, postgres: PrivatePostgres) -> None:
+    def __init__(self, args: argparse.Namespace, postgres: PrivatePostgres, *, ha: bool = False) -> None:
         super().__init__(args)
         self.postgres = postgres
         self.redis_service: Service | None = None
+        self.ha = ha
+        self.master_set: Any = None
+
+    def start_master(self) -> None:
+        """HA mode: etcd and two HA masters (``agent.sim.ha.HAMasterSet``, the demo's flags); else the demo's."""
+        if not self.ha:
+            return super().start_master()
+        from agent.sim.ha import HAMasterSet
+        from agent.sim.master import MasterError
+
+        self.master_set = HAMasterSet({}, count=2, workdir=self.var / "masters", eviction_high_watermark_ratio=0.9,
+                                      eviction_ratio=0.1, default_kv_lease_ttl=1000)
+        self.sup.on_stop("mooncake_master HA set and etcd", self.master_set.stop)
+        try:
+            self.master_set.start()
+        except MasterError as exc:
+            raise DemoError(str(exc)) from None
+        self.master = LeaderView(self.master_set)
+        self.say(f"etcd {self.master_set.etcd.endpoint}; HA masters "
+                 f"{', '.join(m.rpc_address for m in self.master_set.masters)} (leader "
+                 f"{self.master_set.masters[0].rpc_address}); clients use {self.master_set.client_address}")
 
     def say(self, message: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", file=sys.stderr, flush=True)
@@ -178,10 +217,37 @@ class FaultDemo(Demo):
         env = super().django_env()
         env.update({"DATABASE_URL": self.postgres.url, "KVPOOL_HEARTBEAT_SILENCE_SECONDS": "12",
                     "KVPOOL_MASTER_PROBE_SECONDS": "5", "KVPOOL_BROKER_VISIBILITY_TIMEOUT": "10"})
+        if self.ha:
+            masters = self.master_set.masters
+            env.update({"KVPOOL_MASTER_HA_ETCD_ENDPOINTS": self.master_set.etcd.endpoint,
+                        "KVPOOL_MASTER_HA_ADDRESSES": ",".join(m.rpc_address for m in masters),
+                        "KVPOOL_MASTER_HA_ADMIN_URLS": ",".join(m.admin_url for m in masters),
+                        "KVPOOL_METADATA_SERVER": self.master_set.metadata_server})
         return env
 
     def service(self, name: str) -> Service:
         return next(s for s in self.sup.services if s.name == name)
+
+
+class LeaderView:
+    """``Demo.master`` in HA mode: the first master's addresses and flags (``Demo.django_env`` sets them; HA mode
+    does not use the address and admin URL, ``FaultDemo.django_env`` adds the set's), the set's metadata server,
+    and the admin API and metrics of whichever master leads now."""
+
+    def __init__(self, masters: Any) -> None:
+        self.masters = masters
+        first = masters.masters[0]
+        self.rpc_address = first.rpc_address
+        self.metadata_server = masters.metadata_server
+        self.admin_url = first.admin_url
+        self.eviction_high_watermark_ratio = first.eviction_high_watermark_ratio
+        self.eviction_ratio = first.eviction_ratio
+
+    def tenant_quotas(self) -> list[dict[str, Any]]:
+        return self.masters.tenant_quotas()
+
+    def metrics(self) -> dict[str, float]:
+        return self.masters.metrics()
 
 
 class Load:
@@ -226,8 +292,10 @@ def setup_django(env: dict[str, str]) -> None:
     """Configure this process's Django like the dashboard's (same database)."""
     for key in ("DJANGO_SETTINGS_MODULE", "DJANGO_SECRET_KEY", "DATABASE_URL", "KVPOOL_VAR_DIR",
                 "KVPOOL_MASTER_ADMIN_URL", "KVPOOL_HEARTBEAT_SILENCE_SECONDS", "KVPOOL_MASTER_PROBE_SECONDS",
-                "CELERY_BROKER_URL"):
-        os.environ[key] = env[key]
+                "CELERY_BROKER_URL", "KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "KVPOOL_MASTER_HA_ADDRESSES",
+                "KVPOOL_MASTER_HA_ADMIN_URLS", "KVPOOL_METADATA_SERVER"):
+        if key in env:
+            os.environ[key] = env[key]
     import django
 
     django.setup()
@@ -428,6 +496,114 @@ def scenario_worker(demo: FaultDemo, load: Load) -> dict[str, Any]:
     return {"detect_s": detect, "recover_s": recover}
 
 
+def stored_count(metrics: dict[str, float]) -> int:
+    """Objects a master completed putting since it started (``master_put_end_requests_total`` plus
+    ``master_batch_put_end_items_total``, less their failures)."""
+    get = metrics.get
+    return int(get("master_put_end_requests_total", 0) - get("master_put_end_failures_total", 0)
+               + get("master_batch_put_end_items_total", 0) - get("master_batch_put_end_failed_items_total", 0))
+
+
+def registry_quotas() -> dict[str, int]:
+    """``tenant_id -> quota_bytes`` of the registry (this process reads the dashboard's database)."""
+    from django.db import connection
+
+    from tenants.models import Tenant
+
+    quotas = dict(Tenant.objects.values_list("tenant_id", "quota_bytes"))
+    connection.close()
+    return quotas
+
+
+def scenario_failover(demo: FaultDemo, load: Load) -> dict[str, Any]:
+    """SIGKILL the HA leader under load (module docstring): first a registry quota change only the leader gets (the
+    standby's policy file was written at its start), then the kill; the dashboard must flag the failover and give
+    the new leader the registry's quotas, the agents' clients must follow it."""
+    masters = demo.master_set
+    old = masters.leader()
+    if old is None:
+        raise DemoError("no HA master leads before the failover")
+    tenant = next(t for t in demo.api.iterate("tenants/") if t["tenant_id"] == "globex")
+    raised = int(tenant["quota_bytes"]) + MIB
+    demo.api.patch(f"tenants/{tenant['id']}/", {"quota_bytes": raised})
+    if wait(lambda: {q["tenant_id"]: q["requested_quota_bytes"] for q in old.tenant_quotas()}.get("globex")
+            == raised, 60) is None:
+        raise DemoError("the quota change did not reach the leader before the failover")
+    view = dashboard_view() or {"metrics": {}}
+    failovers_before = view["metrics"].get("kvpool_master_failovers_total", 0)
+    before = old.metrics()
+    keys_before, capacity_before = int(before["master_key_count"]), int(before["master_total_capacity_bytes"])
+    old.kill()
+    killed = time.monotonic()
+    marks: dict[str, float] = {}
+    new = None
+    after: dict[str, float] = {}
+    while len(marks) < 6 and time.monotonic() - killed < 120:
+        now = time.monotonic()
+        if "elected" not in marks and any(m is not old and m.running and _role(m) == "leader" for m in masters.masters):
+            marks["elected"] = now
+        leader = masters.leader()
+        if leader is not None and leader is not old:
+            new = leader
+            marks.setdefault("elected", now)
+            marks.setdefault("serving", now)
+            try:
+                held = {q["tenant_id"]: q["requested_quota_bytes"] for q in new.tenant_quotas()}
+                after = new.metrics()
+            except (OSError, MasterError):
+                held = {}
+            if "quotas" not in marks and held and all(held.get(t) == q for t, q in registry_quotas().items()):
+                marks["quotas"] = now
+            if "stored" not in marks and after and stored_count(after) > 0:
+                marks["stored"] = now
+            if "remounted" not in marks and after and after.get("master_total_capacity_bytes", 0) >= capacity_before:
+                marks["remounted"] = now
+        if "detected" not in marks:
+            view = dashboard_view()
+            if view is not None and "master_healthy" in view["failed"] and \
+                    view["metrics"].get("kvpool_master_failovers_total", 0) > failovers_before:
+                marks["detected"] = now
+        time.sleep(0.2)
+    EXPECTED_FAILURES.add("master_healthy")  # flagged for KVPOOL_MASTER_FAILOVER_FLAG_SECONDS
+
+    def since(mark: str, start: float | None) -> float | None:
+        return None if mark not in marks or start is None else round(marks[mark] - start, 2)
+
+    serving = marks.get("serving")
+    figures: dict[str, Any] = {
+        "detect_s": since("detected", killed), "elected_s": since("elected", killed),
+        "serving_s": since("serving", killed), "quotas_held_s": since("quotas", serving),
+        "stored_s": since("stored", serving), "remounted_s": since("remounted", serving), "keys_before": keys_before,
+        "keys_after": int(after.get("master_key_count", -1)) if after else None,
+        "capacity_before": capacity_before,
+        "capacity_after": int(after.get("master_total_capacity_bytes", -1)) if after else None,
+        "old_leader": old.rpc_address, "new_leader": new.rpc_address if new is not None else None}
+    old.start(keep_ports=True)  # back as a standby
+
+    def recovered() -> bool:
+        view = dashboard_view()
+        return bool(view is not None and not (set(view["failed"]) - EXPECTED_FAILURES)
+                    and view["metrics"].get("kvpool_master_standbys") == 1)
+    figures["recover_s"] = wait(recovered, 120)
+    # as for ``agent``: with the load paused and the queues empty, do the ledgers equal what the new leader charges?
+    load.paused.set()
+    wait(lambda: queued_batches(demo) == 0, 60, interval=0.5)
+    time.sleep(4)
+    settled = wait(lambda: (e := occupancy_error(demo.master)) is not None and e <= OCCUPANCY_TOLERANCE, 60,
+                   interval=0.5)
+    figures["occupancy_error"] = occupancy_error(demo.master)
+    figures["occupancy_settled_s"] = None if settled is None else round(time.monotonic() - killed, 2)
+    load.paused.clear()
+    return figures
+
+
+def _role(master) -> str:
+    try:
+        return str(master.health().get("role", ""))
+    except (OSError, ValueError):
+        return ""
+
+
 def scenario_database(demo: FaultDemo, load: Load, down: float) -> dict[str, Any]:
     """Stop PostgreSQL for ``down`` seconds. It shows as ``/metrics`` failing (Prometheus' ``up`` of the dashboard
     target drops to 0): no check can run without the database."""
@@ -452,7 +628,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     postgres.init()
     dargs = demo_args(["--private-redis", "--var-dir", str(workdir / "demo"), "--requests", str(args.requests),
                        "--speed", str(args.speed), "--port", str(free_ports(1)[0])])
-    demo = FaultDemo(dargs, postgres)
+    demo = FaultDemo(dargs, postgres, ha="failover" in args.scenarios)
     results: dict[str, Any] = {}
     ok = False
     try:
@@ -483,6 +659,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 figures = scenario_agent(demo, load)
             elif name == "worker":
                 figures = scenario_worker(demo, load)
+            elif name == "failover":
+                figures = scenario_failover(demo, load)
             else:
                 figures = scenario_database(demo, load, args.db_down)
             wait(lambda: drained(demo), 60)
@@ -498,7 +676,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 and detect is not None and detect <= DETECT_LIMIT_S
                 and figures["recover_s"] is not None
                 and (name != "master" or figures["recover_s"] <= MASTER_RECOVER_LIMIT_S)
-                and (name != "agent" or figures["occupancy_settled_s"] is not None))
+                and (name != "agent" or figures["occupancy_settled_s"] is not None)
+                and (name != "failover" or (figures["quotas_held_s"] is not None
+                                            and figures["quotas_held_s"] <= QUOTA_HOLD_LIMIT_S
+                                            and figures["stored_s"] is not None)))
             results[name] = figures
             demo.say(f"scenario {name}: {json.dumps(figures)}")
             wait(all_pass, 60)
@@ -516,8 +697,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help=f"comma-separated, in order (default {','.join(SCENARIOS)})")
+    p.add_argument("--scenarios", default=",".join(DEFAULT_SCENARIOS),
+                   help=f"comma-separated, in order (default {','.join(DEFAULT_SCENARIOS)}; failover runs the "
+                   "masters in HA mode, so not with master)")
     p.add_argument("--requests", type=int, default=6000, help="trace requests replayed as load (default 6000)")
     p.add_argument("--speed", type=float, default=10.0, help="trace seconds per second (default 10)")
     p.add_argument("--stall", type=float, default=20.0, help="seconds the broker stalls (default 20)")
@@ -529,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
         p.error(f"--scenarios: unknown {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    if {"failover", "master"} <= set(args.scenarios):
+        p.error("--scenarios: failover runs the masters in HA mode, master restarts a master without HA: "
+                "run them apart")
     try:
         result = run(args)
     except DemoError as exc:

@@ -623,7 +623,8 @@ def check_master_healthy(now: datetime) -> CheckResult:
     """Fail while the newest master probe (``dashboard.master.health``) could not read the master, when no probe
     ran for ``3 * KVPOOL_MASTER_PROBE_SECONDS`` (at least 15 s) since the first one, and for
     ``KVPOOL_MASTER_RESTART_FLAG_SECONDS`` after a detected restart (every object of the pool was lost; the agents'
-    ledgers follow within seconds)."""
+    ledgers follow within seconds); in HA mode also for ``KVPOOL_MASTER_FAILOVER_FLAG_SECONDS`` after a failover,
+    and while no standby answers."""
     from django.conf import settings
 
     from dashboard.master.health import current_health
@@ -643,17 +644,28 @@ def check_master_healthy(now: datetime) -> CheckResult:
         problems.append(f"{row.last_restart_reason} at {row.last_restart_at:%Y-%m-%d %H:%M:%S} UTC: every object "
                         "in the pool was lost; agents drop the lost blocks from their ledgers at their next Store "
                         "probe")
+    failover_flag = timedelta(seconds=settings.KVPOOL_MASTER_FAILOVER_FLAG_SECONDS)
+    if row.last_failover_at is not None and now - row.last_failover_at <= failover_flag:
+        problems.append(f"{row.last_failover_reason} at {row.last_failover_at:%Y-%m-%d %H:%M:%S} UTC: clients "
+                        "followed the new leader; the registry's quotas are pushed to it")
+    ha = bool(row.leader_address)
+    if ha and row.checked_at is not None and row.up and not row.standbys:
+        down = f" ({row.masters_down})" if row.masters_down else ""
+        problems.append(f"no standby master answers{down}: nothing takes over if leader {row.leader_address} stops")
     passed = not problems
     if row.checked_at is None:
         summary = "the master was not probed yet (the dashboard's Celery beat probes it)"
     elif passed:
         summary = (f"master up, {row.key_count} key(s), {humanize_bytes(row.capacity_bytes or 0)} mounted; "
                    f"{row.restarts} restart(s) seen")
+        if ha:
+            summary += (f"; HA: leader {row.leader_address}, {row.standbys} standby(s), "
+                        f"{row.failovers} failover(s) seen")
     else:
         summary = "; ".join(problems)[:300]
-    return CheckResult("master_healthy", "Master up, no recent restart",
-                       "Mooncake master: a restart without HA loses every cached object.", passed, summary,
-                       _capped(problems))
+    return CheckResult("master_healthy", "Master up, no recent restart or failover",
+                       "Mooncake master: a restart without HA loses every cached object; in HA mode a standby "
+                       "takes over.", passed, summary, _capped(problems))
 
 
 def check_nodes_reporting(now: datetime) -> CheckResult:

@@ -24,6 +24,7 @@ parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings 
 ``E013``       a Celery beat period or the broker's ``visibility_timeout`` is not a positive number
 ``E014``       ``SECRET_KEY`` is empty or the development key while ``DEBUG`` is off
 ``E015``       ``SECURE_PROXY_SSL_HEADER`` is not ``("HTTP_<HEADER>", "<value>")``
+``E016``       the HA master settings (``KVPOOL_MASTER_HA_*``) do not make an HA set (``tenants.masters``)
 ``W001``       ``KVPOOL_STORE_PROTOCOL`` is neither ``tcp`` nor ``rdma``
 ``W002``       ``KVPOOL_PUSH_EXPIRES_SECONDS`` < ``KVPOOL_REPUSH_AFTER_SECONDS``
 ``W003``       ``KVPOOL_AGENT_MESSAGE_MAX_AGE_SECONDS`` > ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``
@@ -31,6 +32,8 @@ parser can see. Errors (``kvpool.E…``) stop the commands that check; warnings 
 ``W005``       ``KVPOOL_METRICS_WINDOW_SECONDS`` shorter than two agent reports
 ``W006``       ``KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS`` not shorter than the master sampling period
 ``W007``       ``KVPOOL_METADATA_SERVER`` is none of the forms Mooncake documents
+``W009``       HA mode with one master only, or with an ``http(s)://`` metadata server (a master's embedded one dies
+               with it; HA clients use the etcd endpoints or ``P2PHANDSHAKE``)
 ``W008``       (``check --deploy`` only) ``KVPOOL_METRICS_TOKEN`` is empty while ``DEBUG`` is off: ``/metrics`` is
                open to anyone who reaches the dashboard, and its gauges name every tenant
 =============  ===========================================================================================
@@ -75,6 +78,7 @@ _INTEGERS: dict[str, int] = {
     "KVPOOL_MAX_INSTANCES_PER_TENANT_PER_NODE": 1,
     "KVPOOL_MAX_INSTANCES_PER_TENANT": 1,
     "KVPOOL_MAX_REQUEST_GROUPS_PER_TENANT": 1,
+    "KVPOOL_MASTER_FAILOVER_FLAG_SECONDS": 1,
 }
 
 #: Unit of each integer setting in messages, by the end of its name (seconds otherwise).
@@ -273,6 +277,40 @@ def check_master_endpoints(app_configs=None, **kwargs) -> list[checks.CheckMessa
                                    hint="RDMA device names separated by commas, or '' for TCP / auto-detection.",
                                    obj="KVPOOL_STORE_DEVICE", id="kvpool.E008"))
     return errors
+
+
+@checks.register(TAG)
+def check_master_ha(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """E016, W009: the HA master set (``tenants.masters.MasterTopology``) when ``KVPOOL_MASTER_HA_ETCD_ENDPOINTS``
+    is set."""
+    from tenants.masters import MasterTopology
+
+    etcd = getattr(settings, "KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "")
+    if isinstance(etcd, str) and not etcd.strip():
+        return []
+    hint = ("HA mode: KVPOOL_MASTER_HA_ETCD_ENDPOINTS=10.0.0.1:2379;10.0.0.2:2379, "
+            "KVPOOL_MASTER_HA_ADDRESSES=10.0.0.11:50051,10.0.0.12:50051 and "
+            "KVPOOL_MASTER_HA_ADMIN_URLS=http://10.0.0.11:9003,http://10.0.0.12:9003 (same order); see docs/ha.md.")
+    try:
+        if not isinstance(etcd, str):
+            raise ValueError(f"KVPOOL_MASTER_HA_ETCD_ENDPOINTS must be a string, not {etcd!r}")
+        topology = MasterTopology.from_settings()
+    except (TypeError, ValueError) as exc:
+        return [checks.Error(f"{exc}.", hint=hint, obj="KVPOOL_MASTER_HA_ETCD_ENDPOINTS", id="kvpool.E016")]
+    warnings: list[checks.CheckMessage] = []
+    if len(topology.masters) < 2:
+        warnings.append(checks.Warning(
+            "HA mode with one master: nothing takes over when it stops.",
+            hint="List a standby in KVPOOL_MASTER_HA_ADDRESSES and KVPOOL_MASTER_HA_ADMIN_URLS.",
+            obj="KVPOOL_MASTER_HA_ADDRESSES", id="kvpool.W009"))
+    metadata = getattr(settings, "KVPOOL_METADATA_SERVER", "")
+    if isinstance(metadata, str) and metadata.lower().startswith(("http://", "https://")):
+        warnings.append(checks.Warning(
+            f"KVPOOL_METADATA_SERVER={metadata!r} in HA mode: no master serves HTTP metadata in HA mode (a master's "
+            "embedded server would die with it, and clients could no longer start).",
+            hint=f"Use the etcd endpoints, KVPOOL_METADATA_SERVER=etcd://{';'.join(topology.etcd_endpoints)}, or "
+                 "P2PHANDSHAKE.", obj="KVPOOL_METADATA_SERVER", id="kvpool.W009"))
+    return warnings
 
 
 @checks.register(TAG)

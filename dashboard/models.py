@@ -400,6 +400,12 @@ class MasterHealth(models.Model):
     that probe; ``counters_total`` — the sum of the master's ``master_*_total`` request counters (they only go
     down when the process restarted); ``restarts`` — restarts detected since this row exists (a counter);
     ``last_restart_at`` / ``last_restart_reason`` — the newest one.
+
+    HA mode (``dashboard.master.leader``): ``leader_address`` / ``leader_admin_url`` / ``view_version`` — the
+    master that won the newest election (serving or warming up) and the election's counter; ``standbys`` — masters
+    answering as standbys at the newest probe; ``masters_down`` — the ones that did not answer, and why;
+    ``failovers`` — elections seen since this row exists (another master, or the same one again, leads: a counter);
+    ``last_failover_at`` / ``last_failover_reason`` — the newest one.
     """
 
     up = models.BooleanField(default=False)
@@ -416,9 +422,17 @@ class MasterHealth(models.Model):
     last_restart_at = models.DateTimeField(null=True, blank=True)
     last_restart_reason = models.TextField(blank=True, default="")
     key_count_before_restart = models.BigIntegerField(null=True, blank=True)
+    leader_address = models.CharField(max_length=300, blank=True, default="")
+    leader_admin_url = models.CharField(max_length=300, blank=True, default="")
+    view_version = models.BigIntegerField(null=True, blank=True)
+    standbys = models.IntegerField(null=True, blank=True)
+    masters_down = models.TextField(blank=True, default="")
+    failovers = models.IntegerField(default=0)
+    last_failover_at = models.DateTimeField(null=True, blank=True)
+    last_failover_reason = models.TextField(blank=True, default="")
 
     def __str__(self) -> str:
-        return f"master {'up' if self.up else 'down'} ({self.restarts} restart(s))"
+        return f"master {'up' if self.up else 'down'} ({self.restarts} restart(s), {self.failovers} failover(s))"
 
 
 

@@ -272,6 +272,16 @@ KVPOOL_MASTER_ADDRESS = env_str("KVPOOL_MASTER_ADDRESS", "127.0.0.1:50051")
 KVPOOL_METADATA_SERVER = env_str("KVPOOL_METADATA_SERVER", "http://127.0.0.1:8080/metadata")
 KVPOOL_MASTER_ADMIN_URL = env_str("KVPOOL_MASTER_ADMIN_URL", "http://127.0.0.1:9003")
 KVPOOL_STORE_PROTOCOL = env_str("KVPOOL_STORE_PROTOCOL", "tcp")
+# The master in HA mode (tenants.masters, docs/ha.md): etcd endpoints (host:port, ';' or ',' between them; empty =
+# one master, the two settings above), each master's RPC host:port and admin URL in the same order (comma-separated),
+# and --enable_oplog (standbys replay the leader's metadata: objects survive a failover). Clients then get
+# master_server_address=etcd://<endpoints>; KVPOOL_MASTER_ADDRESS and KVPOOL_MASTER_ADMIN_URL are not used.
+KVPOOL_MASTER_HA_ETCD_ENDPOINTS = env_str("KVPOOL_MASTER_HA_ETCD_ENDPOINTS", "")
+KVPOOL_MASTER_HA_ADDRESSES = env_list("KVPOOL_MASTER_HA_ADDRESSES", [])
+KVPOOL_MASTER_HA_ADMIN_URLS = env_list("KVPOOL_MASTER_HA_ADMIN_URLS", [])
+KVPOOL_MASTER_HA_OPLOG = env_bool("KVPOOL_MASTER_HA_OPLOG", True)
+# A detected failover (another master leads) fails the master_healthy check for this long (dashboard.checklist).
+KVPOOL_MASTER_FAILOVER_FLAG_SECONDS = env_int("KVPOOL_MASTER_FAILOVER_FLAG_SECONDS", 600, minimum=1)
 # Rendered into every engine's Mooncake client config: device (RDMA NIC, "" for TCP), mounted segment and
 # transfer buffer sizes in bytes, and where engine config files are written on the nodes.
 KVPOOL_STORE_DEVICE = env_str("KVPOOL_STORE_DEVICE", "")

@@ -3,7 +3,7 @@
 Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
 ``dashboard.telemetry.drain``). Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,
-sample_master_quotas, probe_master.
+sample_master_quotas, probe_master (which starts sync_quotas_to_leader after a failover).
 """
 from __future__ import annotations
 
@@ -100,6 +100,25 @@ def sync_master_quotas(tenant_ids: list[str] | None = None) -> dict[str, int]:
     return sync_quotas(tenant_ids)
 
 
+#: After a failover: seconds between attempts to reach the new leader (it serves about 5 s after its election) and
+#: how many attempts (the new leader gets the registry's quotas within about a second of serving).
+FAILOVER_SYNC_RETRY_SECONDS = 1
+FAILOVER_SYNC_ATTEMPTS = 120
+
+
+@app.task(name="dashboard.sync_quotas_to_leader", ignore_result=True, bind=True,
+          max_retries=FAILOVER_SYNC_ATTEMPTS)
+def sync_quotas_to_leader(self) -> dict[str, int]:
+    """After a failover (``dashboard.master.health``): push the registry's quotas to the new leader as soon as it
+    serves: while no master serves (election, warm-up), retry every ``FAILOVER_SYNC_RETRY_SECONDS``."""
+    from dashboard.master.quota_sync import sync_quotas
+
+    try:
+        return sync_quotas()
+    except MasterUnavailable as exc:
+        raise self.retry(exc=exc, countdown=FAILOVER_SYNC_RETRY_SECONDS) from None
+
+
 @app.task(name="dashboard.sample_master_quotas", ignore_result=True)
 def sample_master_quotas() -> int:
     """Periodic: store each tenant's requested/effective/charged bytes and admission flags from the master."""
@@ -114,20 +133,24 @@ def sample_master_quotas() -> int:
 
 @app.task(name="dashboard.probe_master", ignore_result=True)
 def probe_master() -> dict[str, Any]:
-    """Periodic: read the master's ``/metrics``, record up/down and detect a restart
-    (``dashboard.master.health``); after a restart, push the registry's quotas to the new master at once; when the
+    """Periodic: read the master's ``/metrics`` (HA mode: every master's ``/health`` too), record up/down and detect
+    a restart or a failover (``dashboard.master.health``); after a restart, push the registry's quotas to the new
+    master at once, after a failover to the new leader as soon as it serves (``sync_quotas_to_leader``); when the
     mounted capacity changed, re-render the nodes whose documents carry implicit budgets."""
     from django.conf import settings
 
     from dashboard.master.health import current_health
     from dashboard.master.health import probe_master as run
 
-    capacity = current_health().capacity_bytes
-    row, restart = run()
-    if restart and settings.KVPOOL_MASTER_SYNC:
-        sync_master_quotas.delay()
+    before = current_health()
+    capacity, failovers = before.capacity_bytes, before.failovers
+    row, event = run()
+    failover = row.failovers != failovers
+    if event and settings.KVPOOL_MASTER_SYNC:
+        (sync_quotas_to_leader if failover else sync_master_quotas).delay()
     if row.up and row.capacity_bytes != capacity:  # implicit budgets follow the mounted capacity
         from dashboard.signals import implicit_budget_nodes, schedule_push
 
         schedule_push(implicit_budget_nodes())
-    return {"up": row.up, "restarted": bool(restart), "restarts": row.restarts}
+    return {"up": row.up, "restarted": bool(event) and not failover, "restarts": row.restarts,
+            "failover": failover, "failovers": row.failovers}

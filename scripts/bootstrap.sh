@@ -22,6 +22,12 @@ if ! ldconfig -p | grep -q 'libibverbs.so.1'; then
   echo "installing libibverbs1 (needed by the Mooncake Store wheel)"
   apt_install libibverbs1
 fi
+# etcd: the HA masters' leader election in tests and in `python -m bench.faults --scenarios failover` (they start
+# their own etcd on free ports; nothing runs as a service).
+if ! command -v etcd >/dev/null; then
+  echo "installing etcd-server (HA master tests and the failover bench)"
+  apt_install etcd-server
+fi
 if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
   echo "installing chromium (browser tests)"
   apt_install chromium

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from agent.contract.master_address import format_host_port, parse_master_address
 from agent.contract.messages import StoreEndpoints
 from agent.datapath.errors import StoreUnavailable, error_name, raise_for_codes, store_error
 
@@ -43,27 +44,31 @@ def setup_config(endpoints: StoreEndpoints, tenant_id: str, local_hostname: str)
 
 
 def check_endpoints(endpoints: StoreEndpoints) -> None:
-    """Raises ``ValueError`` naming the field unless ``master_server_address`` is ``host:port`` and
-    ``metadata_server`` is set."""
-    host, sep, port = endpoints.master_server_address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"master_server_address: expected 'host:port', got {endpoints.master_server_address!r}")
+    """Raises ``ValueError`` naming the field unless ``master_server_address`` is ``host:port`` (one master) or
+    ``etcd://host:port[;...]`` (HA masters, ``agent.contract.master_address``) and ``metadata_server`` is set."""
+    parse_master_address(endpoints.master_server_address)
     if not endpoints.metadata_server:
         raise ValueError("metadata_server: must not be empty")
 
 
 def check_master_reachable(address: str, timeout: float = 3.0) -> None:
-    """Open and close a TCP connection to ``host:port``; the Mooncake client itself waits ~90 s on a dead master.
+    """Open and close a TCP connection to the master (``host:port``) or, for an HA address, to one of its etcd
+    endpoints; the Mooncake client itself waits ~90 s on a dead master.
 
     Raises:
         StoreUnavailable: nothing accepts connections there within ``timeout`` seconds.
+        ValueError: not a master address (``agent.contract.master_address.parse_master_address``).
     """
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise StoreUnavailable(f"mooncake master {address} is not reachable: {exc}") from None
+    parsed = parse_master_address(address)
+    errors: list[str] = []
+    for host, port in parsed.endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as exc:
+            errors.append(f"{format_host_port(host, port)}: {exc}")
+    what = "no etcd endpoint of the HA masters" if parsed.ha else "mooncake master"
+    raise StoreUnavailable(f"{what} {address} is not reachable: {'; '.join(errors)}")
 
 
 class StoreClient:

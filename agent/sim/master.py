@@ -104,6 +104,11 @@ class MasterProcess:
         workdir: directory for the policy file and log (a temporary one, removed on stop, when None).
         binary: path of ``mooncake_master`` (found by :func:`find_master_binary` when None).
         startup_timeout: seconds to wait for readiness.
+        etcd_endpoint: HA mode (``--enable_ha=true --ha_backend_type=etcd``) with this etcd (``host:port``, e.g.
+            :class:`agent.sim.etcd.EtcdProcess`'s); no embedded HTTP metadata server then: clients use the etcd as
+            their metadata server too (:attr:`metadata_server` is ``etcd://host:port``) and find the leader through
+            it (:attr:`client_address`).
+        enable_oplog: HA mode: ``--enable_oplog=true`` (standbys replay the leader's metadata from etcd).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`.
     """
@@ -112,8 +117,11 @@ class MasterProcess:
                  eviction_high_watermark_ratio: float | None = None, eviction_ratio: float | None = None,
                  default_kv_lease_ttl: int | str | None = None, client_ttl: int | None = None,
                  extra_args: Sequence[str] = (), host: str = "127.0.0.1", workdir: str | os.PathLike | None = None,
-                 binary: str | None = None, startup_timeout: float = 20.0) -> None:
+                 binary: str | None = None, startup_timeout: float = 20.0, etcd_endpoint: str | None = None,
+                 enable_oplog: bool = True) -> None:
         self.tenants = dict(tenants or {})
+        self.etcd_endpoint = etcd_endpoint
+        self.enable_oplog = enable_oplog
         self._policy_text = render_quota_policy(self.tenants)
         self.eviction_high_watermark_ratio = eviction_high_watermark_ratio
         self.eviction_ratio = eviction_ratio
@@ -138,8 +146,20 @@ class MasterProcess:
         return f"{self.host}:{self.rpc_port}"
 
     @property
+    def ha(self) -> bool:
+        """Whether this master runs in HA mode (one of a set electing its leader in etcd)."""
+        return self.etcd_endpoint is not None
+
+    @property
+    def client_address(self) -> str:
+        """What clients take as ``master_server_address``: :attr:`rpc_address`, or ``etcd://<etcd>`` in HA mode."""
+        return f"etcd://{self.etcd_endpoint}" if self.ha else self.rpc_address
+
+    @property
     def metadata_server(self) -> str:
-        """``http://host:port/metadata`` (the client's ``metadata_server``)."""
+        """``http://host:port/metadata`` (the client's ``metadata_server``); ``etcd://<etcd>`` in HA mode."""
+        if self.ha:
+            return f"etcd://{self.etcd_endpoint}"
         return f"http://{self.host}:{self.metadata_port}/metadata"
 
     @property
@@ -173,7 +193,7 @@ class MasterProcess:
         """Client endpoints for this master: a 64 MiB segment and a 16 MiB buffer unless ``overrides`` say
         otherwise (sizes as bytes or strings like ``"32MB"``). Clients listen on :attr:`host` too
         (``open_store``'s default ``local_hostname``)."""
-        fields: dict[str, Any] = {"master_server_address": self.rpc_address, "metadata_server": self.metadata_server,
+        fields: dict[str, Any] = {"master_server_address": self.client_address, "metadata_server": self.metadata_server,
                                   "global_segment_size": 64 << 20, "local_buffer_size": 16 << 20}
         return StoreEndpoints.from_mooncake_config(fields, **overrides)
 
@@ -181,11 +201,15 @@ class MasterProcess:
 
     def command(self) -> list[str]:
         """The master's argv for the current ports and policy file."""
-        args = [
-            self.binary,
-            f"--rpc_port={self.rpc_port}", f"--rpc_address={self.host}",
-            "--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host}",
-            f"--http_metadata_server_port={self.metadata_port}",
+        args = [self.binary, f"--rpc_port={self.rpc_port}", f"--rpc_address={self.host}"]
+        if self.ha:
+            args += ["--enable_ha=true", "--ha_backend_type=etcd", f"--etcd_endpoints={self.etcd_endpoint}"]
+            if self.enable_oplog:
+                args.append("--enable_oplog=true")
+        else:
+            args += ["--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host}",
+                     f"--http_metadata_server_port={self.metadata_port}"]
+        args += [
             f"--metrics_port={self.metrics_port}", f"--metrics_host={self.host}",
             "--enable_multi_tenants=true", "--tenant_quota_connector_type=file",
             f"--tenant_quota_connector_uri={self.quota_file}",
@@ -235,7 +259,8 @@ class MasterProcess:
         raise MasterError(f"mooncake_master did not start after {attempts} attempt(s): {last}")
 
     def wait_ready(self, timeout: float) -> None:
-        """Block until ``/health`` says ``service_ready``, the metadata server answers and the RPC port accepts.
+        """Block until ``/health`` says ``service_ready``, the metadata server answers and the RPC port accepts (HA
+        mode: until it serves as leader or answers as a standby, see :meth:`health`).
 
         Raises:
             MasterError: the process exited or ``timeout`` seconds passed.
@@ -251,10 +276,25 @@ class MasterProcess:
                 raise MasterError(f"mooncake_master not ready after {timeout:.0f}s: {self.log_tail()}")
             time.sleep(0.05)
 
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: ``role`` (leader/standby), ``ha_state``, ``service_ready``, ``leader_address``,
+        ``view_version`` (raises ``OSError`` or ``ValueError`` when it does not answer with JSON)."""
+        with urllib.request.urlopen(f"{self.admin_url}/health", timeout=1) as resp:
+            return dict(json.loads(resp.read() or b"{}"))
+
+    @property
+    def serving(self) -> bool:
+        """Whether it answers ``/health`` with ``service_ready`` (in HA mode: it leads and serves)."""
+        try:
+            return bool(self.running and self.health().get("service_ready"))
+        except (OSError, ValueError):
+            return False
+
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.admin_url}/health", timeout=1) as resp:
-                health = json.loads(resp.read() or b"{}")
+            health = self.health()
+            if self.ha:  # a standby waits in "standby"/"candidate" with no RPC port open
+                return bool(health.get("service_ready")) or health.get("role") == "standby"
             if not health.get("service_ready"):
                 return False
             try:

@@ -341,6 +341,11 @@ class RenderedConfigSerializer(serializers.Serializer):
     adapters_without_path = serializers.ListField(
         child=serializers.CharField(), required=False,
         help_text="LoRA adapters stored without a path (before paths were required): not in the launch line.")
+    ha = serializers.BooleanField(required=False, help_text="Master in HA mode (one launch per master).")
+    master_index = serializers.IntegerField(required=False, help_text="HA mode: this master's index in the set.")
+    masters = serializers.IntegerField(required=False, help_text="HA mode: how many masters the set has.")
+    rpc_address = serializers.CharField(required=False, help_text="HA mode: this master's RPC host:port.")
+    admin_url = serializers.CharField(required=False, help_text="HA mode: this master's admin URL.")
 
 
 class ReleaseConfigSerializer(serializers.Serializer):

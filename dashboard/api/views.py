@@ -29,7 +29,7 @@ from tenants.models.reserved_namespace import delete_consequences
 from tenants.rendering import (
     RenderTarget,
     render_assignment,
-    render_master,
+    render_masters,
     render_release,
 )
 from tenants.services import copy_release
@@ -76,12 +76,21 @@ class TenantViewSet(RegistryViewSet):
                         quota_bytes=data.validated_data["quota_bytes"])
         return Response(plan_tenant_change(tenant, stored=stored).as_dict())
 
-    @extend_schema(responses=s.RenderedConfigSerializer)
+    @extend_schema(responses=s.RenderedConfigSerializer, parameters=[OpenApiParameter(
+        "master", int, description="HA mode: which master of the set to render (0-based, default 0; the answer's "
+        "`masters` says how many there are).")])
     @action(detail=False, methods=["get"], url_path="master-config",
             permission_classes=[permissions.IsAuthenticated, IsPlatformAdmin])
     def master_config(self, request):
-        """The ``mooncake_master`` command line and ``tenant_quotas.yaml`` for all tenants (platform admins only)."""
-        return Response(render_master(Tenant.objects.all(), RenderTarget.from_settings()).to_dict())
+        """The ``mooncake_master`` command line and ``tenant_quotas.yaml`` for all tenants (platform admins only);
+        in HA mode the one of master ``?master=`` (default 0)."""
+        configs = render_masters(Tenant.objects.all(), RenderTarget.from_settings())
+        raw = request.query_params.get("master", "0")
+        index = int(raw) if raw.isascii() and raw.isdecimal() else -1
+        if not 0 <= index < len(configs):
+            raise serializers.ValidationError({"master": [
+                f"Must be a master index from 0 to {len(configs) - 1}."]})
+        return Response(configs[index].to_dict())
 
 
 class ServedModelViewSet(RegistryViewSet):

@@ -62,8 +62,14 @@ def read_metrics(base_url: str, timeout: float) -> dict[str, float]:
 
 
 def read_pool(client: MasterAdminClient | None = None) -> PoolState:
-    """Read the mounted capacity and the master's tenants from ``settings.KVPOOL_MASTER_ADMIN_URL`` now."""
-    base_url = settings.KVPOOL_MASTER_ADMIN_URL
+    """Read the mounted capacity and the master's tenants from the master's admin URL now (in HA mode the
+    leader's, ``dashboard.master.leader``)."""
+    from dashboard.master.leader import NoLeader, leader_admin_url
+
+    try:
+        base_url = leader_admin_url()
+    except NoLeader as exc:
+        return PoolState(None, error=str(exc))
     timeout = settings.KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS
     try:
         metrics = read_metrics(base_url, timeout)

@@ -9,7 +9,8 @@ Endpoints (checked against the released binary):
                                                    400 ``-600`` for N outside [1, 2^63-1] or a bad body
   ``DELETE /api/v1/tenant_quotas?tenant_id=T``     → ``data: null``; 404 ``-704`` unknown tenant;
                                                    **409 ``-1702`` TENANT_NOT_EMPTY** while the tenant owns objects
-Errors come as ``{"success": false, "error_code": C, "error_message": M}``. A snapshot has
+Errors come as ``{"success": false, "error_code": C, "error_message": M}``; in HA mode a standby answers every
+call with HTTP 503 ``-1011`` (``MasterUnavailable`` here: only the leader takes quota calls). A snapshot has
 ``tenant_id``, ``requested_quota_bytes``, ``effective_quota_bytes`` (scaled to mounted capacity, 0 while
 nothing is mounted), ``charged_bytes``, ``admission_closed``, ``over_quota``, ``has_explicit_policy``.
 """
@@ -26,6 +27,8 @@ from typing import Any
 log = logging.getLogger("kvpool.dashboard.master")
 
 TENANT_NOT_EMPTY = -1702
+#: A standby's answer to the admin API in HA mode (HTTP 503, "service plane is not active").
+SERVICE_NOT_ACTIVE = -1011
 UNKNOWN_TENANT = -704
 INVALID_ARGUMENT = -600
 
@@ -114,6 +117,9 @@ class MasterAdminClient:
         code = payload.get("error_code")
         message = payload.get("error_message") or f"HTTP {status}"
         where = f"tenant {tenant_id!r}" if tenant_id is not None else "tenant quotas"
+        if code == SERVICE_NOT_ACTIVE:
+            raise MasterUnavailable(f"master admin API at {self.base_url} is a standby's, not the leader's: "
+                                    f"{message} ({code})", status=status, code=code)
         if status == 409 or code == TENANT_NOT_EMPTY:
             raise TenantNotEmpty(
                 f"the master refused to delete {where}: {message} ({code}) — the tenant still owns objects in "
@@ -157,10 +163,21 @@ class MasterAdminClient:
 
 
 def client_from_settings() -> MasterAdminClient:
-    """Client for ``settings.KVPOOL_MASTER_ADMIN_URL`` with ``KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS``."""
+    """Client for the master's admin API with ``KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS``: ``KVPOOL_MASTER_ADMIN_URL``,
+    or in HA mode the current leader's (``dashboard.master.leader.leader_admin_url``; only it answers).
+
+    Raises:
+        MasterUnavailable: HA mode and no master serves as leader now.
+    """
     from django.conf import settings
 
-    return MasterAdminClient(settings.KVPOOL_MASTER_ADMIN_URL, timeout=settings.KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS)
+    from dashboard.master.leader import NoLeader, leader_admin_url
+
+    try:
+        url = leader_admin_url()
+    except NoLeader as exc:
+        raise MasterUnavailable(str(exc)) from None
+    return MasterAdminClient(url, timeout=settings.KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS)
 
 
 def _record_error(tenant_id: str, exc: MasterAdminError, **fields: Any) -> None:

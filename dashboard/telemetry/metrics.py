@@ -47,6 +47,9 @@ Families (labels):
   ``kvpool_master_up``, ``kvpool_master_restarts_total``, ``kvpool_master_last_restart_timestamp_seconds``,
       ``kvpool_master_key_count``, ``kvpool_master_capacity_bytes`` (no labels) — the master probe
       (``dashboard.master.health``); up is 0 when the newest probe failed or is older than 3 probe intervals
+      (HA mode: while no master serves as leader)
+  ``kvpool_master_failovers_total``, ``kvpool_master_last_failover_timestamp_seconds``, ``kvpool_master_standbys``
+      (no labels) — HA mode: elections the probe saw, the newest, standbys answering
   Series of tenants and nodes deleted from the registry are not exported.
   ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
@@ -138,6 +141,22 @@ class KVPoolCollector:
             keys.add_metric([], row.key_count)
             capacity.add_metric([], row.capacity_bytes or 0)
         yield from (since, keys, capacity)
+        yield from self._master_ha(row)
+
+    def _master_ha(self, row):
+        """HA mode (``dashboard.master.health``): failovers, the newest one, standbys answering."""
+        failovers = CounterMetricFamily("kvpool_master_failovers", "Master failovers detected by the dashboard's "
+                                        "probe (a new leader election in etcd; 0 without HA)", labels=[])
+        failovers.add_metric([], row.failovers)
+        last = GaugeMetricFamily("kvpool_master_last_failover_timestamp_seconds", "Unix time of the newest detected "
+                                 "master failover", labels=[])
+        if row.last_failover_at is not None:
+            last.add_metric([], row.last_failover_at.timestamp())
+        standbys = GaugeMetricFamily("kvpool_master_standbys", "HA masters answering as standbys at the newest probe "
+                                     "(absent without HA)", labels=[])
+        if row.leader_address and row.standbys is not None:
+            standbys.add_metric([], row.standbys)
+        yield from (failovers, last, standbys)
 
     def _engines(self):
         """Per real engine instance (``InstanceStats`` reported within the window) and per node (newest report)."""

@@ -71,8 +71,14 @@ def parse_store_metrics(text: str) -> StoreCapacity:
 
 
 def store_capacity() -> StoreCapacity:
-    """Read ``<KVPOOL_MASTER_ADMIN_URL>/metrics`` (cached for ``STORE_METRICS_CACHE_SECONDS``)."""
-    url = settings.KVPOOL_MASTER_ADMIN_URL.rstrip("/") + "/metrics"
+    """Read the master's ``/metrics`` (``KVPOOL_MASTER_ADMIN_URL``; in HA mode the leader's,
+    ``dashboard.master.leader``), cached for ``STORE_METRICS_CACHE_SECONDS``."""
+    from dashboard.master.leader import NoLeader, leader_admin_url
+
+    try:
+        url = leader_admin_url().rstrip("/") + "/metrics"
+    except NoLeader as exc:
+        return StoreCapacity(error=str(exc))
     cache_key = f"kvpool:store-capacity:{url}"
     cached = cache.get(cache_key)
     if cached is not None:

@@ -20,11 +20,12 @@ Public API::
     render_store_client(node, endpoints) -> RenderedConfig | None   # standalone-store mooncake_client
     vllm_lora_args(release) / sglang_lora_args(release) -> list[str]  # LoRA adapter flags (may be empty)
     render_master(tenants, endpoints) -> RenderedConfig            # argv + tenant_quotas.yaml
+    render_masters(tenants, endpoints[, topology]) -> list[RenderedConfig]  # each master (HA: the etcd set)
     render_tenant_quotas_yaml(tenants) -> str
 """
 from agent.contract.messages import StoreEndpoints
 from tenants.rendering.lora import sglang_lora_args, vllm_lora_args
-from tenants.rendering.master import render_master, render_tenant_quotas_yaml
+from tenants.rendering.master import render_master, render_masters, render_tenant_quotas_yaml
 from tenants.rendering.node import render_store_client
 from tenants.rendering.release import render_assignment, render_release
 from tenants.rendering.sglang import render_sglang, sglang_extra_config
@@ -41,6 +42,7 @@ __all__ = [
     "kv_transfer_config",
     "render_assignment",
     "render_master",
+    "render_masters",
     "render_release",
     "render_sglang",
     "render_store_client",

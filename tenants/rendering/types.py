@@ -34,16 +34,19 @@ class RenderTarget(StoreEndpoints):
 
     @classmethod
     def from_settings(cls, **overrides: Any) -> RenderTarget:
-        """Build from Django settings ``KVPOOL_MASTER_ADDRESS`` (the ``master_server_address``),
-        ``KVPOOL_METADATA_SERVER``, ``KVPOOL_STORE_PROTOCOL``, ``KVPOOL_MASTER_ADMIN_URL`` and, when defined,
+        """Build from Django settings ``KVPOOL_MASTER_ADDRESS`` (the ``master_server_address``; in HA mode
+        ``etcd://<KVPOOL_MASTER_HA_ETCD_ENDPOINTS>``, ``tenants.masters``), ``KVPOOL_METADATA_SERVER``,
+        ``KVPOOL_STORE_PROTOCOL``, ``KVPOOL_MASTER_ADMIN_URL`` and, when defined,
         ``KVPOOL_STORE_DEVICE``, ``KVPOOL_GLOBAL_SEGMENT_SIZE``, ``KVPOOL_LOCAL_BUFFER_SIZE`` (bytes),
         ``KVPOOL_ENGINE_CONFIG_DIR``; ``overrides`` replace any field."""
         from django.conf import settings
 
+        from tenants.masters import client_master_address_from_settings
+
         optional = {"device_name": "KVPOOL_STORE_DEVICE", "global_segment_size": "KVPOOL_GLOBAL_SEGMENT_SIZE",
                     "local_buffer_size": "KVPOOL_LOCAL_BUFFER_SIZE", "config_dir": "KVPOOL_ENGINE_CONFIG_DIR"}
         fields: dict[str, Any] = {
-            "master_server_address": settings.KVPOOL_MASTER_ADDRESS,
+            "master_server_address": client_master_address_from_settings(),
             "metadata_server": settings.KVPOOL_METADATA_SERVER,
             "protocol": settings.KVPOOL_STORE_PROTOCOL,
             "admin_url": settings.KVPOOL_MASTER_ADMIN_URL,

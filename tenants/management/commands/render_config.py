@@ -14,7 +14,7 @@ from tenants.rendering import (
     RenderedConfig,
     RenderTarget,
     render_assignment,
-    render_master,
+    render_masters,
     render_store_client,
 )
 from tenants.validators import parse_object_id
@@ -84,7 +84,8 @@ def _rendered(render, *args) -> RenderedConfig:
 class Command(BaseCommand):
     help = (
         "Render the SGLang/vLLM command line and config files of a release's instance assignments "
-        "(or, with --master, the mooncake_master flags and tenant_quotas.yaml; with --node, a standalone-store "
+        "(or, with --master, the mooncake_master flags and tenant_quotas.yaml, one launch per master in HA mode; "
+        "with --node, a standalone-store "
         "node's mooncake_client command line and its kv_events_port)."
     )
 
@@ -109,7 +110,7 @@ class Command(BaseCommand):
         if options["master"]:
             if options["assignment"] is not None:
                 raise CommandError("--assignment applies to --release, not --master.")
-            configs = [(None, _rendered(render_master, Tenant.objects.all(), endpoints))]
+            configs = [(None, config) for config in _rendered(render_masters, Tenant.objects.all(), endpoints)]
         else:
             release = find_release(options["release"])
             assignments = release.assignments.select_related("node", "release__model__tenant").order_by(
@@ -172,6 +173,8 @@ class Command(BaseCommand):
 
     def _print(self, assignment, config: RenderedConfig) -> None:
         title = config.kind if assignment is None else f"assignment {assignment.pk}: {assignment}"
+        if "master_index" in config.meta:
+            title += f" {config.meta['master_index']} of the HA set ({config.meta['rpc_address']})"
         self.stdout.write(f"# {title}")
         for path, content in config.files.items():
             self.stdout.write(f"# --- file {path}\n{content.rstrip()}")
@@ -184,6 +187,8 @@ class Command(BaseCommand):
             target.write_text(content, encoding="utf-8")
             self.stdout.write(f"wrote {target}")
         script_dir = out / ("master" if assignment is None else config.instance_id)
+        if "master_index" in config.meta:  # an HA set: master-0/, master-1/, ...
+            script_dir = out / f"master-{config.meta['master_index']}"
         script_dir.mkdir(parents=True, exist_ok=True)
         script = script_dir / "launch.sh"
         script.write_text(launch_script(config), encoding="utf-8")
