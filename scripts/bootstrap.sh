@@ -22,6 +22,11 @@ if ! ldconfig -p | grep -q 'libibverbs.so.1'; then
   echo "installing libibverbs1 (needed by the Mooncake Store wheel)"
   apt_install libibverbs1
 fi
+# tests/deploy checks the service units of deploy/systemd/ with systemd's own verifier (no running systemd needed).
+if ! command -v systemd-analyze >/dev/null; then
+  echo "installing systemd (systemd-analyze verifies deploy/systemd/)"
+  apt_install systemd
+fi
 if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
   echo "installing chromium (browser tests)"
   apt_install chromium
