@@ -13,6 +13,7 @@ against what the agent really writes.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -273,3 +274,48 @@ def test_the_dashboards_processes_migrate_first_and_run_as_it_does_today(name):
     assert one(sections["Unit"], "Requires") == "kvpool-migrate.service"
     assert "kvpool-migrate.service" in one(sections["Unit"], "After").split()
     assert "DJANGO_SETTINGS_MODULE=dashboard.settings" in sections["Service"]["Environment"][0].split()
+
+
+@pytest.mark.integration
+def test_the_master_unit_runs_the_registrys_launch_script(db, settings, tmp_path):
+    """What kvpool-master.service does, without systemd: ``render_config --master --out`` into the state directory,
+    then its ``launch.sh`` with the unit's working directory and PATH (the control plane's environment): a real
+    mooncake_master serves the registry's tenant quotas, and stops on the unit's SIGTERM."""
+    import signal
+    import urllib.request
+
+    from django.core.management import call_command
+
+    from agent.sim.master import free_ports
+    from tests.support.factories import make_tenant
+    from tests.support.waiting import wait_for
+
+    service = unit("kvpool-master.service")["Service"]
+    rpc, meta, admin = free_ports(3)
+    settings.KVPOOL_MASTER_ADDRESS = f"127.0.0.1:{rpc}"
+    settings.KVPOOL_METADATA_SERVER = f"http://127.0.0.1:{meta}/metadata"
+    settings.KVPOOL_MASTER_ADMIN_URL = f"http://127.0.0.1:{admin}"
+    make_tenant("acme", quota="64MB")
+    state = tmp_path / Path(one(service, "StateDirectory"))
+    call_command("render_config", "--master", "--out", str(state))
+    script = Path(one(service, "ExecStart").replace(f"/var/lib/{one(service, 'StateDirectory')}", str(state)))
+    path = one(service, "Environment").removeprefix("PATH=").replace(CONTROL_VENV.rstrip("/"), str(ROOT / ".venv/bin"))
+    proc = subprocess.Popen([str(script)], cwd=state, env={"PATH": path}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def quotas():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{admin}/api/v1/tenant_quotas", timeout=2) as resp:
+                    return json.loads(resp.read())
+            except OSError:
+                assert proc.poll() is None, f"the master exited with status {proc.returncode}"
+                return None
+
+        body = wait_for(quotas, timeout=60, what="the master's admin API")
+        assert "acme" in json.dumps(body) and str(64 << 20) in json.dumps(body), body
+        proc.send_signal(signal.SIGTERM)  # KillMode=control-group: SIGTERM to the (exec'd) master
+        proc.wait(timeout=int(one(service, "TimeoutStopSec")))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
