@@ -350,14 +350,17 @@ class EngineInstance:
                                   f"{self.base_url}; see {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.5)
 
-    def stop(self, grace: float = 30.0, settle: float = 10.0) -> int | None:
+    def stop(self, grace: float = 30.0, settle: float = 5.0) -> int | None:
         """Stop the server and its whole process tree; returns the API server's exit status.
 
         SIGTERM to the API server's pid (it shuts its engine core down); after ``grace`` seconds SIGKILL to every
         process of its session at once (the API server alone would leave its EngineCore and workers running: seen
         with ``kill -9``, about 2.4 GB for over 20 s). Then whatever is left of the session — also after an API
         server that died by itself — gets SIGTERM, ``settle`` seconds, SIGKILL, and is waited for
-        (``demo.procs.end_session``; children that left the process group are still in the session).
+        (``demo.procs.end_session``; children that left the process group are still in the session). Measured with
+        vLLM 0.32 CPU and the tiny model: a serving instance is gone 1.0 s after SIGTERM; after ``kill -9`` of its
+        API server, 3 processes (2.27 GiB RSS) stay until this SIGKILLs them (7.2 s with the default ``settle``): an
+        orphaned EngineCore does not finish its shutdown on SIGTERM.
         :attr:`leftover` lists pids that outlived all of it (none on a sound kernel).
         """
         from demo.procs import end_session
