@@ -4,7 +4,9 @@ Every service the demo starts (Redis, the Django server, the Celery worker, the 
 :class:`Service`: started with ``start_new_session=True`` (its own process group, so a Ctrl-C in the terminal
 reaches the demo alone and the demo decides the order of shutdown) and with ``PR_SET_PDEATHSIG`` = SIGTERM on
 Linux, so a demo that dies without cleaning up (SIGKILL) still takes its children with it. :meth:`Service.stop`
-sends SIGTERM to the whole group, waits, then SIGKILLs the group: no orphans.
+sends SIGTERM to the whole group, waits, then SIGKILLs what is left of the child's session and waits until it is
+gone (:func:`end_session`): no orphans, also of children that left the group (``setpgrp``, as vLLM's DP supervisor's
+API servers do) but not the session.
 
 A service started with ``restart=True`` (the agents) is restarted by :meth:`Supervisor.check_all` when it dies, as
 an init system would (at most ``MAX_RESTARTS`` times within ``RESTART_WINDOW_S``; then the demo stops with its log
@@ -124,7 +126,8 @@ class Service:
             time.sleep(interval)
 
     def stop(self, grace: float = 15.0) -> None:
-        """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL the group."""
+        """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL the group; then SIGKILL what is left
+        of the session and wait until it is gone (:func:`end_session`)."""
         proc = self.proc
         if proc is None:
             return
@@ -136,7 +139,7 @@ class Service:
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        _signal_group(pgid, signal.SIGKILL)  # anything the leader left behind in its group
+        end_session(pgid, term_wait=0)  # anything the leader left behind in its session
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -144,6 +147,63 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def session_members(sid: int, proc_root: str | os.PathLike[str] = "/proc") -> list[int]:
+    """Pids of the live processes of session ``sid`` (``/proc/<pid>/stat`` field 6); zombies are left out (they
+    hold no memory and go when reaped). A child started with ``start_new_session=True`` leads the session whose id
+    is its pid; its descendants stay in it unless they call ``setsid`` (a new process group is not enough)."""
+    members = []
+    try:
+        entries = os.scandir(proc_root)
+    except OSError:
+        return []
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(os.path.join(entry.path, "stat"), "rb") as handle:
+                    stat = handle.read()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
+            if len(fields) > 3 and fields[0] != b"Z" and int(fields[3]) == sid:
+                members.append(int(entry.name))
+    return members
+
+
+def _signal_all(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def end_session(sid: int, *, term_wait: float = 10.0, kill_wait: float = 10.0, interval: float = 0.05) -> list[int]:
+    """End every process left in session ``sid`` and wait until they are gone; returns the pids still there after
+    ``kill_wait`` seconds more (empty: the whole tree is gone).
+
+    With ``term_wait`` > 0 the members get SIGTERM first and up to ``term_wait`` seconds to leave (a vLLM engine
+    core shuts down on it); then SIGKILL to each member, repeated until none is left. Safe against pid reuse: a pid
+    that is still some process's session id is not given to a new process.
+    """
+    members = session_members(sid)
+    if members and term_wait > 0:
+        _signal_all(members, signal.SIGTERM)
+        deadline = time.monotonic() + term_wait
+        while members and time.monotonic() < deadline:
+            time.sleep(interval)
+            members = session_members(sid)
+    deadline = time.monotonic() + kill_wait
+    while members:
+        _signal_all(members, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(interval)
+        members = session_members(sid)
+    return members
 
 
 class Supervisor:
@@ -172,7 +232,7 @@ class Supervisor:
                 service.restarts = [t for t in service.restarts if now - t < RESTART_WINDOW_S]
                 if len(service.restarts) < MAX_RESTARTS:
                     status = service.proc.returncode
-                    _signal_group(service.proc.pid, signal.SIGKILL)  # whatever it left in its group
+                    end_session(service.proc.pid, term_wait=0)  # whatever it left in its session
                     service.restarts.append(now)
                     service.start()
                     report(f"{service.name} exited with status {status}; restarted it (pid {service.pid}, "

@@ -28,6 +28,11 @@ if ! command -v etcd >/dev/null; then
   echo "installing etcd-server (HA master tests and the failover bench)"
   apt_install etcd-server
 fi
+# tests/deploy checks the service units of deploy/systemd/ with systemd's own verifier (no running systemd needed).
+if ! command -v systemd-analyze >/dev/null; then
+  echo "installing systemd (systemd-analyze verifies deploy/systemd/)"
+  apt_install systemd
+fi
 if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
   echo "installing chromium (browser tests)"
   apt_install chromium

@@ -1,10 +1,13 @@
 """Command line of the node agent (no Django): ``kvpool-agent`` once installed, ``python -m agent`` in a checkout.
 
-    kvpool-agent run --node NAME --broker URL [--secret-file F] [--state-dir D] [--instance-root D]
-                        [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
+    kvpool-agent run --node NAME [--broker URL] [--secret-file F] [--state-dir D] [--instance-root D]
+                        [--engine-unit-dir D] [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
                         [--metrics-interval S] [--pool solo|threads] [--outbox-max N] [--loglevel LEVEL]
                         [--single-user] [--simulate-engines [--launch-overrides F]]
 
+The broker URL comes from ``--broker``, else ``$KVPOOL_BROKER_URL`` (a URL with the agent's Redis password does not
+belong on a command line, which every local user can read: ``deploy/systemd/kvpool-agent.service`` sets it from a
+0600 environment file).
 The signing secret comes from ``--secret-file`` (refused when group or others may read it, or another account owns
 it) or, when that is not given, from ``$KVPOOL_NODE_SECRET``; the agent refuses to start without one (it could not
 verify any document). The agent runs with umask 077 and keeps its state directory 0700 (0711 when the instance root
@@ -17,8 +20,9 @@ outbox of undelivered reports across restarts, and the blocks this node owns in 
 Real engines (``agent.node.engines.NodeEngines``): on every applied document the agent writes
 ``<instance-root>/<instance_id>/`` (``launch.sh``, ``env``, ``launch.json``, ``mooncake.json``; default
 ``<state-dir>/instances``) for each instance's launch spec — an engine launcher needs nothing but that directory
-(systemd: ``EnvironmentFile=<dir>/env``, ``ExecStart=<dir>/launch.sh``; a pod: an init step running
-``launch.sh``) —, runs the node's ``mooncake_client`` in ``standalone-store`` mode, binds
+(systemd: ``EnvironmentFile=<dir>/env``, ``ExecStart=<dir>/launch.sh``, as ``deploy/systemd/kvpool-engine@.service``
+whose account ``--engine-unit-dir`` names in one drop-in per instance, ``agent.node.unit_dropins``; a pod: an init
+step running ``launch.sh``) —, runs the node's ``mooncake_client`` in ``standalone-store`` mode, binds
 ``tcp://127.0.0.1:<kv_events_port>`` for the vLLM instances' KV events and attributes their Store writes into
 its ledger, scrapes their ``/metrics`` every ``--metrics-interval`` seconds, holds releases and request groups
 under their budgets, and every ``--reconcile-interval`` seconds checks the ledger against the Store (between those,
@@ -74,13 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the agent: a Celery worker on queue agent.<node> plus telemetry")
     run.add_argument("--node", required=True, help="node name as registered in the dashboard")
-    run.add_argument("--broker", required=True, type=broker_url,
-                     help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests)")
+    run.add_argument("--broker", type=broker_url,
+                     help="Celery broker URL: redis://host[:port][/db] or rediss://... (memory:// in tests); "
+                          "default $KVPOOL_BROKER_URL")
     run.add_argument("--secret-file", help="file holding the node's signing secret (else $KVPOOL_NODE_SECRET)")
     run.add_argument("--state-dir", help="directory for the applied document, the outbox and the ledger file")
     run.add_argument("--instance-root", metavar="DIR",
                      help="directory of the instance directories (<instance_id>/launch.sh, env, ...) the agent "
                           "writes for each applied document (default <state-dir>/instances)")
+    run.add_argument("--engine-unit-dir", metavar="DIR",
+                     help="write each instance's account as a systemd drop-in DIR/kvpool-engine@<instance_id>"
+                          ".service.d/kvpool-account.conf (User=, Group=) for deploy/systemd/kvpool-engine@.service, "
+                          "e.g. /etc/systemd/system (default: none)")
     run.add_argument("--report-interval", type=positive_float, default=10.0, help="seconds between reports")
     run.add_argument("--heartbeat-interval", type=positive_float, default=5.0,
                      help="seconds between heartbeats")
@@ -106,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --simulate-engines: JSON {port: {namespace, cache_salt}} of engines started by "
                           "hand with values other than their release's")
     return parser
+
+
+def _broker(args: argparse.Namespace) -> str:
+    """The broker URL: ``--broker``, else ``$KVPOOL_BROKER_URL`` (checked like ``--broker``)."""
+    if args.broker:
+        return args.broker
+    value = os.environ.get("KVPOOL_BROKER_URL", "").strip()
+    if not value:
+        _usage_error("no broker: pass --broker URL or set KVPOOL_BROKER_URL")
+    try:
+        return broker_url(value)
+    except argparse.ArgumentTypeError as exc:
+        _usage_error(f"KVPOOL_BROKER_URL: {exc}")
 
 
 def _secret(args: argparse.Namespace) -> str:
@@ -178,8 +200,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.launch_overrides and not args.simulate_engines:
         _usage_error("--launch-overrides needs --simulate-engines")
+    broker = _broker(args)
     try:
-        app = make_app(args.node, args.broker)
+        app = make_app(args.node, broker)
     except ValueError as exc:
         _usage_error(str(exc))
     secret = _secret(args)
@@ -277,7 +300,7 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
         tune_gc()  # attribution of engine writes allocates per block (agent.node.engines.ENGINE_GC_THRESHOLD)
     return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
                        reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
-                       is_privileged=False if args.single_user else None)
+                       is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

@@ -8,8 +8,9 @@ applied config document (schema 2, ``agent.contract.messages``):
    (``agent.node.instance_dirs.write_instance_dirs``: ``launch.sh``, ``env``, ``launch.json`` and the rendered
    files such as ``mooncake.json``); directories of instances that left the document go. An engine launcher needs
    nothing but that directory: a systemd unit with ``EnvironmentFile=<dir>/env`` and ``ExecStart=<dir>/launch.sh``
-   (``KVPOOL_ENGINE_PYTHON`` names the engine environment's interpreter), or a pod's init step that runs
-   ``launch.sh``. The agent never starts engines itself.
+   (``KVPOOL_ENGINE_PYTHON`` names the engine environment's interpreter; ``deploy/systemd/kvpool-engine@.service``,
+   whose ``User=`` the agent writes as a drop-in under ``unit_dir``: ``agent.node.unit_dropins``), or a pod's init
+   step that runs ``launch.sh``. The agent never starts engines itself.
 2. **The node's store client** (``node_settings.store_mode == "standalone-store"``): one supervised
    ``mooncake_client`` (``agent.node.segment.SegmentSupervisor``) with the rendered argv, restarted when the argv
    changes, stopped when the node goes back to ``embedded`` mode.
@@ -182,6 +183,8 @@ class NodeEngines:
             process can, ``agent.node.accounts.privileged``; False: every instance uses the agent's account).
         proc_root: where the engines' command lines are read (``/proc``; tests pass a directory of their own).
         namespace_scan_interval: seconds between those scans.
+        unit_dir: where each instance's systemd drop-in naming its account goes (``agent.node.unit_dropins``;
+            None: none written).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -197,8 +200,10 @@ class NodeEngines:
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
                  observer_options: Mapping[str, Any] | None = None,
                  segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
-                 proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL) -> None:
+                 proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL,
+                 unit_dir: str | Path | None = None) -> None:
         self.node = node
+        self.unit_dir = Path(unit_dir) if unit_dir is not None else None
         self.ledger = ledger
         self.instance_root = Path(instance_root)
         self.state_dir = Path(state_dir) if state_dir is not None else self.instance_root.parent
@@ -222,8 +227,8 @@ class NodeEngines:
         self.observer: Any = None       # agent.engines.vllm.observer.EngineObserver
         self.segment: Any = None        # agent.node.segment.SegmentSupervisor
         self.instance_dirs: list[Path] = []
-        #: What went wrong last, per part (``instance_dirs``, ``store_client``, ``observer``, ``store:<tenant>``,
-        #: ``budget``, ``orphans``); a part that works again is removed.
+        #: What went wrong last, per part (``instance_dirs``, ``unit_dropins``, ``store_client``, ``observer``,
+        #: ``store:<tenant>``, ``budget``, ``orphans``); a part that works again is removed.
         self.errors: dict[str, str] = {}
         self.removed_over_budget = 0
         self.removed_orphans = 0
@@ -277,6 +282,15 @@ class NodeEngines:
         if launches:
             log.info("node %s: %d instance director%s under %s", self.node, len(launches),
                      "y" if len(launches) == 1 else "ies", self.instance_root)
+        if self.unit_dir is not None:
+            from agent.node.unit_dropins import write_account_dropins
+
+            try:
+                write_account_dropins(self.unit_dir, self.accounts)
+            except OSError as exc:
+                self._fail("unit_dropins", f"writing engine unit drop-ins under {self.unit_dir} failed: {exc}")
+            else:
+                self.errors.pop("unit_dropins", None)
 
     def _resolve_accounts(self, launches: list[Any]) -> dict[str, Account | AccountError]:
         """The account of each launch (``agent.node.accounts.resolve_account``); problems logged and kept in

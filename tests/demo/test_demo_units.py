@@ -497,6 +497,27 @@ def test_stopping_a_service_stops_its_whole_process_group(tmp_path):
     assert not _running(child)
 
 
+def test_stopping_a_service_also_stops_a_child_that_left_its_group(tmp_path):
+    """A child in its own process group (``setpgrp``) that ignores SIGTERM is still in the service's session: stop()
+    kills it and returns only once it is gone."""
+    script = ("import os, signal, time\n"
+              "if os.fork() == 0:\n"
+              "    os.setpgrp(); signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "    open('child.pid', 'w').write(str(os.getpid()))\n"
+              "    while True: time.sleep(1)\n"
+              "while True: time.sleep(1)\n")
+    service = Service("escaper", [sys.executable, "-c", script], os.environ, tmp_path / "log", cwd=tmp_path).start()
+    service.wait_until(lambda: (tmp_path / "child.pid").is_file() and (tmp_path / "child.pid").read_text(), 10,
+                       "the child pid")
+    child = int((tmp_path / "child.pid").read_text())
+    try:
+        service.stop(grace=5)
+        assert not _running(child)
+    finally:
+        if _running(child):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_a_service_that_exits_is_reported_with_its_log(tmp_path):
     service = Service("broken", ["sh", "-c", "echo boom; exit 3"], os.environ, tmp_path / "log", cwd=tmp_path).start()
     with pytest.raises(DemoError, match=r"broken exited with status 3(.|\n)*boom"):

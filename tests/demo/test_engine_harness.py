@@ -99,3 +99,71 @@ def test_missing_engine_interpreter_is_explained(tmp_path):
     (directory,) = write_instance_dirs(tmp_path, [{"instance_id": "1", "argv": ["python", "-V"]}])
     with pytest.raises(EngineError, match="engine_env.sh"):
         EngineInstance(directory, engine_python=tmp_path / "nope").start()
+
+
+#: A fake API server: forks one child that stays in its process group and one that makes its own (``os.setpgrp``,
+#: as vLLM 0.32's DP supervisor does for its API servers), both ignoring SIGTERM like a busy EngineCore; it writes
+#: their pids to ``children`` and leaves on SIGTERM without stopping them (as a killed API server does).
+FORKING_ENGINE = """
+import os, signal, time
+kids = []
+for own_group in (False, True):
+    pid = os.fork()
+    if pid == 0:
+        if own_group:
+            os.setpgrp()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
+    kids.append(pid)
+with open("children.tmp", "w") as f:
+    f.write(" ".join(map(str, kids)))
+os.rename("children.tmp", "children")
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+while True:
+    time.sleep(1)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: it holds no memory)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs Linux /proc")
+@pytest.mark.parametrize("server_killed", [False, True], ids=["stopped", "api-server-killed-first"])
+def test_stop_ends_the_whole_process_tree(tmp_path, server_killed):
+    """stop() leaves no process of the instance behind: neither one that ignores SIGTERM in the server's group nor
+    one that moved to its own group; also when the API server was SIGKILLed first (what left a real vLLM's
+    EngineCore and workers running)."""
+    import os
+    import signal
+
+    from agent.node.instance_dirs import write_instance_dirs
+    from tests.support.waiting import wait_for
+
+    (directory,) = write_instance_dirs(tmp_path / "instances", [{
+        "instance_id": "4", "argv": ["python", "-c", FORKING_ENGINE], "env": {}, "files": {}}])
+    instance = EngineInstance(directory, log_path=tmp_path / "vllm.log", engine_python=Path(sys.executable)).start()
+    children_file = directory / "children"
+    kids = [int(pid) for pid in wait_for(lambda: children_file.is_file() and children_file.read_text().split(),
+                                         timeout=30, what="the fake engine's children")]
+    try:
+        assert all(_alive(pid) for pid in kids)
+        if server_killed:
+            os.kill(instance.pid, signal.SIGKILL)
+            wait_for(lambda: not instance.alive, what="the API server to die")
+            assert all(_alive(pid) for pid in kids)  # orphans: what the launcher has to clean up
+        instance.stop(grace=5, settle=0.5)
+        assert [pid for pid in kids if _alive(pid)] == []
+        assert instance.leftover == []
+    finally:
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -17,9 +17,10 @@ from tests.support.paths import ROOT
 DEAD_BROKER = "redis://127.0.0.1:1/0"
 
 
-def _agent(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def _agent(*args: str, tmp_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPOOL_", "PYTEST"))}
     env.update({"PYTHONPATH": str(ROOT), "KVPOOL_NODE_SECRET": "s3cret", "XDG_STATE_HOME": str(tmp_path / "xdg")})
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "agent", "run", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
 
@@ -49,6 +50,24 @@ def test_unknown_log_level_is_refused(tmp_path):
 def test_broker_must_be_a_redis_url_with_a_host(tmp_path, url, fragment):
     result = _agent("--node", "n", "--broker", url, tmp_path=tmp_path)
     _refused(result, "--broker", fragment)
+
+
+def test_the_broker_may_come_from_the_environment(tmp_path):
+    """``$KVPOOL_BROKER_URL`` (the service unit's environment file) instead of ``--broker``, whose value every local
+    user could read in the command line: accepted, so the next check (the state directory) is the one that fails."""
+    a_file = tmp_path / "plain"
+    a_file.write_text("")
+    result = _agent("--node", "n", "--state-dir", str(a_file), tmp_path=tmp_path,
+                    extra_env={"KVPOOL_BROKER_URL": DEAD_BROKER})
+    _refused(result, "--state-dir", "not a directory")
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({}, "no broker: pass --broker URL or set KVPOOL_BROKER_URL"),
+    ({"KVPOOL_BROKER_URL": "foo://x"}, "KVPOOL_BROKER_URL: 'foo://x' is not a supported broker URL"),
+])
+def test_no_broker_or_a_bad_one_in_the_environment_is_refused(tmp_path, env, fragment):
+    _refused(_agent("--node", "n", tmp_path=tmp_path, extra_env=env), fragment)
 
 
 @pytest.mark.parametrize("option", ["--heartbeat-interval", "--report-interval"])

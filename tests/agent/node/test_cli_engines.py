@@ -14,6 +14,9 @@ def test_defaults_and_parsing():
     args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--instance-root", "/x",
                                       "--reconcile-interval", "0.5", "--metrics-interval", "30"])
     assert (args.instance_root, args.reconcile_interval, args.metrics_interval) == ("/x", 0.5, 30.0)
+    assert args.engine_unit_dir is None
+    args = build_parser().parse_args(["run", "--node", "n", "--engine-unit-dir", "/etc/systemd/system"])
+    assert (args.engine_unit_dir, args.broker) == ("/etc/systemd/system", None)
 
 
 @pytest.mark.parametrize("option", ["--reconcile-interval", "--metrics-interval"])
