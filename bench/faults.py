@@ -88,8 +88,9 @@ QUOTA_HOLD_LIMIT_S = 5.0
 OCCUPANCY_TOLERANCE = 0.02
 MIB = 1 << 20
 #: After a scenario, seconds the reports in flight (broker queues, retried ingest tasks) get to be stored before the
-#: missing ones count as lost.
-SETTLE_S = 30.0
+#: missing ones count as lost. The wait ends as soon as none is missing; it is long because a loaded machine (other
+#: jobs on the same 2 cores) delivered the last report after more than 30 s, which then counted as lost.
+SETTLE_S = 120.0
 
 
 # --- private PostgreSQL ----------------------------------------------------------------------------------------
