@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
     simulator = _simulator(args, ledger, state_dir)
     engines = _engines(args, ledger, state_dir, observe=simulator is None)
     _secure_state_dir(state_dir, engines.instance_root)
-    hooks: dict[str, Any] = {"snapshot": simulator.snapshot} if simulator else {}
+    hooks: dict[str, Any] = ({"snapshot": simulator.snapshot, "launched_scopes": simulator.launched_scopes}
+                             if simulator else {})
     on_apply = ([simulator.on_apply] if simulator else []) + [engines.on_apply]
     try:
         daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),

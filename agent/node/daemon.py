@@ -144,6 +144,8 @@ class Daemon:
             it started with); a sequence of such hooks is called in order. Their exceptions are logged (each hook
             on its own, so a failing one does not skip the next); the document stays applied.
         report_fields: extra fields of every ``Report`` (per-instance engine facts), read when it is built.
+        launched_scopes: cache scopes outside the document that the node's engines really run under (hand-typed
+            launch values; the simulator's ``launched_scopes``), reported beside the document's scopes.
         report_interval / heartbeat_interval: seconds between reports / heartbeats.
         outbox_max: most undelivered messages kept on disk.
         max_message_age / clock_skew: the freshness window of received documents' ``sent_at`` (seconds;
@@ -162,6 +164,7 @@ class Daemon:
         ledger: Any | None = None,
         on_apply: Callable[[AppliedConfig], None] | Sequence[Callable[[AppliedConfig], None]] | None = None,
         report_fields: ReportFields | None = None,
+        launched_scopes: Callable[[], Iterable[CacheScope]] | None = None,
         report_interval: float = 10.0,
         heartbeat_interval: float = 5.0,
         outbox_max: int = DEFAULT_MAX_MESSAGES,
@@ -186,6 +189,7 @@ class Daemon:
         self._on_apply: list[Callable[[AppliedConfig], None]] = (
             [] if on_apply is None else [on_apply] if callable(on_apply) else list(on_apply))
         self._report_fields = report_fields
+        self._launched_scopes = launched_scopes
         self.max_message_age = DEFAULT_MAX_AGE_SECONDS if max_message_age is None else max_message_age
         self.clock_skew = DEFAULT_CLOCK_SKEW_SECONDS if clock_skew is None else clock_skew
         self.report_interval = report_interval
@@ -385,7 +389,11 @@ class Daemon:
         """Ledger snapshot merged with the bound scopes (a bound scope without traffic reports zeros), restricted
         to the scopes of the applied document's instances (``agent.contract.scope.instance_scopes``): the
         dashboard refuses any other row, so blocks a release left behind on leaving the document (retired, not yet
-        purged) or a ledger restored from an older document are not reported. No document, no rows.
+        purged) or a ledger restored from an older document are not reported. No document, no rows. The
+        ``launched_scopes`` source adds the scopes the node's engines really run under when launched by hand with
+        another namespace than their instance's (the simulator's launch overrides): the dashboard keeps those rows
+        when the namespace is not one the registry has for that tenant and served model
+        (``dashboard.telemetry.report_scope``), so the mistyped namespace shows with its lookups and hits.
 
         Each entry has the ``ScopeOccupancy`` fields, one per ``CacheScope``.
         """
@@ -400,6 +408,8 @@ class Daemon:
                 for group in groups or [""]:
                     scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace, group)
                     entries.setdefault(scope, scope._asdict())
+            if self._launched_scopes is not None:
+                allowed |= set(self._launched_scopes())
         if self._snapshot is not None:
             for row in self._snapshot():
                 item = ScopeOccupancy.model_validate(dict(row))

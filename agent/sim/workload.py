@@ -516,6 +516,21 @@ class EngineSimulator:
 
     # --- telemetry ------------------------------------------------------------------------------------------
 
+    def launched_scopes(self) -> set[CacheScope]:
+        """The cache scopes the simulated engines really run under where launch overrides changed an instance's
+        namespace (each request group's and the release scope): the daemon reports these rows beside the
+        document's, so the dashboard shows the hand-typed namespace (it accepts a row of a tenant and served model
+        the node's document carries under a namespace the registry does not have). Empty without overrides."""
+        applied = self._applied
+        if applied is None:
+            return set()
+        scopes: set[CacheScope] = set()
+        for inst in applied.instances.values():
+            if inst.overridden:
+                for ks in inst.keyspaces.values():
+                    scopes |= {ks.scope, ks.scope.release_scope()}
+        return scopes
+
     def snapshot(self) -> list[dict[str, Any]]:
         """The ledger snapshot plus ``in_flight_requests`` per scope (``ScopeOccupancy`` fields)."""
         rows = {CacheScope(r["tenant_id"], r["served_model_name"], r["namespace"], r["request_group"]): dict(r)

@@ -12,7 +12,8 @@ transaction:
 * reports — the receipt row ``(node, sequence)`` is inserted with ``ON CONFLICT DO NOTHING RETURNING`` (SQLite
   ≥ 3.35 and PostgreSQL), so a report delivered twice (the agent's outbox after an outage, or two ingest
   workers racing) is stored once; a new report's occupancy rows and instance stats are kept only when the
-  node's applied document carries them (``dashboard.telemetry.report_scope``: one query for the batch; a row of
+  node's applied document carries them (``dashboard.telemetry.report_scope``: one query for the batch, or a row
+  of its tenants and served models under a namespace the registry lacks; a row of
   another tenant's namespace, of a tenant that does not exist or of an instance the node does not run is refused,
   counted per row as ``scope_not_in_document`` / ``instance_not_in_document`` and logged once per node, and the
   report's other rows are stored); samples of new reports go in as one bulk insert (``COPY`` on PostgreSQL,
@@ -47,7 +48,7 @@ from dashboard.models import ConfigAck, InstanceStats, NodeState, OccupancySampl
 from dashboard.models import Report as ReportReceipt
 from dashboard.telemetry import compat
 from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
-from dashboard.telemetry.report_scope import applied_scopes
+from dashboard.telemetry.report_scope import UNREGISTERED_PER_REPORT, applied_scopes, unregistered_namespaces
 
 log = logging.getLogger("kvpool.dashboard.ingest")
 
@@ -214,12 +215,23 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     samples = []
     facts: list[tuple[Report, list[InstanceFacts]]] = []
     refused: dict[str, _RefusedRows] = {}
+    outside: dict[tuple[str, int], set[tuple[str, str, str]]] = {}
+    for report in fresh:
+        document = documents[(report.node, report.applied_version)]
+        names = outside.setdefault((report.node, report.sequence), set())
+        for row in report.scopes:
+            if (row.scope not in document.scopes and document.could_be_unregistered(row.scope)
+                    and len(names) < UNREGISTERED_PER_REPORT):
+                names.add((row.tenant_id, row.served_model_name, row.namespace))
+    unregistered = unregistered_namespaces(set().union(*outside.values()))
     for report in fresh:
         document = documents[(report.node, report.applied_version)]
         scopes, identities = document.scopes, document.instances
         kept = 0
         for row in report.scopes:
-            if (row.tenant_id, row.served_model_name, row.namespace, row.request_group) in scopes:
+            triple = (row.tenant_id, row.served_model_name, row.namespace)
+            if row.scope in scopes or (triple in unregistered and triple in outside[(report.node, report.sequence)]
+                                       and document.could_be_unregistered(row.scope)):
                 samples.append((raw, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
                                 row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes,
                                 row.in_flight_requests, row.puts, row.gets, row.hit_blocks, row.miss_blocks,

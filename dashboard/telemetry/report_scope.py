@@ -10,6 +10,14 @@ does not hold (``applied_version`` 0, or a version it never rendered) — is ref
 (``scope_not_in_document`` / ``instance_not_in_document`` in ``MessageRejection``) and logged once per node and
 batch, naming only the node and the version; the report's other rows are stored.
 
+One kind of row outside the document is kept: a row of a tenant and served model that an instance of the document
+carries, in one of that instance's request groups, under a namespace the registry does not have for that served
+model (``unregistered_namespaces``: one registry query per batch, only when such rows arrive). That is an engine
+of the node launched by hand with a mistyped namespace (the agent reports it when it knows the engine's real
+launch values: the simulator's launch overrides); its rows stay within the tenants the node serves, the overview
+marks the namespace as not in the registry and the ``names_stable`` check fails naming it. A registered namespace
+the document does not carry (another node's release, a retired one) is still refused.
+
 The node's own counters stay attributed to that node and need no row of the document: the report receipt's
 ``unknown_topic_messages`` / ``unknown_topic_blocks`` (KV events of engines no instance of the document names)
 and each accepted instance's ``unknown_salt`` / ``unknown_adapter`` blocks.
@@ -33,6 +41,9 @@ from dashboard.models import ConfigVersion
 
 #: ``(node, version)`` pairs per query (two parameters each).
 PAIRS_PER_QUERY = 500
+#: Namespaces outside its document one report may keep rows of (``unregistered_namespaces``); rows of further ones
+#: are refused, so a report cannot make the registry query grow with its size.
+UNREGISTERED_PER_REPORT = 8
 #: Documents whose scopes a process keeps (all are dropped when full).
 CACHE_ENTRIES = 10_000
 
@@ -44,6 +55,12 @@ class AppliedScopes:
 
     scopes: frozenset[CacheScope]
     instances: frozenset[tuple[str, str, str, str, str]]
+    groups: frozenset[tuple[str, str, str]] = frozenset()
+
+    def could_be_unregistered(self, scope: CacheScope) -> bool:
+        """Whether ``scope`` (not in :attr:`scopes`) has the tenant, served model and request group of one of the
+        document's scopes under another namespace: kept if the registry has no such namespace for that model."""
+        return (scope.tenant_id, scope.served_model_name, scope.request_group) in self.groups
 
     @classmethod
     def of_instances(cls, instances: Iterable[Mapping[str, Any]]) -> AppliedScopes:
@@ -57,7 +74,8 @@ class AppliedScopes:
             scopes |= instance_scopes(tenant, model, namespace, groups)
             identities.add((str(spec.get("instance_id") or ""), str(spec.get("engine") or "vllm"), tenant, model,
                             namespace))
-        return cls(frozenset(scopes), frozenset(identities))
+        return cls(frozenset(scopes), frozenset(identities),
+                   frozenset((s.tenant_id, s.served_model_name, s.request_group) for s in scopes))
 
 
 #: A document the dashboard does not hold: nothing may be reported under it.
@@ -105,3 +123,21 @@ def applied_scopes(pairs: Iterable[tuple[str, int]]) -> dict[tuple[str, int], Ap
             key = unseen[pk]
             found[key[:2]] = _cache[key] = AppliedScopes.of_instances(instances or ())
     return found
+
+
+def unregistered_namespaces(candidates: Iterable[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """Of ``candidates`` ``(tenant_id, served_model_name, namespace)``, those the registry has no release of (one
+    query; none for an empty input)."""
+    from django.db.models import Q
+
+    from tenants.models import Release
+
+    wanted = set(candidates)
+    if not wanted:
+        return set()
+    query = Q()
+    for tenant_id, model, namespace in wanted:
+        query |= Q(model__tenant__tenant_id=tenant_id, model__served_model_name=model, namespace=namespace)
+    registered = set(Release.objects.filter(query).values_list("model__tenant__tenant_id",
+                                                               "model__served_model_name", "namespace"))
+    return wanted - registered

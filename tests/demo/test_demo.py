@@ -59,10 +59,11 @@ def _wait_no_leftovers(marker: str, timeout: float = 10) -> list[str]:
         time.sleep(0.2)
 
 
+@pytest.mark.timeout(1000)  # hang guard above the demo's own limits
 def test_once_replays_the_trace_and_passes_every_check(tmp_path):
     var = tmp_path / "run"
-    done = subprocess.run(_argv(var, "--once", "--requests", "300", "--timeout", "90"), cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=170)
+    done = subprocess.run(_argv(var, "--once", "--requests", "300", "--timeout", "300"), cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=900)  # hang guards only: a loaded CI machine is slow
     out = done.stdout
     assert done.returncode == 0, f"{out[-6000:]}\n{done.stderr[-3000:]}"
     assert re.search(r"Dashboard: http://127\.0\.0\.1:\d+/\s+login: admin / \S+", out)

@@ -283,6 +283,10 @@ def test_a_hand_typed_tag_gets_zero_hits_under_its_own_namespace(pair):
     decode = rows(pair.decode)
     assert ("rel-a", "g") not in decode
     assert decode[("rel-typo", "g")]["hit_blocks"] == 0 and decode[("rel-typo", "g")]["miss_blocks"] == 30
+    # the daemon reports these rows beside the document's (the dashboard shows the namespace as unregistered)
+    assert {(s.namespace, s.request_group) for s in pair.decode.launched_scopes()} == {("rel-typo", "g"),
+                                                                                       ("rel-typo", "")}
+    assert pair.prefill.launched_scopes() == set()
 
 
 def test_sglang_instances_store_k_and_v_objects(pair):

@@ -194,6 +194,31 @@ def test_reports_carry_only_the_scopes_of_the_applied_document(tmp_path, broker)
         d.stop()
 
 
+def test_reports_carry_the_scopes_the_engines_were_launched_under_by_hand(tmp_path, broker):
+    """An engine launched with a mistyped namespace (the simulator's launch overrides): its rows are sent for the
+    dashboard to show; the retired release's rows still are not."""
+    from agent.contract.scope import CacheScope
+
+    def row(namespace, group):
+        return {"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": namespace,
+                "request_group": group, "blocks": 1, "bytes": 1024}
+
+    typo = CacheScope("acme", "qwen3-8b", "prod-2026-7", "app-a")
+    ledger = [row("prod-2026-07", "app-a"), row("prod-2026-7", "app-a"), row("retired-2026-06", "app-a")]
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger,
+               launched_scopes=lambda: {typo, typo.release_scope()})
+    try:
+        d.handle_document(document(version=1))
+        d.report_now()
+        d.flush()
+        (sent_report,) = broker.messages("report")
+        rows = {(r["namespace"], r["request_group"]): r["bytes"] for r in sent_report["scopes"]}
+        assert rows == {("prod-2026-07", "app-a"): 1024, ("prod-2026-7", "app-a"): 1024,
+                        ("prod-2026-07", "default"): 0}
+    finally:
+        d.stop()
+
+
 def test_reports_buffer_while_broker_is_down_and_survive_restart(tmp_path, broker):
     state = tmp_path / "s"
     d = Daemon("node-a", "s3cret", state, publish=broker.publish)

@@ -145,3 +145,32 @@ def test_the_documents_of_a_batch_are_read_in_one_query_and_kept():
 
     assert document_queries((1, 2)) == (2, 1)  # which documents; the instances of the 60 not seen yet
     assert document_queries((3, 4)) == (1, 0)  # the same documents: only which
+
+
+def test_rows_of_the_nodes_own_tenant_and_model_under_an_unregistered_namespace_are_kept_and_flagged(registry):
+    """An engine of node-a launched by hand with a mistyped namespace: its rows stay visible (the overview marks
+    the namespace, ``names_stable`` names it); registered namespaces the document does not carry stay refused."""
+    from dashboard.checklist import check_names_stable
+
+    make_release(registry["acme"].release.model, "prod-2026-08")  # registered, not on node-a
+    result = ingest([_report(registry["applied"], [
+        _row("acme", "qwen3-8b", "prod-2026-07", 4096),
+        _row("acme", "qwen3-8b", "prod-2026-7", 2048),  # the mistyped namespace: kept
+        _row("acme", "qwen3-8b", "prod-2026-08", PETABYTE),  # registered elsewhere: refused
+        _row("acme", "qwen3-8b", "prod-2026-7", PETABYTE, group="no-such-group"),  # a group the node lacks
+        _row("globex", "llama-70b", "typo", PETABYTE),  # a tenant with no instance on node-a
+    ])])
+    assert (result.samples, result.refused_scopes) == (2, 3)
+    assert set(OccupancySample.objects.values_list("namespace", "bytes")) == {("prod-2026-07", 4096),
+                                                                               ("prod-2026-7", 2048)}
+    check = check_names_stable(timezone.now())
+    assert not check.passed
+    assert any("'prod-2026-7' is not registered" in line for line in check.details)
+
+
+def test_a_report_keeps_rows_of_a_bounded_number_of_unregistered_namespaces(registry):
+    names = [f"typo-{index}" for index in range(report_scope.UNREGISTERED_PER_REPORT + 5)]
+    with CaptureQueriesContext(connection) as queries:
+        result = ingest([_report(registry["applied"], [_row("acme", "qwen3-8b", name, 1024) for name in names])])
+    assert (result.samples, result.refused_scopes) == (report_scope.UNREGISTERED_PER_REPORT, 5)
+    assert sum("tenants_release" in q["sql"] for q in queries.captured_queries) == 1
