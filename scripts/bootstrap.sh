@@ -33,6 +33,21 @@ if ! command -v systemd-analyze >/dev/null; then
   echo "installing systemd (systemd-analyze verifies deploy/systemd/)"
   apt_install systemd
 fi
+# Prometheus 2.42's promtool checks deploy/prometheus/ (config, rules, rule unit tests) and tests/integration runs
+# its prometheus binary on a free port against a real dashboard. Installed without its recommended node exporter and
+# with service starts refused (policy-rc.d), so no daemon is left holding port 9090 or 9100; nothing is enabled.
+if ! command -v promtool >/dev/null; then
+  echo "installing prometheus (promtool checks deploy/prometheus/; integration tests run the binary on free ports)"
+  if [ "$(id -u)" = 0 ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    apt_install --no-install-recommends prometheus
+    rm -f /usr/sbin/policy-rc.d && trap - EXIT
+  else
+    apt_install --no-install-recommends prometheus
+  fi
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then systemctl disable --now prometheus 2>/dev/null || true; fi
+fi
 if [ "${1:-}" = browser ] && [ ! -x /usr/bin/chromium ]; then
   echo "installing chromium (browser tests)"
   apt_install chromium

@@ -1,14 +1,14 @@
-"""Prometheus ``/metrics``: occupancy per tenant and namespace, master quotas, node drift (read from the DB).
+"""Prometheus ``/metrics``: occupancy per tenant and cache scope, master quotas, node drift (read from the DB).
 
 A custom collector builds the families at scrape time (nothing is cached between scrapes, so every dashboard
 process answers the same). Occupancy sums, over nodes, each node's newest report younger than
 ``KVPOOL_METRICS_WINDOW_SECONDS``; a node that stopped reporting drops out of the sums.
 
 Families (labels):
-  ``kvpool_namespace_occupancy_bytes`` / ``_blocks`` / ``_orphaned_bytes`` / ``_in_flight_requests``
+  ``kvpool_cache_scope_occupancy_bytes`` / ``_blocks`` / ``_orphaned_bytes`` / ``_in_flight_requests``
       (tenant_id, served_model_name, namespace, request_group: the fields of ``agent.contract.scope.CacheScope``)
-  ``kvpool_namespace_hit_ratio`` — hit_blocks / (hit_blocks + miss_blocks), counters since each agent started
-  ``kvpool_namespace_{puts,gets,hit_blocks,miss_blocks,evicted_blocks}_total`` (same labels; counters)
+  ``kvpool_cache_scope_hit_ratio`` — hit_blocks / (hit_blocks + miss_blocks), counters since each agent started
+  ``kvpool_cache_scope_{puts,gets,hit_blocks,miss_blocks,evicted_blocks}_total`` (same labels; counters)
   ``kvpool_tenant_occupancy_bytes`` / ``_blocks`` / ``kvpool_tenant_hit_ratio`` (tenant_id)
   ``kvpool_tenant_quota_bytes`` (tenant_id) — the registry's quota
   ``kvpool_master_tenant_quota_{requested,effective,charged}_bytes``, ``..._admission_closed``,
@@ -74,7 +74,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from agent.contract.scope import CacheScope
 from dashboard.models import MasterQuotaSample, NodeState, OccupancySample, Report
 
-NS_LABELS = list(CacheScope._fields)
+SCOPE_LABELS = list(CacheScope._fields)
 #: Labels of the per-engine-instance families.
 ENGINE_LABELS = ("tenant_id", "served_model_name", "namespace", "instance_id", "node")
 
@@ -266,7 +266,7 @@ class KVPoolCollector:
 
     def _occupancy(self):
         fields = ("bytes", "blocks", "orphaned_bytes", "in_flight_requests", *OccupancySample.COUNTERS)
-        per_ns: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
+        per_scope: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
         per_tenant: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
         tenants = _registry_tenants()
         for row in latest_samples():
@@ -274,23 +274,23 @@ class KVPoolCollector:
                 continue
             key = CacheScope(row.tenant_id, row.served_model_name, row.namespace, row.request_group)
             for name in fields:
-                per_ns[key][name] += getattr(row, name)
+                per_scope[key][name] += getattr(row, name)
                 per_tenant[row.tenant_id][name] += getattr(row, name)
         gauges = {
-            "bytes": GaugeMetricFamily("kvpool_namespace_occupancy_bytes", "Bytes cached for the namespace",
-                                       labels=NS_LABELS),
-            "blocks": GaugeMetricFamily("kvpool_namespace_occupancy_blocks", "Blocks cached for the namespace",
-                                        labels=NS_LABELS),
-            "orphaned_bytes": GaugeMetricFamily("kvpool_namespace_orphaned_bytes",
-                                                "Bytes of blocks whose prefix is gone", labels=NS_LABELS),
-            "in_flight_requests": GaugeMetricFamily("kvpool_namespace_in_flight_requests",
-                                                    "Requests in flight on the namespace", labels=NS_LABELS),
+            "bytes": GaugeMetricFamily("kvpool_cache_scope_occupancy_bytes", "Bytes cached for the cache scope",
+                                       labels=SCOPE_LABELS),
+            "blocks": GaugeMetricFamily("kvpool_cache_scope_occupancy_blocks", "Blocks cached for the cache scope",
+                                        labels=SCOPE_LABELS),
+            "orphaned_bytes": GaugeMetricFamily("kvpool_cache_scope_orphaned_bytes",
+                                                "Bytes of blocks whose prefix is gone", labels=SCOPE_LABELS),
+            "in_flight_requests": GaugeMetricFamily("kvpool_cache_scope_in_flight_requests",
+                                                    "Requests in flight in the cache scope", labels=SCOPE_LABELS),
         }
-        counters = {name: CounterMetricFamily(f"kvpool_namespace_{name}", f"{name} since each agent started",
-                                              labels=NS_LABELS) for name in OccupancySample.COUNTERS}
-        hit_ratio = GaugeMetricFamily("kvpool_namespace_hit_ratio", "hit_blocks / (hit_blocks + miss_blocks)",
-                                      labels=NS_LABELS)
-        for key, values in sorted(per_ns.items()):
+        counters = {name: CounterMetricFamily(f"kvpool_cache_scope_{name}", f"{name} since each agent started",
+                                              labels=SCOPE_LABELS) for name in OccupancySample.COUNTERS}
+        hit_ratio = GaugeMetricFamily("kvpool_cache_scope_hit_ratio", "hit_blocks / (hit_blocks + miss_blocks)",
+                                      labels=SCOPE_LABELS)
+        for key, values in sorted(per_scope.items()):
             labels = list(key)
             for name, family in gauges.items():
                 family.add_metric(labels, values[name])

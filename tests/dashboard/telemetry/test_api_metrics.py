@@ -97,8 +97,8 @@ def test_metrics_exposes_occupancy_quota_and_drift(client, telemetry, settings):
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     text = response.content.decode()
     ns = 'namespace="prod-2026-07",request_group="g0",served_model_name="qwen3-8b",tenant_id="acme"'
-    assert f"kvpool_namespace_occupancy_bytes{{{ns}}} 1500.0" in text  # node-a 1000 + node-b 500
-    assert f"kvpool_namespace_hit_ratio{{{ns}}} 0.6666666666666666" in text  # (3+1) / (3+1+1+1)
+    assert f"kvpool_cache_scope_occupancy_bytes{{{ns}}} 1500.0" in text  # node-a 1000 + node-b 500
+    assert f"kvpool_cache_scope_hit_ratio{{{ns}}} 0.6666666666666666" in text  # (3+1) / (3+1+1+1)
     assert 'kvpool_tenant_occupancy_bytes{tenant_id="acme"} 3000.0' in text
     assert 'kvpool_master_tenant_quota_over_quota{tenant_id="acme"} 1.0' in text
     assert 'kvpool_node_silent{node="node-b"} 1.0' in text and 'kvpool_node_silent{node="node-a"} 0.0' in text
@@ -112,7 +112,7 @@ def test_metrics_exposes_occupancy_quota_and_drift(client, telemetry, settings):
 def test_old_reports_drop_out_of_metrics(client, db, settings):
     settings.KVPOOL_METRICS_WINDOW_SECONDS = 60
     ingest([report(sequence=1, at=timezone.now() - timedelta(minutes=10))])
-    assert "kvpool_namespace_occupancy_bytes{" not in client.get("/metrics").content.decode()
+    assert "kvpool_cache_scope_occupancy_bytes{" not in client.get("/metrics").content.decode()
 
 
 def test_metrics_token(client, db, settings):
