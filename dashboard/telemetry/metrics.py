@@ -51,6 +51,9 @@ Families (labels):
   ``kvpool_master_failovers_total``, ``kvpool_master_last_failover_timestamp_seconds``, ``kvpool_master_standbys``
       (no labels) — HA mode: elections the probe saw, the newest, standbys answering
   Series of tenants and nodes deleted from the registry are not exported.
+  ``kvpool_ingest_lag_seconds`` (node) — received_at - sent_at of the node's newest stored report within the
+      window: how far ingest runs behind the agents (outbox, broker queue, ingest worker); a stopped ingest freezes
+      it and turns ``kvpool_node_silent`` on instead
   ``kvpool_agent_messages_rejected_total`` (reason, node) — agent messages refused by ingest and the purge-result
       task: unsigned, unknown_node, bad_signature, wrong_node, replayed, clock_skew, expired, invalid,
       duplicate (``dashboard.telemetry.agent_auth``; counted in the database, so every process answers the same);
@@ -91,6 +94,26 @@ def latest_samples() -> list[OccupancySample]:
     return [row for row in rows if newest.get(row.node_name) == row.ts]
 
 
+def newest_receipts() -> list[Report]:
+    """The newest stored report (``Report`` receipt) of each registered node sent within
+    ``KVPOOL_METRICS_WINDOW_SECONDS``, by node name (a node deleted from the registry drops out)."""
+    from tenants.models import Node
+
+    since = timezone.now() - timedelta(seconds=settings.KVPOOL_METRICS_WINDOW_SECONDS)
+    newest = dict(Report.objects.filter(sent_at__gte=since, node_name__in=Node.objects.values("name"))
+                  .values("node_name").annotate(ts=Max("sent_at")).values_list("node_name", "ts"))
+    receipts = Report.objects.filter(sent_at__in=set(newest.values())).order_by("node_name")
+    return [receipt for receipt in receipts if newest.get(receipt.node_name) == receipt.sent_at]
+
+
+def ingest_lag_seconds(receipt: Report) -> float:
+    """Seconds (float, >= 0) between the agent sending ``receipt``'s report (``sent_at``, agent clock) and ingest
+    storing it (``received_at``, dashboard clock): time in the agent's outbox (broker down), the broker queue and
+    behind other tasks of the ingest worker. Clock skew between the hosts shows up in it (ingest refuses
+    messages skewed beyond its replay window); a negative difference reads 0."""
+    return max(0.0, (receipt.received_at - receipt.sent_at).total_seconds())
+
+
 def _registry_tenants() -> set[str]:
     """Tenant ids in the registry: series of deleted tenants are not exported."""
     from tenants.models import Tenant
@@ -112,6 +135,7 @@ class KVPoolCollector:
         yield from self._room()
         yield from self._nodes()
         yield self._rejections()
+        yield self._ingest()
         yield from self._engines()
 
     def _master(self):
@@ -243,15 +267,18 @@ class KVPoolCollector:
         yield from elsewhere.values()
         unknown = CounterMetricFamily("kvpool_node_engine_unknown_topic_blocks", "Store blocks in KV events of no "
                                       "instance of the node's config, since its agent started", labels=["node"])
-        from tenants.models import Node
-
-        known = Node.objects.values("name")  # a node deleted from the registry drops out
-        newest = dict(Report.objects.filter(sent_at__gte=since, node_name__in=known).values("node_name")
-                      .annotate(ts=Max("sent_at")).values_list("node_name", "ts"))
-        for receipt in Report.objects.filter(sent_at__in=set(newest.values())).order_by("node_name"):
-            if newest.get(receipt.node_name) == receipt.sent_at:
-                unknown.add_metric([receipt.node_name], receipt.unknown_topic_blocks)
+        for receipt in newest_receipts():
+            unknown.add_metric([receipt.node_name], receipt.unknown_topic_blocks)
         yield unknown
+
+    def _ingest(self) -> GaugeMetricFamily:
+        """Ingest lag per node: how long the newest stored report waited between its agent and the database."""
+        lag = GaugeMetricFamily("kvpool_ingest_lag_seconds", "received_at - sent_at of the node's newest stored "
+                                "report: seconds it spent in the agent's outbox, the broker queue and the ingest "
+                                "worker (agent clock against dashboard clock; 0 when negative)", labels=["node"])
+        for receipt in newest_receipts():
+            lag.add_metric([receipt.node_name], ingest_lag_seconds(receipt))
+        return lag
 
     def _rejections(self) -> CounterMetricFamily:
         from dashboard.telemetry.agent_auth import rejection_series

@@ -115,6 +115,21 @@ def test_old_reports_drop_out_of_metrics(client, db, settings):
     assert "kvpool_cache_scope_occupancy_bytes{" not in client.get("/metrics").content.decode()
 
 
+def test_ingest_lag_is_the_newest_stored_reports_wait_per_node(client, db, settings):
+    settings.KVPOOL_METRICS_WINDOW_SECONDS = 300
+    now = timezone.now()
+    ingest([report(node="node-a", sequence=1, at=now - timedelta(seconds=60))], now=now - timedelta(seconds=20))
+    ingest([report(node="node-a", sequence=2, at=now - timedelta(seconds=10))], now=now - timedelta(seconds=7.5))
+    ingest([report(node="node-b", sequence=1, at=now - timedelta(seconds=5))], now=now - timedelta(seconds=6))
+    text = client.get("/metrics").content.decode()
+    assert 'kvpool_ingest_lag_seconds{node="node-a"} 2.5' in text  # the newest report's wait, not the older 40 s
+    assert 'kvpool_ingest_lag_seconds{node="node-b"} 0.0' in text  # received "before" sent: clock skew reads 0
+
+    settings.KVPOOL_METRICS_WINDOW_SECONDS = 8  # node-a's newest report leaves the window, node-b's stays
+    text = client.get("/metrics").content.decode()
+    assert 'kvpool_ingest_lag_seconds{node="node-a"}' not in text and 'kvpool_ingest_lag_seconds{node="node-b"}' in text
+
+
 def test_metrics_token(client, db, settings):
     settings.KVPOOL_METRICS_TOKEN = "scrape-me"
     assert client.get("/metrics").status_code == 401
