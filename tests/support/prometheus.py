@@ -86,6 +86,25 @@ def grafana_queries() -> list[tuple[str, str]]:
     return found
 
 
+def grafana_variables() -> list[tuple[str, str, str]]:
+    """``(variable, selector, label)`` of every ``label_values(selector, label)`` template variable."""
+    dashboard = json.loads(GRAFANA_DASHBOARD.read_text())
+    found = []
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        text = query.get("query", "") if isinstance(query, dict) else ""
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", text)
+        if match:
+            found.append((variable["name"], match.group(1), match.group(2)))
+    return found
+
+
+def grafana_annotations() -> list[tuple[str, str]]:
+    """``(name, expr)`` of the dashboard's Prometheus annotations."""
+    dashboard = json.loads(GRAFANA_DASHBOARD.read_text())
+    return [(item["name"], item["expr"]) for item in dashboard["annotations"]["list"] if item.get("expr")]
+
+
 def expand_grafana(expr: str, *, rate_interval: str = "1m") -> str:
     """``expr`` with the dashboard's template variables as Grafana expands them for "All" (``.*``) and
     ``$__rate_interval`` / ``$__range`` as ``rate_interval``."""
