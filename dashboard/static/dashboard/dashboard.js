@@ -9,15 +9,21 @@
   "use strict";
   var PALETTE = ["#2b62c9", "#e07b39", "#3a9e5c", "#b3261e", "#8a5cc2", "#1f9aa8", "#c2a12b", "#7a7f87",
                  "#d35f9b", "#4c7a2e"];
-  var UNITS = ["B", "KB", "MB", "GB", "TB", "PB"];
+  // Binary units with IEC suffixes, as tenants.quota.humanize_bytes writes them.
+  var UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
   window.kvpoolCharts = window.kvpoolCharts || {};
 
+  // Bytes as "256 MiB" / "1.5 KiB" / "1023 B": about 3 significant digits, trailing zeros dropped (the rule of
+  // tenants.quota.humanize_bytes, so the chart and the tables read the same).
   function humanBytes(value) {
     if (value === null || value === undefined) { return "–"; }
     var size = Math.abs(value), unit = 0;
     while (size >= 1024 && unit < UNITS.length - 1) { size /= 1024; unit += 1; }
     var sign = value < 0 ? "-" : "";
-    return sign + (unit === 0 ? size : size.toPrecision(3)) + " " + UNITS[unit];
+    if (unit === 0) { return sign + size + " B"; }
+    var text = size.toFixed(size < 10 ? 2 : size < 100 ? 1 : 0);
+    if (text.indexOf(".") >= 0) { text = text.replace(/0+$/, "").replace(/\.$/, ""); }
+    return sign + text + " " + UNITS[unit];
   }
 
   function bucketLabel(iso, bucketSeconds) {
