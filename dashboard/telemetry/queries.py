@@ -67,9 +67,9 @@ class OccupancyFilter:
         return queryset
 
     def as_params(self) -> dict[str, str]:
-        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out)."""
-        names = {"tenant_id": "tenant", "served_model_name": "model", "namespace": "release", "request_group": "group"}
-        return {param: getattr(self, attr) for attr, param in names.items() if getattr(self, attr)}
+        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out): the
+        names of ``CacheScope``'s fields, as ``GET /api/v1/telemetry/occupancy/`` takes them."""
+        return {name: getattr(self, name) for name in CacheScope._fields if getattr(self, name)}
 
 
 @dataclass

@@ -126,20 +126,20 @@ def test_json_endpoint_and_page_tables_agree(ui):
     sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, hit_blocks=1, miss_blocks=1)
     sample(ts=now - timedelta(seconds=30), node="node-a", size=3 << 20, hit_blocks=4, miss_blocks=2)
     sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
-    response = ui.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant": "acme"})
+    response = ui.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant_id": "acme"})
     assert response.status_code == 200
     payload = response.json()
     assert payload["window"] == "15m" and payload["bucket_seconds"] == 30
-    assert payload["filters"] == {"tenant": "acme", "model": "", "release": "", "group": ""}
+    assert payload["filters"] == {"tenant_id": "acme", "served_model_name": "", "namespace": "", "request_group": ""}
     assert len(payload["labels"]) == len(payload["timestamps_ms"]) == len(payload["totals"])
     labels = [s["label"] for s in payload["series"]]
     assert labels == ["acme/qwen3-8b/production-2026-07", "acme/qwen3-8b/production-2026-08"]
     first = payload["series"][0]
     assert first["latest_bytes"] == 3 << 20 and first["hit_ratio"] == pytest.approx(3 / 4)
-    page = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant": "acme"})
+    page = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant_id": "acme"})
     assert page.status_code == 200
     html = page.content.decode()
-    assert 'data-occupancy-url="/occupancy/data.json?window=15m&amp;tenant=acme"' in html
+    assert 'data-occupancy-url="/occupancy/data.json?window=15m&amp;tenant_id=acme"' in html
     for series in payload["series"]:
         for value in series["data"]:
             if value is not None:
@@ -167,7 +167,7 @@ def test_filter_choices_come_from_the_registry(ui):
     tenant = make_tenant("acme")
     make_release(make_model(tenant), "prod-a")
     make_group(tenant, "app-a")
-    html = ui.get(reverse("ui:occupancy"), {"tenant": "acme"}).content.decode()
+    html = ui.get(reverse("ui:occupancy"), {"tenant_id": "acme"}).content.decode()
     for value in ("acme", "qwen3-8b", "prod-a", "app-a"):
         assert f'<option value="{value}"' in html
 
@@ -185,3 +185,38 @@ def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
     assert [s["orphaned_bytes"] for s in payload["series"]] == [1536, 0]
     html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
     assert 'data-orphaned-bytes="1536"' in html and 'data-orphaned-bytes="0"' in html
+
+
+def test_page_and_chart_data_take_the_apis_filter_names(ui, api):
+    """``?tenant_id= &served_model_name= &namespace= &request_group=`` mean the same on the page, its chart data and
+    ``GET /api/v1/telemetry/occupancy/``."""
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=30), group="app-a", size=1 << 20)
+    sample(ts=now - timedelta(seconds=30), group="app-b", size=1 << 10)
+    sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 12)
+    sample(ts=now - timedelta(seconds=30), tenant_id="beta", model="llama", namespace="canary", group="app-a",
+           size=1 << 14)
+    params = {"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "production-2026-07",
+              "request_group": "app-a"}
+    rows = api.get("/api/v1/telemetry/occupancy/", params).json()["results"]
+    assert [row["bytes"] for row in rows] == [1 << 20]
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m", **params}).json()
+    assert payload["filters"] == params
+    assert [(s["label"], s["latest_bytes"]) for s in payload["series"]] == [
+        ("acme/qwen3-8b/production-2026-07", 1 << 20)]
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m", **params}).content.decode()
+    for name, value in params.items():
+        assert f'name="{name}"' in html and f'<option value="{value}" selected>' in html
+    assert 'data-bytes="1024"' not in html and f'data-bytes="{1 << 20}"' in html
+
+
+@pytest.mark.parametrize("name", ["ui:occupancy", "ui:occupancy-data"])
+def test_former_parameter_names_redirect_to_the_apis(ui, name):
+    response = ui.get(reverse(name), {"window": "6h", "tenant": "acme", "model": "qwen3-8b", "release": "v1",
+                                      "group": "app-a"})
+    assert response.status_code == 301
+    assert response["Location"] == (f"{reverse(name)}?window=6h&tenant_id=acme&served_model_name=qwen3-8b"
+                                    "&namespace=v1&request_group=app-a")
+    both = ui.get(reverse(name), {"tenant": "old", "tenant_id": "new"})
+    assert both.status_code == 301 and both["Location"] == f"{reverse(name)}?tenant_id=new"
+    assert ui.get(reverse(name), {"tenant_id": "acme"}).status_code == 200
