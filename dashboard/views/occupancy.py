@@ -24,6 +24,7 @@ from dashboard.telemetry.queries import (
     OccupancyFilter,
     occupancy_series,
 )
+from dashboard.telemetry.quota_lines import quota_lines
 from dashboard.views.base import (
     WindowError,
     json_login_required,
@@ -80,14 +81,17 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
     everything = OccupancyFilter(tenant_ids=filters.tenant_ids)
     unfiltered = occupancy_series(window, everything) if filters != everything else series
     params = {"window": window, **filters.as_params()}
+    ratios = series.hit_ratios()
     rows = [
-        {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total}
+        {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total,
+         "hit_ratio": ratios[index], "hit_percent": None if ratios[index] is None else round(100 * ratios[index])}
         for index, (bucket, total) in enumerate(zip(series.buckets, series.totals())) if total is not None
     ]
     context = {
         "series": series, "filters": filters, "window": window,
         "choices": filter_choices(filters, [s.key for s in unfiltered.series], request.user),
         "windows": WINDOW_LABELS, "rows": rows, "error": error,
+        "quota_lines": quota_lines(filters, [s.key for s in series.series]),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }
     return render(request, "ui/occupancy.html", context, status=status)
@@ -96,7 +100,9 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
 @json_login_required
 def occupancy_data(request: HttpRequest) -> JsonResponse:
     """JSON of ``queries.OccupancySeries.as_dict()`` plus the applied filters (``filters``: the four
-    ``CacheScope`` fields, "" = all); 400 names a bad ``window``. Former parameter names redirect (the page's)."""
+    ``CacheScope`` fields, "" = all) and the quota and budget lines (``quota_lines``: ``QuotaLine.as_dict()``
+    each, ``dashboard.telemetry.quota_lines``); 400 names a bad ``window``. Former parameter names redirect (the
+    page's)."""
     redirect = renamed_params_redirect(request)
     if redirect is not None:
         return redirect
@@ -105,6 +111,8 @@ def occupancy_data(request: HttpRequest) -> JsonResponse:
     except WindowError as exc:
         return JsonResponse({"window": [str(exc)]}, status=400)
     filters = occupancy_filter(request)
-    payload = occupancy_series(window, filters).as_dict()
+    series = occupancy_series(window, filters)
+    payload = series.as_dict()
+    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, [s.key for s in series.series])]
     payload["filters"] = {name: getattr(filters, name) for name in CacheScope._fields}
     return JsonResponse(payload)

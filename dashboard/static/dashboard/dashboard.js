@@ -1,7 +1,11 @@
 /* Dashboard behaviour: copy buttons and the occupancy charts (vendored Chart.js, loaded before this file).
  *
  * A <canvas data-occupancy-url="..."> is filled from the occupancy JSON endpoint: one stacked area per release
- * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC. The Chart instance is kept in window.kvpoolCharts[canvas.id]
+ * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC,
+ * plus a dashed horizontal line per payload.quota_lines entry (tenant quota, effective quota, release budget; each
+ * its own stack, so it adds to nothing); the y axis ticks at round binary units (0, 2 MiB, 4 MiB, ...). A canvas
+ * with the id "<canvas id>-hits", when present, gets the hit ratio per bucket (0..1) of each release from the same
+ * payload. The Chart instance is kept in window.kvpoolCharts[canvas.id]
  * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
  * A <button data-copy="ID"> copies the text of the element with that id.
  */
@@ -37,6 +41,85 @@
     return "rgba(" + ((n >> 16) & 255) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
   }
 
+  // Colours of the quota and budget lines (payload.quota_lines[].kind).
+  var LINE_COLOURS = {quota: "#202124", effective_quota: "#b3261e", budget: "#e07b39",
+                      request_group_budget: "#8a5cc2"};
+
+  // The largest power of two (bytes) that splits 0..top into at most `most` steps: ticks fall on 1/2/4/8...
+  // KiB/MiB/GiB multiples.
+  function binaryStep(top, most) {
+    var step = 1;
+    while (top / step > most) { step *= 2; }
+    return step;
+  }
+
+  // y-axis range and ticks at round binary units: 0 .. a multiple of binaryStep covering the stacked data and the
+  // lowest quota/budget line (higher lines stay in the legend, with their sizes, when off the chart).
+  function binaryAxis(payload) {
+    var top = 0;
+    (payload.totals || []).forEach(function (v) { if (v !== null && v > top) { top = v; } });
+    var lines = (payload.quota_lines || []).map(function (l) { return l.bytes; });
+    if (lines.length) { top = Math.max(top, Math.min.apply(null, lines)); }
+    if (top <= 0) { top = 1024; }
+    var step = binaryStep(top * 1.05, 8), max = Math.ceil(top * 1.05 / step) * step;
+    return {
+      stacked: true, min: 0, max: max,
+      afterBuildTicks: function (scale) {
+        var ticks = [];
+        for (var v = 0; v <= max; v += step) { ticks.push({value: v}); }
+        scale.ticks = ticks;
+      },
+      ticks: {callback: function (v) { return humanBytes(v); }},
+      title: {display: true, text: "bytes (binary units)"}
+    };
+  }
+
+  function lineDatasets(payload) {
+    return (payload.quota_lines || []).map(function (line, index) {
+      var colour = LINE_COLOURS[line.kind] || "#7a7f87";
+      return {
+        label: line.label, data: payload.labels.map(function () { return line.bytes; }), stack: "line-" + index,
+        borderColor: colour, backgroundColor: colour, borderDash: line.kind === "budget" && line.implicit ? [2, 3] : [6, 4],
+        borderWidth: 1.5, pointRadius: 0, pointHoverRadius: 0, fill: false,
+        kvpool: {kind: line.kind, bytes: line.bytes, implicit: line.implicit}
+      };
+    });
+  }
+
+  function percent(v) { return v === null || v === undefined ? "–" : Math.round(v * 100) + "%"; }
+
+  // The hit ratio chart beside the bytes: one line per release (same colours), and "all shown" when several.
+  function drawHitRatio(canvas, payload, labels) {
+    var datasets = payload.series.map(function (series, index) {
+      var colour = PALETTE[index % PALETTE.length];
+      return {label: series.label, data: series.hit_ratio_data, borderColor: colour, backgroundColor: colour,
+              pointRadius: 2, borderWidth: 1.5, spanGaps: true, fill: false};
+    });
+    if (payload.series.length > 1) {
+      datasets.push({label: "all shown", data: payload.hit_ratios, borderColor: "#202124", backgroundColor: "#202124",
+                     borderDash: [6, 4], pointRadius: 0, borderWidth: 2, spanGaps: true, fill: false});
+    }
+    var existing = window.Chart.getChart(canvas);
+    if (existing) { existing.destroy(); }
+    var chart = new window.Chart(canvas, {
+      type: "line", data: {labels: labels, datasets: datasets},
+      options: {
+        responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
+        scales: {
+          x: {ticks: {maxTicksLimit: 12, autoSkip: true}},
+          y: {min: 0, max: 1, ticks: {stepSize: 0.25, callback: percent}, title: {display: true, text: "hit ratio"}}
+        },
+        plugins: {
+          legend: {display: false},
+          tooltip: {callbacks: {label: function (ctx) { return ctx.dataset.label + ": " + percent(ctx.parsed.y); }}}
+        }
+      }
+    });
+    window.kvpoolCharts[canvas.id] = chart;
+    canvas.dataset.state = "ready";
+    return chart;
+  }
+
   function drawOccupancy(canvas, payload) {
     var datasets = payload.series.map(function (series, index) {
       var colour = PALETTE[index % PALETTE.length];
@@ -44,22 +127,22 @@
       return {
         label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
         fill: index === 0 ? "origin" : "-1", pointRadius: points <= 2 ? 3 : 0, pointHoverRadius: 4, borderWidth: 1.5, tension: 0.2, spanGaps: true,
+        stack: "bytes",
         kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
                  namespace: series.namespace, request_group: series.request_group}
       };
     });
+    var labels = payload.labels.map(function (l) { return bucketLabel(l, payload.bucket_seconds); });
     var existing = window.Chart.getChart(canvas);
     if (existing) { existing.destroy(); }
     var chart = new window.Chart(canvas, {
       type: "line",
-      data: {labels: payload.labels.map(function (l) { return bucketLabel(l, payload.bucket_seconds); }),
-             datasets: datasets},
+      data: {labels: labels, datasets: datasets.concat(lineDatasets(payload))},
       options: {
         responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
         scales: {
           x: {ticks: {maxTicksLimit: 12, autoSkip: true}, title: {display: true, text: "time (UTC)"}},
-          y: {stacked: true, beginAtZero: true, ticks: {callback: function (v) { return humanBytes(v); }},
-              title: {display: true, text: "bytes"}}
+          y: binaryAxis(payload)
         },
         plugins: {
           legend: {position: "bottom"},
@@ -70,6 +153,8 @@
     window.kvpoolCharts[canvas.id] = chart;
     var empty = document.getElementById(canvas.id + "-empty");
     if (empty) { empty.hidden = payload.series.length > 0; }
+    var hits = document.getElementById(canvas.id + "-hits");
+    if (hits) { drawHitRatio(hits, payload, labels); }
     canvas.dataset.state = "ready";
     return chart;
   }
@@ -124,5 +209,5 @@
     });
   });
 
-  window.kvpool = {humanBytes: humanBytes, loadOccupancy: loadOccupancy};
+  window.kvpool = {humanBytes: humanBytes, binaryStep: binaryStep, loadOccupancy: loadOccupancy};
 })();
