@@ -53,13 +53,17 @@
     return step;
   }
 
-  // y-axis range and ticks at round binary units: 0 .. a multiple of binaryStep covering the stacked data and the
-  // lowest quota/budget line (higher lines stay in the legend, with their sizes, when off the chart).
+  // y-axis range and ticks at round binary units: 0 .. a multiple of binaryStep covering the stacked data, the
+  // lowest quota/budget line and every line up to 4 times that (a line far above, such as a 64 GiB quota over
+  // 20 MiB of data, stays in the legend with its size instead of flattening the data).
   function binaryAxis(payload) {
     var top = 0;
     (payload.totals || []).forEach(function (v) { if (v !== null && v > top) { top = v; } });
     var lines = (payload.quota_lines || []).map(function (l) { return l.bytes; });
-    if (lines.length) { top = Math.max(top, Math.min.apply(null, lines)); }
+    if (lines.length) {
+      var base = Math.max(top, Math.min.apply(null, lines));
+      top = Math.max.apply(null, [base].concat(lines.filter(function (b) { return b <= 4 * base; })));
+    }
     if (top <= 0) { top = 1024; }
     var step = binaryStep(top * 1.05, 8), max = Math.ceil(top * 1.05 / step) * step;
     return {
@@ -80,7 +84,7 @@
       return {
         label: line.label, data: payload.labels.map(function () { return line.bytes; }), stack: "line-" + index,
         borderColor: colour, backgroundColor: colour, borderDash: line.kind === "budget" && line.implicit ? [2, 3] : [6, 4],
-        borderWidth: 1.5, pointRadius: 0, pointHoverRadius: 0, fill: false,
+        borderWidth: 1.5, pointRadius: 0, pointHoverRadius: 0, pointStyle: "line", fill: false,
         kvpool: {kind: line.kind, bytes: line.bytes, implicit: line.implicit}
       };
     });
@@ -127,7 +131,7 @@
       return {
         label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
         fill: index === 0 ? "origin" : "-1", pointRadius: points <= 2 ? 3 : 0, pointHoverRadius: 4, borderWidth: 1.5, tension: 0.2, spanGaps: true,
-        stack: "bytes",
+        stack: "bytes", pointStyle: "rect",
         kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
                  namespace: series.namespace, request_group: series.request_group}
       };
@@ -145,7 +149,7 @@
           y: binaryAxis(payload)
         },
         plugins: {
-          legend: {position: "bottom"},
+          legend: {position: "bottom", labels: {usePointStyle: true}},
           tooltip: {callbacks: {label: function (ctx) { return ctx.dataset.label + ": " + humanBytes(ctx.parsed.y); }}}
         }
       }
