@@ -22,11 +22,13 @@ from tests.support.rows import apply_config, master_sample
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 MB = 1 << 20
 
-# Chart.js state of a canvas, read in the page.
+# Chart.js state of a canvas, read in the page: the series (datasets) apart from the quota/budget lines.
 DATASETS_JS = """id => {
   const chart = Chart.getChart(id);
   return {stacked: chart.options.scales.y.stacked, labels: chart.data.labels.length,
-          datasets: chart.data.datasets.map(d => ({label: d.label, data: d.data, fill: d.fill}))};
+          datasets: chart.data.datasets.filter(d => !(d.kvpool && d.kvpool.kind))
+                                       .map(d => ({label: d.label, data: d.data, fill: d.fill})),
+          lines: chart.data.datasets.filter(d => d.kvpool && d.kvpool.kind).map(d => d.label)};
 }"""
 
 
@@ -151,6 +153,7 @@ def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
     state = wait_chart(page, "upgrade-chart")
     assert [d["label"] for d in state["datasets"]] == ["acme/qwen3-8b/production-2026-07",
                                                        "acme/qwen3-8b/production-2026-08"]
+    assert state["lines"] == ["quota (registry) 64 GiB", "effective quota (master) 32 GiB"]  # one tenant shown
     shot(page, "upgrade-2-warming")
 
     page.click("#shift-button")
