@@ -104,6 +104,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # {{ value|humanize_bytes }} on every page (binary units, IEC suffixes)
+            "builtins": ["dashboard.templatetags.byte_units"],
         },
     },
 ]

@@ -79,10 +79,19 @@ def format_quota(num_bytes: int) -> str:
     raise AssertionError("unreachable: every integer is a multiple of 1 byte")
 
 
+#: Units of ``humanize_bytes``, largest first: binary, with IEC suffixes (the units Mooncake counts in).
+IEC_UNITS: tuple[tuple[str, int], ...] = (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20),
+                                          ("KiB", 1 << 10))
+
+
 def humanize_bytes(num_bytes: int) -> str:
-    """Short human reading of a byte count for messages (``"1.5 GB"``); binary units, not for parsing."""
-    for unit, multiplier in UNITS:
-        if abs(num_bytes) >= multiplier and unit != "B":
+    """Short human reading of a byte count for pages and messages: binary units with IEC suffixes and about three
+    significant digits, trailing zeros dropped (``268435456`` -> ``"256 MiB"``, ``1536`` -> ``"1.5 KiB"``,
+    ``1023`` -> ``"1023 B"``). The one byte formatter of the dashboard (template filter ``humanize_bytes``, and
+    ``dashboard.js``'s ``humanBytes`` follows the same rule); not for parsing (quotas are written ``8MB``:
+    ``format_quota``)."""
+    for unit, multiplier in IEC_UNITS:
+        if abs(num_bytes) >= multiplier:
             value = num_bytes / multiplier
             decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0  # about 3 significant digits
             text = f"{value:.{decimals}f}"

@@ -3,7 +3,7 @@
 * ``occupancy_series(window, filters)`` — bytes per release namespace over time from ``OccupancySample``
   (raw rows and the 1-minute / 1-hour rollups together: each time is held by exactly one level, because a
   rollup deletes the rows it folds), bucketed for the chart, plus per-release summary numbers (latest,
-  average, peak bytes, hit ratio over the window, in-flight requests).
+  average, peak bytes, hit ratio over the window, in-flight requests) and the hit ratio per bucket.
 * ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
 * ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
 
@@ -67,9 +67,9 @@ class OccupancyFilter:
         return queryset
 
     def as_params(self) -> dict[str, str]:
-        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out)."""
-        names = {"tenant_id": "tenant", "served_model_name": "model", "namespace": "release", "request_group": "group"}
-        return {param: getattr(self, attr) for attr, param in names.items() if getattr(self, attr)}
+        """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out): the
+        names of ``CacheScope``'s fields, as ``GET /api/v1/telemetry/occupancy/`` takes them."""
+        return {name: getattr(self, name) for name in CacheScope._fields if getattr(self, name)}
 
 
 @dataclass
@@ -86,6 +86,9 @@ class SeriesSummary:
     in_flight_requests: int = 0
     #: Bytes of cached blocks whose prefix parent is gone (unreachable by a prefix lookup), newest per node.
     orphaned_bytes: int = 0
+    #: Hit / miss blocks counted in each bucket (the counters' increases ending in it), aligned with ``data``.
+    hit_blocks_data: list[int] = field(default_factory=list)
+    miss_blocks_data: list[int] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -98,13 +101,18 @@ class SeriesSummary:
         total = self.hit_blocks + self.miss_blocks
         return self.hit_blocks / total if total else None
 
+    @property
+    def hit_ratio_data(self) -> list[float | None]:
+        """Hit ratio per bucket in [0, 1] (hit / (hit + miss) blocks counted in it); None without lookups."""
+        return _ratios(self.hit_blocks_data, self.miss_blocks_data)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "label": self.label, **self.key._asdict(), "data": self.data, "latest_bytes": self.latest_bytes,
             "average_bytes": self.average_bytes,
             "peak_bytes": self.peak_bytes, "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
             "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
-            "orphaned_bytes": self.orphaned_bytes,
+            "orphaned_bytes": self.orphaned_bytes, "hit_ratio_data": self.hit_ratio_data,
         }
 
 
@@ -127,6 +135,13 @@ class OccupancySeries:
             out.append(sum(values) if values else None)
         return out
 
+    def hit_ratios(self) -> list[float | None]:
+        """Hit ratio per bucket over every release shown (their hit and miss blocks summed); None without
+        lookups."""
+        hits = [sum(s.hit_blocks_data[i] for s in self.series) for i in range(len(self.buckets))]
+        misses = [sum(s.miss_blocks_data[i] for s in self.series) for i in range(len(self.buckets))]
+        return _ratios(hits, misses)
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form served by the occupancy data endpoint."""
         return {
@@ -138,7 +153,13 @@ class OccupancySeries:
             "timestamps_ms": [int(bucket.timestamp() * 1000) for bucket in self.buckets],
             "series": [s.as_dict() for s in self.series],
             "totals": self.totals(),
+            "hit_ratios": self.hit_ratios(),
         }
+
+
+def _ratios(hits: list[int], misses: list[int]) -> list[float | None]:
+    """``hit / (hit + miss)`` per position; None where both are 0."""
+    return [hit / (hit + miss) if hit + miss else None for hit, miss in zip(hits, misses, strict=True)]
 
 
 def _floor(ts: datetime, seconds: int) -> datetime:
@@ -154,7 +175,8 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     its rows in that bucket (rollup rows weigh ``samples``); a release's value is the sum of those over nodes and
     request groups; ``None`` when no row of the release fell in the bucket. Hit and miss blocks count the
     increases of the agents' cumulative counters between consecutive rows (a decrease is an agent restart:
-    the new value counts from zero). Raises ``KeyError`` for an unknown window.
+    the new value counts from zero); an increase counts in the bucket of the row that ends it. Raises ``KeyError``
+    for an unknown window.
     """
     length, width = WINDOWS[window]
     filters = filters or OccupancyFilter()
@@ -172,6 +194,9 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     cells: dict[tuple[int, str, CacheScope], list[int]] = defaultdict(lambda: [0, 0])
     last_counters: dict[tuple[str, CacheScope], tuple[int, int]] = {}
     hits: dict[CacheScope, list[int]] = defaultdict(lambda: [0, 0])
+    # release -> hit / miss blocks per bucket
+    hit_buckets: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * count)
+    miss_buckets: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * count)
     in_flight: dict[tuple[str, CacheScope], int] = {}
     orphaned: dict[tuple[str, CacheScope], int] = {}
     keys: set[CacheScope] = set()
@@ -187,8 +212,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         counter_key = (node, scope)
         previous = last_counters.get(counter_key)
         if previous is not None:
-            hits[key][0] += hit - previous[0] if hit >= previous[0] else hit
-            hits[key][1] += miss - previous[1] if miss >= previous[1] else miss
+            hit_increase = hit - previous[0] if hit >= previous[0] else hit
+            miss_increase = miss - previous[1] if miss >= previous[1] else miss
+            hits[key][0] += hit_increase
+            hits[key][1] += miss_increase
+            hit_buckets[key][index] += hit_increase
+            miss_buckets[key][index] += miss_increase
         last_counters[counter_key] = (hit, miss)
         in_flight[counter_key] = flight
         orphaned[counter_key] = orphan
@@ -209,6 +238,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             hit_blocks=hits[key][0], miss_blocks=hits[key][1],
             in_flight_requests=sum(v for (_node, scope), v in in_flight.items() if scope.release_scope() == key),
             orphaned_bytes=sum(v for (_node, scope), v in orphaned.items() if scope.release_scope() == key),
+            hit_blocks_data=hit_buckets[key], miss_blocks_data=miss_buckets[key],
         )
         series.append(summary)
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,

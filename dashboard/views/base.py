@@ -9,9 +9,10 @@ from typing import Any
 
 from django.contrib.auth import get_permission_codename
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
 
+from agent.contract.scope import CacheScope
 from dashboard.telemetry.queries import DEFAULT_WINDOW, WINDOWS, OccupancyFilter
 from tenants.access import is_platform_admin, scope, visible_tenant_ids
 
@@ -90,14 +91,30 @@ class _AppPerms:
 
 
 def occupancy_filter(request: HttpRequest) -> OccupancyFilter:
-    """``?tenant= &model= &release= &group=`` -> ``OccupancyFilter`` (blank = all), limited to the tenants the user
-    may see (``tenant_ids``)."""
+    """``?tenant_id= &served_model_name= &namespace= &request_group=`` (the names of
+    ``GET /api/v1/telemetry/occupancy/``) -> ``OccupancyFilter`` (blank = all), limited to the tenants the user may
+    see (``tenant_ids``)."""
     params = request.GET
-    return OccupancyFilter(tenant_id=params.get("tenant", "").strip(),
-                           served_model_name=params.get("model", "").strip(),
-                           namespace=params.get("release", "").strip(),
-                           request_group=params.get("group", "").strip(),
+    return OccupancyFilter(**{name: params.get(name, "").strip() for name in CacheScope._fields},
                            tenant_ids=visible_tenant_ids(request.user))
+
+
+#: The occupancy page's former parameter names -> the API's (``occupancy_filter``).
+RENAMED_OCCUPANCY_PARAMS = {"tenant": "tenant_id", "model": "served_model_name", "release": "namespace",
+                            "group": "request_group"}
+
+
+def renamed_params_redirect(request: HttpRequest) -> HttpResponse | None:
+    """A permanent redirect to the same URL with the former names (``RENAMED_OCCUPANCY_PARAMS``) replaced by the
+    API's, so old links keep working; ``None`` when the URL uses none of them. A new name given too wins."""
+    if not any(old in request.GET for old in RENAMED_OCCUPANCY_PARAMS):
+        return None
+    params = request.GET.copy()
+    for old, new in RENAMED_OCCUPANCY_PARAMS.items():
+        if old in params:
+            value = params.pop(old)[-1]
+            params.setdefault(new, value)
+    return HttpResponsePermanentRedirect(f"{request.path}?{params.urlencode()}")
 
 
 class WindowError(ValueError):

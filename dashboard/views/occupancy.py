@@ -1,5 +1,6 @@
 """Occupancy page: stacked area chart of bytes per release namespace over a window (15 minutes ... 30 days),
-filters by tenant / served model / release namespace / request group, and the same numbers as tables.
+filters by tenant / served model / release namespace / request group (``?tenant_id= &served_model_name= &namespace=
+&request_group=``, the names of ``GET /api/v1/telemetry/occupancy/``), and the same numbers as tables.
 
 The chart is drawn in the browser by the vendored Chart.js from ``occupancy/data.json`` (same query
 parameters); the page's tables are rendered from the same ``queries.occupancy_series`` result, so the chart
@@ -23,10 +24,12 @@ from dashboard.telemetry.queries import (
     OccupancyFilter,
     occupancy_series,
 )
+from dashboard.telemetry.quota_lines import quota_lines
 from dashboard.views.base import (
     WindowError,
     json_login_required,
     occupancy_filter,
+    renamed_params_redirect,
     window_param,
 )
 from tenants.access import visible_tenants
@@ -63,7 +66,11 @@ def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = (), us
 
 @login_required
 def occupancy_page(request: HttpRequest) -> HttpResponse:
-    """The chart page; an unknown ``window`` shows the default window with the error (HTTP 400)."""
+    """The chart page; an unknown ``window`` shows the default window with the error (HTTP 400). The former
+    parameter names (``?tenant= &model= &release= &group=``) redirect to the API's."""
+    redirect = renamed_params_redirect(request)
+    if redirect is not None:
+        return redirect
     status, error = 200, ""
     try:
         window = window_param(request)
@@ -74,14 +81,17 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
     everything = OccupancyFilter(tenant_ids=filters.tenant_ids)
     unfiltered = occupancy_series(window, everything) if filters != everything else series
     params = {"window": window, **filters.as_params()}
+    ratios = series.hit_ratios()
     rows = [
-        {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total}
+        {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total,
+         "hit_ratio": ratios[index], "hit_percent": None if ratios[index] is None else round(100 * ratios[index])}
         for index, (bucket, total) in enumerate(zip(series.buckets, series.totals())) if total is not None
     ]
     context = {
         "series": series, "filters": filters, "window": window,
         "choices": filter_choices(filters, [s.key for s in unfiltered.series], request.user),
         "windows": WINDOW_LABELS, "rows": rows, "error": error,
+        "quota_lines": quota_lines(filters, [s.key for s in series.series]),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }
     return render(request, "ui/occupancy.html", context, status=status)
@@ -89,13 +99,20 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
 
 @json_login_required
 def occupancy_data(request: HttpRequest) -> JsonResponse:
-    """JSON of ``queries.OccupancySeries.as_dict()`` plus the applied filters; 400 names a bad ``window``."""
+    """JSON of ``queries.OccupancySeries.as_dict()`` plus the applied filters (``filters``: the four
+    ``CacheScope`` fields, "" = all) and the quota and budget lines (``quota_lines``: ``QuotaLine.as_dict()``
+    each, ``dashboard.telemetry.quota_lines``); 400 names a bad ``window``. Former parameter names redirect (the
+    page's)."""
+    redirect = renamed_params_redirect(request)
+    if redirect is not None:
+        return redirect
     try:
         window = window_param(request)
     except WindowError as exc:
         return JsonResponse({"window": [str(exc)]}, status=400)
     filters = occupancy_filter(request)
-    payload = occupancy_series(window, filters).as_dict()
-    payload["filters"] = {"tenant": filters.tenant_id, "model": filters.served_model_name,
-                          "release": filters.namespace, "group": filters.request_group}
+    series = occupancy_series(window, filters)
+    payload = series.as_dict()
+    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, [s.key for s in series.series])]
+    payload["filters"] = {name: getattr(filters, name) for name in CacheScope._fields}
     return JsonResponse(payload)

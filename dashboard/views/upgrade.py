@@ -83,7 +83,7 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
     if form is None and state.phase == flow.PHASE_IDLE and state.old is not None:
         form = StartUpgradeForm()
     retired = [{"release": release, "purges": purges_for_release(release)} for release in state.retired]
-    chart_params = {"window": "1h", "tenant": model.tenant.tenant_id, "model": model.served_model_name}
+    chart_params = {"window": "1h", "tenant_id": model.tenant.tenant_id, "served_model_name": model.served_model_name}
     context = {
         "model": model, "state": state, "sides": sides, "projection": projection, "form": form,
         "readiness": flow.retire_readiness(state.old) if state.phase == flow.PHASE_DRAINING else None,

@@ -22,11 +22,13 @@ from tests.support.rows import apply_config, master_sample
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 MB = 1 << 20
 
-# Chart.js state of a canvas, read in the page.
+# Chart.js state of a canvas, read in the page: the series (datasets) apart from the quota/budget lines.
 DATASETS_JS = """id => {
   const chart = Chart.getChart(id);
   return {stacked: chart.options.scales.y.stacked, labels: chart.data.labels.length,
-          datasets: chart.data.datasets.map(d => ({label: d.label, data: d.data, fill: d.fill}))};
+          datasets: chart.data.datasets.filter(d => !(d.kvpool && d.kvpool.kind))
+                                       .map(d => ({label: d.label, data: d.data, fill: d.fill})),
+          lines: chart.data.datasets.filter(d => d.kvpool && d.kvpool.kind).map(d => d.label)};
 }"""
 
 
@@ -79,10 +81,49 @@ def test_occupancy_chart_renders_the_live_series(page, shot):
     # Filter by tenant: the chart reloads with one tenant's namespaces only.
     page.select_option("#f-tenant", "beta")
     page.click("#occupancy-filters button[type=submit]")
-    page.wait_for_url("**/occupancy/?window=15m&tenant=beta**")
+    page.wait_for_url("**/occupancy/?window=15m&tenant_id=beta**")
     state = wait_chart(page, "occupancy-chart")
     assert [d["label"] for d in state["datasets"]] == ["beta/llama/canary"]
     shot(page, "occupancy-filtered")
+
+
+# Quota/budget lines, y ticks and the hit ratio chart of a canvas, read in the page.
+LINES_JS = """id => {
+  const chart = Chart.getChart(id), hits = Chart.getChart(id + '-hits');
+  const lines = chart.data.datasets.filter(d => d.kvpool && d.kvpool.kind);
+  return {lines: lines.map(d => ({label: d.label, bytes: d.kvpool.bytes, y: d.data[0], stack: d.stack})),
+          ticks: chart.scales.y.ticks.map(t => ({value: t.value, label: t.label})),
+          hits: hits.data.datasets.map(d => ({label: d.label, data: d.data}))};
+}"""
+
+
+def test_one_release_shows_its_quota_and_budget_lines_binary_ticks_and_hit_ratio(page, shot):
+    tenant, model, release, _node = deployment()
+    Release.objects.filter(pk=release.pk).update(budget_bytes=24 * MB)
+    master_sample("acme", effective=48 * MB, charged=13 * MB, requested=64 << 30)
+    for i, seconds_ago in enumerate((840, 600, 420, 240, 60)):
+        report("production-2026-07", (7 + 3 * i) * MB, seconds_ago=seconds_ago, hit_blocks=40 * i,
+               miss_blocks=10 * i * i)
+    page.goto("/occupancy/?window=15m&tenant_id=acme&served_model_name=qwen3-8b&namespace=production-2026-07")
+    wait_chart(page, "occupancy-chart")
+    state = page.evaluate(LINES_JS, "occupancy-chart")
+    assert [(line["label"], line["y"]) for line in state["lines"]] == [
+        ("quota (registry) 64 GiB", 64 << 30), ("effective quota (master) 48 MiB", 48 * MB),
+        ("budget of production-2026-07 24 MiB", 24 * MB)]
+    assert len({line["stack"] for line in state["lines"]}) == 3  # each line on its own: none adds to another
+    # Ticks at multiples of a power of two, labelled in IEC units; the axis reaches the budget and the effective quota
+    # (within 4 times the lowest line), not the 64 GiB quota, which would flatten the data.
+    values = [tick["value"] for tick in state["ticks"]]
+    step = values[1] - values[0]
+    assert values[0] == 0 and step & (step - 1) == 0 and all(v % step == 0 for v in values)
+    assert 48 * MB <= values[-1] < 64 * MB and len(values) <= 9
+    assert all(tick["label"].endswith(("MiB", " B")) for tick in state["ticks"])
+    assert "8 MiB" in [tick["label"] for tick in state["ticks"]]
+    # Hit ratio per bucket: +40 hits / +10 misses, then +40 / +30, ... (the first report only starts the counters).
+    ratios = [v for v in state["hits"][0]["data"] if v is not None]
+    assert ratios == [40 / 50, 40 / 70, 40 / 90, 40 / 110]
+    assert page.locator("#quota-lines li").count() == 3
+    shot(page, "occupancy-one-release")
 
 
 def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
@@ -112,6 +153,7 @@ def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
     state = wait_chart(page, "upgrade-chart")
     assert [d["label"] for d in state["datasets"]] == ["acme/qwen3-8b/production-2026-07",
                                                        "acme/qwen3-8b/production-2026-08"]
+    assert state["lines"] == ["quota (registry) 64 GiB", "effective quota (master) 32 GiB"]  # one tenant shown
     shot(page, "upgrade-2-warming")
 
     page.click("#shift-button")

@@ -36,7 +36,7 @@ def test_budget_over_quota_refused_with_excess(small_tenant):
     errors = refused(RequestGroup(tenant=small_tenant, name="g", budget_bytes=5 * MB))
     assert errors["budget_bytes"] == [
         "Budgets in tenant 'small' would total 11534336 bytes, exceeding its quota_bytes 10485760 by 1048576 bytes "
-        "(1 MB). Lower this budget or raise the tenant's quota."
+        "(1 MiB). Lower this budget or raise the tenant's quota."
     ]
 
 
@@ -63,7 +63,7 @@ def test_lowering_quota_below_budgets_refused(small_tenant):
     small_tenant.quota_bytes = 9 * MB
     assert refused_save(small_tenant)["quota_bytes"] == [
         "quota_bytes 9437184 is below the 10485760 bytes budgeted to releases and request groups of tenant 'small': "
-        "the budgets would exceed it by 1048576 bytes (1 MB). Lower those budgets first."
+        "the budgets would exceed it by 1048576 bytes (1 MiB). Lower those budgets first."
     ]
     small_tenant.refresh_from_db()
     assert small_tenant.quota_bytes == 10 * MB

@@ -45,7 +45,7 @@ def test_huge_tenant_needs_confirmation_and_names_the_starved_tenants():
     assert (rows["acme"].effective_before, rows["acme"].effective_after) == (32 * MiB, 0)
     assert rows["huge"].requested_before is None and rows["huge"].effective_after == C
     message = plan.message()
-    assert "Overcommit" in message and "tenant 'acme' from 32 MB to 0 B" in message and "confirm_overcommit" in message
+    assert "Overcommit" in message and "tenant 'acme' from 32 MiB to 0 B" in message and "confirm_overcommit" in message
 
 
 def test_small_tenants_added_one_by_one_warn_once_the_pool_is_full():

@@ -84,9 +84,9 @@ def test_format_refuses_out_of_range():
 
 
 @pytest.mark.parametrize("num_bytes, text", [
-    (0, "0 B"), (1023, "1023 B"), (1024, "1 KB"), (1536, "1.5 KB"), (1000 * 1024**2, "1000 MB"),
-    (1023 * 1024**2, "1023 MB"), (1024**3, "1 GB"), (int(12.345 * 1024**3), "12.3 GB"),
-    (20000 * 1024**4, "20000 TB"),
+    (0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (1000 * 1024**2, "1000 MiB"),
+    (1023 * 1024**2, "1023 MiB"), (1024**3, "1 GiB"), (int(12.345 * 1024**3), "12.3 GiB"),
+    (20000 * 1024**4, "19.5 PiB"), (2**63 - 1, "8192 PiB"),
 ])
 def test_humanize_bytes_never_uses_exponents(num_bytes, text):
     assert humanize_bytes(num_bytes) == text

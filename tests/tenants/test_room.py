@@ -97,10 +97,10 @@ def test_tenant_room_and_advice_name_only_the_tenant_itself():
     assert room.quota_excess_bytes == 16 * MiB and room.watermark_excess_bytes == 7 * MiB
     assert room.quota_room_bytes == 14 * MiB and room.watermark_room_bytes == 7 * MiB
     advice = room.advice()
-    assert "16 MB (16777216 bytes) above its effective quota of 64 MB" in advice
-    assert "release 'v2' from 60 MB to 48 MB" in advice and "request group 'gold' from 20 MB to 16 MB" in advice
+    assert "16 MiB (16777216 bytes) above its effective quota of 64 MiB" in advice
+    assert "release 'v2' from 60 MiB to 48 MiB" in advice and "request group 'gold' from 20 MiB to 16 MiB" in advice
     assert "mount more memory" in advice
-    assert "7 MB" in room.advice("watermark") and "share of the pool's eviction watermark" in room.advice("watermark")
+    assert "7 MiB" in room.advice("watermark") and "share of the pool's eviction watermark" in room.advice("watermark")
     fits = TenantRoom("acme", 100 * MiB, 64 * MiB, 64 * MiB, 40 * MiB, unbudgeted=(1, 2, 3))
     assert fits.implicit_budgets == {1: 8 * MiB, 2: 8 * MiB, 3: 8 * MiB} and fits.held_bytes == 64 * MiB
     assert not fits.advice() and not fits.advice("watermark")

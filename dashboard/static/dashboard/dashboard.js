@@ -1,7 +1,11 @@
 /* Dashboard behaviour: copy buttons and the occupancy charts (vendored Chart.js, loaded before this file).
  *
  * A <canvas data-occupancy-url="..."> is filled from the occupancy JSON endpoint: one stacked area per release
- * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC. The Chart instance is kept in window.kvpoolCharts[canvas.id]
+ * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC,
+ * plus a dashed horizontal line per payload.quota_lines entry (tenant quota, effective quota, release budget; each
+ * its own stack, so it adds to nothing); the y axis ticks at round binary units (0, 2 MiB, 4 MiB, ...). A canvas
+ * with the id "<canvas id>-hits", when present, gets the hit ratio per bucket (0..1) of each release from the same
+ * payload. The Chart instance is kept in window.kvpoolCharts[canvas.id]
  * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
  * A <button data-copy="ID"> copies the text of the element with that id.
  */
@@ -9,15 +13,21 @@
   "use strict";
   var PALETTE = ["#2b62c9", "#e07b39", "#3a9e5c", "#b3261e", "#8a5cc2", "#1f9aa8", "#c2a12b", "#7a7f87",
                  "#d35f9b", "#4c7a2e"];
-  var UNITS = ["B", "KB", "MB", "GB", "TB", "PB"];
+  // Binary units with IEC suffixes, as tenants.quota.humanize_bytes writes them.
+  var UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
   window.kvpoolCharts = window.kvpoolCharts || {};
 
+  // Bytes as "256 MiB" / "1.5 KiB" / "1023 B": about 3 significant digits, trailing zeros dropped (the rule of
+  // tenants.quota.humanize_bytes, so the chart and the tables read the same).
   function humanBytes(value) {
     if (value === null || value === undefined) { return "–"; }
     var size = Math.abs(value), unit = 0;
     while (size >= 1024 && unit < UNITS.length - 1) { size /= 1024; unit += 1; }
     var sign = value < 0 ? "-" : "";
-    return sign + (unit === 0 ? size : size.toPrecision(3)) + " " + UNITS[unit];
+    if (unit === 0) { return sign + size + " B"; }
+    var text = size.toFixed(size < 10 ? 2 : size < 100 ? 1 : 0);
+    if (text.indexOf(".") >= 0) { text = text.replace(/0+$/, "").replace(/\.$/, ""); }
+    return sign + text + " " + UNITS[unit];
   }
 
   function bucketLabel(iso, bucketSeconds) {
@@ -31,6 +41,89 @@
     return "rgba(" + ((n >> 16) & 255) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
   }
 
+  // Colours of the quota and budget lines (payload.quota_lines[].kind).
+  var LINE_COLOURS = {quota: "#202124", effective_quota: "#b3261e", budget: "#e07b39",
+                      request_group_budget: "#8a5cc2"};
+
+  // The largest power of two (bytes) that splits 0..top into at most `most` steps: ticks fall on 1/2/4/8...
+  // KiB/MiB/GiB multiples.
+  function binaryStep(top, most) {
+    var step = 1;
+    while (top / step > most) { step *= 2; }
+    return step;
+  }
+
+  // y-axis range and ticks at round binary units: 0 .. a multiple of binaryStep covering the stacked data, the
+  // lowest quota/budget line and every line up to 4 times that (a line far above, such as a 64 GiB quota over
+  // 20 MiB of data, stays in the legend with its size instead of flattening the data).
+  function binaryAxis(payload) {
+    var top = 0;
+    (payload.totals || []).forEach(function (v) { if (v !== null && v > top) { top = v; } });
+    var lines = (payload.quota_lines || []).map(function (l) { return l.bytes; });
+    if (lines.length) {
+      var base = Math.max(top, Math.min.apply(null, lines));
+      top = Math.max.apply(null, [base].concat(lines.filter(function (b) { return b <= 4 * base; })));
+    }
+    if (top <= 0) { top = 1024; }
+    var step = binaryStep(top * 1.05, 8), max = Math.ceil(top * 1.05 / step) * step;
+    return {
+      stacked: true, min: 0, max: max,
+      afterBuildTicks: function (scale) {
+        var ticks = [];
+        for (var v = 0; v <= max; v += step) { ticks.push({value: v}); }
+        scale.ticks = ticks;
+      },
+      ticks: {callback: function (v) { return humanBytes(v); }},
+      title: {display: true, text: "bytes (binary units)"}
+    };
+  }
+
+  function lineDatasets(payload) {
+    return (payload.quota_lines || []).map(function (line, index) {
+      var colour = LINE_COLOURS[line.kind] || "#7a7f87";
+      return {
+        label: line.label, data: payload.labels.map(function () { return line.bytes; }), stack: "line-" + index,
+        borderColor: colour, backgroundColor: colour, borderDash: line.kind === "budget" && line.implicit ? [2, 3] : [6, 4],
+        borderWidth: 1.5, pointRadius: 0, pointHoverRadius: 0, pointStyle: "line", fill: false,
+        kvpool: {kind: line.kind, bytes: line.bytes, implicit: line.implicit}
+      };
+    });
+  }
+
+  function percent(v) { return v === null || v === undefined ? "–" : Math.round(v * 100) + "%"; }
+
+  // The hit ratio chart beside the bytes: one line per release (same colours), and "all shown" when several.
+  function drawHitRatio(canvas, payload, labels) {
+    var datasets = payload.series.map(function (series, index) {
+      var colour = PALETTE[index % PALETTE.length];
+      return {label: series.label, data: series.hit_ratio_data, borderColor: colour, backgroundColor: colour,
+              pointRadius: 2, borderWidth: 1.5, spanGaps: true, fill: false};
+    });
+    if (payload.series.length > 1) {
+      datasets.push({label: "all shown", data: payload.hit_ratios, borderColor: "#202124", backgroundColor: "#202124",
+                     borderDash: [6, 4], pointRadius: 0, borderWidth: 2, spanGaps: true, fill: false});
+    }
+    var existing = window.Chart.getChart(canvas);
+    if (existing) { existing.destroy(); }
+    var chart = new window.Chart(canvas, {
+      type: "line", data: {labels: labels, datasets: datasets},
+      options: {
+        responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
+        scales: {
+          x: {ticks: {maxTicksLimit: 12, autoSkip: true}},
+          y: {min: 0, max: 1, ticks: {stepSize: 0.25, callback: percent}, title: {display: true, text: "hit ratio"}}
+        },
+        plugins: {
+          legend: {display: false},
+          tooltip: {callbacks: {label: function (ctx) { return ctx.dataset.label + ": " + percent(ctx.parsed.y); }}}
+        }
+      }
+    });
+    window.kvpoolCharts[canvas.id] = chart;
+    canvas.dataset.state = "ready";
+    return chart;
+  }
+
   function drawOccupancy(canvas, payload) {
     var datasets = payload.series.map(function (series, index) {
       var colour = PALETTE[index % PALETTE.length];
@@ -38,25 +131,25 @@
       return {
         label: series.label, data: series.data, borderColor: colour, backgroundColor: withAlpha(colour, 0.35),
         fill: index === 0 ? "origin" : "-1", pointRadius: points <= 2 ? 3 : 0, pointHoverRadius: 4, borderWidth: 1.5, tension: 0.2, spanGaps: true,
+        stack: "bytes", pointStyle: "rect",
         kvpool: {tenant_id: series.tenant_id, served_model_name: series.served_model_name,
                  namespace: series.namespace, request_group: series.request_group}
       };
     });
+    var labels = payload.labels.map(function (l) { return bucketLabel(l, payload.bucket_seconds); });
     var existing = window.Chart.getChart(canvas);
     if (existing) { existing.destroy(); }
     var chart = new window.Chart(canvas, {
       type: "line",
-      data: {labels: payload.labels.map(function (l) { return bucketLabel(l, payload.bucket_seconds); }),
-             datasets: datasets},
+      data: {labels: labels, datasets: datasets.concat(lineDatasets(payload))},
       options: {
         responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
         scales: {
           x: {ticks: {maxTicksLimit: 12, autoSkip: true}, title: {display: true, text: "time (UTC)"}},
-          y: {stacked: true, beginAtZero: true, ticks: {callback: function (v) { return humanBytes(v); }},
-              title: {display: true, text: "bytes"}}
+          y: binaryAxis(payload)
         },
         plugins: {
-          legend: {position: "bottom"},
+          legend: {position: "bottom", labels: {usePointStyle: true}},
           tooltip: {callbacks: {label: function (ctx) { return ctx.dataset.label + ": " + humanBytes(ctx.parsed.y); }}}
         }
       }
@@ -64,6 +157,8 @@
     window.kvpoolCharts[canvas.id] = chart;
     var empty = document.getElementById(canvas.id + "-empty");
     if (empty) { empty.hidden = payload.series.length > 0; }
+    var hits = document.getElementById(canvas.id + "-hits");
+    if (hits) { drawHitRatio(hits, payload, labels); }
     canvas.dataset.state = "ready";
     return chart;
   }
@@ -118,5 +213,5 @@
     });
   });
 
-  window.kvpool = {humanBytes: humanBytes, loadOccupancy: loadOccupancy};
+  window.kvpool = {humanBytes: humanBytes, binaryStep: binaryStep, loadOccupancy: loadOccupancy};
 })();

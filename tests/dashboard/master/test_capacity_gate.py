@@ -51,8 +51,8 @@ def test_huge_tenant_is_refused_unless_confirmed_and_the_plan_predicts_the_maste
     response = api.post("/api/v1/tenants/", {"tenant_id": "huge", "quota_bytes": HUGE}, format="json")
     assert response.status_code == 400 and list(response.json()) == ["confirm_overcommit"]
     message = response.json()["confirm_overcommit"][0]
-    assert "above the 67108864 bytes (64 MB) mounted in the pool" in message
-    assert "tenant 'acme' from 32 MB to 0 B, tenant 'globex' from 16 MB to 0 B" in message
+    assert "above the 67108864 bytes (64 MiB) mounted in the pool" in message
+    assert "tenant 'acme' from 32 MiB to 0 B, tenant 'globex' from 16 MiB to 0 B" in message
     assert not Tenant.objects.filter(tenant_id="huge").exists()
     plan = api.get("/api/v1/tenants/quota-plan/", {"tenant_id": "huge", "quota_bytes": HUGE}).json()
     assert plan["capacity_bytes"] == 64 * MiB and plan["needs_confirmation"]
@@ -89,7 +89,7 @@ def test_page_and_admin_show_the_plan_and_refuse_the_same_way(pool, client, oper
     assert response.status_code == 400
     table = response.content.decode().split('id="quota-plan-rows"')[1].split("</table>")[0]
     assert table.count('class="flag bad">lowered<') == 2 and 'data-bytes="67108864"' in table
-    assert "64.0\xa0MB" in response.content.decode().split('id="quota-plan"')[1]
+    assert "64 MiB" in response.content.decode().split('id="quota-plan"')[1]
     client.force_login(superuser)
     add = reverse("admin:tenants_tenant_add")
     response = client.post(add, {"tenant_id": "huge", "quota_bytes": HUGE, "description": ""})

@@ -225,7 +225,7 @@ def test_confirmation_and_unknown_namespaces_are_stored_checked_listed_and_expor
     assert row.unknown_namespaces == [(ELSEWHERE, 165, 165 * 16384)]
     check = _check("engine_writes_in_store")
     assert not check.passed and len(check.details) == 2
-    assert f"165 key(s), 2.58 MB, under namespace {ELSEWHERE}" in check.details[0] and "instance 8" in check.details[0]
+    assert f"165 key(s), 2.58 MiB, under namespace {ELSEWHERE}" in check.details[0] and "instance 8" in check.details[0]
     assert "3 Store write(s) the engine reported were not in the Store" in check.details[1]
     listed = {r["instance_id"]: r for r in api.get("/api/v1/telemetry/instances/").json()["results"]}
     assert listed["8"]["unknown_namespace_keys"] == {ELSEWHERE: 165} and listed["7"]["confirmed"] == 19

@@ -26,7 +26,7 @@ def test_budgets_within_the_requested_quota_pass_while_the_capacity_is_unknown(d
     make_release(tenant.served_models.get(), "v2")
     result = check_budgets_fit(timezone.now())
     assert result.passed and result.summary.startswith("mounted capacity unknown")
-    assert "budgets can hold 100 MB of its requested quota 100 MB" in result.details[0]
+    assert "budgets can hold 100 MiB of its requested quota 100 MiB" in result.details[0]
     assert "budgets_fit" in [check.key for check in run_checks()]
 
 
@@ -39,8 +39,9 @@ def test_budgets_above_a_scaled_down_effective_quota_fail_and_say_what_to_lower(
     result = check_budgets_fit(timezone.now())
     assert not result.passed
     line = result.details[0]
-    assert "tenant 'acme' can hold 60 MB, 10 MB (10485760 bytes) above its effective quota of 50 MB" in line
-    assert "release 'chat/v1' from 40 MB to 33.3 MB" in line and "request group 'gold' from 20 MB to 16.7 MB" in line
+    assert "tenant 'acme' can hold 60 MiB, 10 MiB (10485760 bytes) above its effective quota of 50 MiB" in line
+    assert "release 'chat/v1' from 40 MiB to 33.3 MiB" in line
+    assert "request group 'gold' from 20 MiB to 16.7 MiB" in line
     assert "mount more memory" in line and "globex" not in line  # another tenant is not named to this one
 
 
@@ -53,10 +54,10 @@ def test_all_tenants_above_the_watermark_fail_with_each_tenants_share(db, settin
     make_release(make_model(globex, "chat", "/m"), "g1")  # implicit budget: globex's share, 45 MiB
     result = check_budgets_fit(timezone.now())
     assert not result.passed
-    assert result.details[0].startswith("all tenants can hold 95 MB, 5 MB above the pool's eviction watermark of "
-                                        "90 MB (0.9 of 100 MB mounted)")
-    assert "tenant 'acme' can hold 50 MB, 5 MB (5242880 bytes) above its share of the pool's eviction watermark of " \
-           "45 MB" in result.details[1] and "release 'chat/v1' from 50 MB to 45 MB" in result.details[1]
+    assert result.details[0].startswith("all tenants can hold 95 MiB, 5 MiB above the pool's eviction watermark of "
+                                        "90 MiB (0.9 of 100 MiB mounted)")
+    assert "tenant 'acme' can hold 50 MiB, 5 MiB (5242880 bytes) above its share of the pool's eviction watermark of " \
+           "45 MiB" in result.details[1] and "release 'chat/v1' from 50 MiB to 45 MiB" in result.details[1]
     assert not any("globex" in line for line in result.details[:2])
 
 
@@ -68,7 +69,7 @@ def test_tenants_only_the_master_holds_count_against_the_watermark(db):
     assert check_budgets_fit(timezone.now()).passed
     master_sample("legacy", effective=60 * MiB, requested=60 * MiB, ago=0)  # unknown to the registry
     result = check_budgets_fit(timezone.now())
-    assert not result.passed and "tenants only the master holds: 60 MB" in result.details[0]
+    assert not result.passed and "tenants only the master holds: 60 MiB" in result.details[0]
 
 
 def test_releases_left_without_room_are_reported(db):

@@ -29,7 +29,7 @@ def test_tenant_form_asks_for_confirmation_while_the_capacity_is_unknown(ui):
     errors = response.context["form"].errors
     assert list(errors) == ["confirm_overcommit"] and "mounted capacity is unknown" in errors["confirm_overcommit"][0]
     html = response.content.decode()
-    assert "64.0\xa0GB" in html.split('id="quota-plan-rows"')[1]  # the change is in the table before it is saved
+    assert "64 GiB" in html.split('id="quota-plan-rows"')[1]  # the change is in the table before it is saved
     response = ui.post(reverse("ui:tenant-new"), {"tenant_id": "acme", "quota_bytes": "64GB",
                                                   "confirm_overcommit": "on"})
     assert response.status_code == 302
@@ -62,7 +62,7 @@ def test_scaled_down_and_over_effective_are_flagged_everywhere(ui):
     master_sample("gone", effective=0, requested=5, ago=60)  # an older round: a tenant the master dropped
     result = check_quota_capacity(now)
     assert not result.passed and result.summary == "3 quota problem(s): effective below requested or below charged"
-    assert any(line.startswith("tenant acme: charged 40 MB is above its effective quota 32 MB") for line in
+    assert any(line.startswith("tenant acme: charged 40 MiB is above its effective quota 32 MiB") for line in
                result.details)
     assert not any("gone" in line for line in result.details)
     checks = ui.get(reverse("ui:checks")).content.decode()

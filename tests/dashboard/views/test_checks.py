@@ -131,7 +131,7 @@ def test_overlap_capacity(healthy):
     assert check.passed and check.summary == "1 tenant(s) with overlapping releases, all within quota"
     sample(namespace="prod-a", group="app-a", size=6 * GB, ts=timezone.now())
     check = results()["overlap_capacity"]
-    assert not check.passed and "warm-up still to come 6 GB" in check.details[0]
+    assert not check.passed and "warm-up still to come 6 GiB" in check.details[0]
 
 
 def test_checks_page_and_json(ui, healthy):

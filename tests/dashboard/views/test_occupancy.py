@@ -12,6 +12,7 @@ from dashboard.models import OccupancySample
 from dashboard.telemetry.queries import (
     WINDOWS,
     OccupancyFilter,
+    _floor,
     current_occupancy,
     occupancy_series,
 )
@@ -126,20 +127,20 @@ def test_json_endpoint_and_page_tables_agree(ui):
     sample(ts=now - timedelta(seconds=90), node="node-a", size=1 << 20, hit_blocks=1, miss_blocks=1)
     sample(ts=now - timedelta(seconds=30), node="node-a", size=3 << 20, hit_blocks=4, miss_blocks=2)
     sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 10)
-    response = ui.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant": "acme"})
+    response = ui.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant_id": "acme"})
     assert response.status_code == 200
     payload = response.json()
     assert payload["window"] == "15m" and payload["bucket_seconds"] == 30
-    assert payload["filters"] == {"tenant": "acme", "model": "", "release": "", "group": ""}
+    assert payload["filters"] == {"tenant_id": "acme", "served_model_name": "", "namespace": "", "request_group": ""}
     assert len(payload["labels"]) == len(payload["timestamps_ms"]) == len(payload["totals"])
     labels = [s["label"] for s in payload["series"]]
     assert labels == ["acme/qwen3-8b/production-2026-07", "acme/qwen3-8b/production-2026-08"]
     first = payload["series"][0]
     assert first["latest_bytes"] == 3 << 20 and first["hit_ratio"] == pytest.approx(3 / 4)
-    page = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant": "acme"})
+    page = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant_id": "acme"})
     assert page.status_code == 200
     html = page.content.decode()
-    assert 'data-occupancy-url="/occupancy/data.json?window=15m&amp;tenant=acme"' in html
+    assert 'data-occupancy-url="/occupancy/data.json?window=15m&amp;tenant_id=acme"' in html
     for series in payload["series"]:
         for value in series["data"]:
             if value is not None:
@@ -167,7 +168,7 @@ def test_filter_choices_come_from_the_registry(ui):
     tenant = make_tenant("acme")
     make_release(make_model(tenant), "prod-a")
     make_group(tenant, "app-a")
-    html = ui.get(reverse("ui:occupancy"), {"tenant": "acme"}).content.decode()
+    html = ui.get(reverse("ui:occupancy"), {"tenant_id": "acme"}).content.decode()
     for value in ("acme", "qwen3-8b", "prod-a", "app-a"):
         assert f'<option value="{value}"' in html
 
@@ -185,3 +186,140 @@ def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
     assert [s["orphaned_bytes"] for s in payload["series"]] == [1536, 0]
     html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
     assert 'data-orphaned-bytes="1536"' in html and 'data-orphaned-bytes="0"' in html
+
+
+def test_page_and_chart_data_take_the_apis_filter_names(ui, api):
+    """``?tenant_id= &served_model_name= &namespace= &request_group=`` mean the same on the page, its chart data and
+    ``GET /api/v1/telemetry/occupancy/``."""
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=30), group="app-a", size=1 << 20)
+    sample(ts=now - timedelta(seconds=30), group="app-b", size=1 << 10)
+    sample(ts=now - timedelta(seconds=30), namespace="production-2026-08", size=1 << 12)
+    sample(ts=now - timedelta(seconds=30), tenant_id="beta", model="llama", namespace="canary", group="app-a",
+           size=1 << 14)
+    params = {"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "production-2026-07",
+              "request_group": "app-a"}
+    rows = api.get("/api/v1/telemetry/occupancy/", params).json()["results"]
+    assert [row["bytes"] for row in rows] == [1 << 20]
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m", **params}).json()
+    assert payload["filters"] == params
+    assert [(s["label"], s["latest_bytes"]) for s in payload["series"]] == [
+        ("acme/qwen3-8b/production-2026-07", 1 << 20)]
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m", **params}).content.decode()
+    for name, value in params.items():
+        assert f'name="{name}"' in html and f'<option value="{value}" selected>' in html
+    assert 'data-bytes="1024"' not in html and f'data-bytes="{1 << 20}"' in html
+
+
+@pytest.mark.parametrize("name", ["ui:occupancy", "ui:occupancy-data"])
+def test_former_parameter_names_redirect_to_the_apis(ui, name):
+    response = ui.get(reverse(name), {"window": "6h", "tenant": "acme", "model": "qwen3-8b", "release": "v1",
+                                      "group": "app-a"})
+    assert response.status_code == 301
+    assert response["Location"] == (f"{reverse(name)}?window=6h&tenant_id=acme&served_model_name=qwen3-8b"
+                                    "&namespace=v1&request_group=app-a")
+    both = ui.get(reverse(name), {"tenant": "old", "tenant_id": "new"})
+    assert both.status_code == 301 and both["Location"] == f"{reverse(name)}?tenant_id=new"
+    assert ui.get(reverse(name), {"tenant_id": "acme"}).status_code == 200
+
+
+def test_hit_ratio_per_bucket_counts_the_increases_ending_in_it(ui):
+    """Per release and over everything shown; a bucket without lookups has no ratio. The JSON and the page's table
+    carry the same numbers."""
+    sample(ts=at(300), hit_blocks=10, miss_blocks=10)                  # first row: no increase yet
+    sample(ts=at(200), hit_blocks=40, miss_blocks=20)                  # +30 / +10 -> 0.75
+    sample(ts=at(100), hit_blocks=41, miss_blocks=23)                  # +1 / +3 -> 0.25
+    sample(ts=at(200), namespace="production-2026-08", hit_blocks=0, miss_blocks=0)
+    sample(ts=at(100), namespace="production-2026-08", hit_blocks=3, miss_blocks=1)   # +3 / +1
+    series = occupancy_series("15m", now=NOW)
+    first, second = series.series
+    index = {seconds: series.buckets.index(_floor(at(seconds), 30)) for seconds in (300, 200, 100)}
+    assert first.hit_ratio_data[index[300]] is None
+    assert first.hit_ratio_data[index[200]] == pytest.approx(0.75)
+    assert first.hit_ratio_data[index[100]] == pytest.approx(0.25)
+    assert second.hit_ratio_data[index[200]] is None and second.hit_ratio_data[index[100]] == pytest.approx(0.75)
+    ratios = series.hit_ratios()
+    assert ratios[index[100]] == pytest.approx((1 + 3) / (1 + 3 + 3 + 1))
+    assert ratios[index[200]] == pytest.approx(0.75)
+    assert sum(r is not None for r in ratios) == 2
+    assert series.as_dict()["hit_ratios"] == ratios
+    assert series.as_dict()["series"][0]["hit_ratio_data"] == first.hit_ratio_data
+
+
+def test_hit_ratio_per_bucket_is_in_the_chart_data_and_the_table(ui):
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=200), size=1, hit_blocks=0, miss_blocks=0)
+    sample(ts=now - timedelta(seconds=20), size=1, hit_blocks=3, miss_blocks=1)
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m"}).json()
+    assert [r for r in payload["hit_ratios"] if r is not None] == [0.75]
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
+    table = html.split('id="occupancy-data"')[1]
+    assert '<td class="num" data-hit-ratio="0.75">75%</td>' in table and 'data-hit-ratio="">–</td>' in table
+    assert 'id="occupancy-chart-hits"' in html
+
+
+# --- quota and budget lines -------------------------------------------------------------------------------------
+
+
+def _lines(ui, **params) -> dict[str, dict]:
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m", **params}).json()
+    return {line["kind"]: line for line in payload["quota_lines"]}
+
+
+def test_one_tenant_gets_its_quota_and_effective_quota_lines(ui):
+    from tests.support.factories import make_model, make_release, make_tenant
+    from tests.support.rows import master_sample
+
+    acme = make_tenant("acme", quota="64MB")
+    make_release(make_model(acme), "production-2026-07", budget_bytes=16 << 20)
+    make_release(make_model(acme, "llama"), "canary")
+    make_tenant("beta", quota="8MB")
+    sample(ts=datetime.now(UTC) - timedelta(seconds=30), size=1 << 20)
+    sample(ts=datetime.now(UTC) - timedelta(seconds=30), model="llama", namespace="canary", size=1 << 20)
+    sample(ts=datetime.now(UTC) - timedelta(seconds=30), tenant_id="beta", model="m", namespace="n", size=1)
+    assert _lines(ui) == {}  # two tenants shown
+    master_sample("acme", effective=32 << 20, charged=2 << 20, requested=64 << 20)
+    lines = _lines(ui, tenant_id="acme")
+    assert set(lines) == {"quota", "effective_quota"}  # two releases shown: no budget line
+    assert lines["quota"] == {"kind": "quota", "label": "quota (registry) 64 MiB", "bytes": 64 << 20,
+                              "implicit": False}
+    assert lines["effective_quota"]["bytes"] == 32 << 20
+    assert lines["effective_quota"]["label"] == "effective quota (master) 32 MiB"
+    # One release shown (by the filter or as the only series): its own budget.
+    lines = _lines(ui, tenant_id="acme", served_model_name="qwen3-8b")
+    assert lines["budget"] == {"kind": "budget", "label": "budget of production-2026-07 16 MiB", "bytes": 16 << 20,
+                               "implicit": False}
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant_id": "acme", "served_model_name": "qwen3-8b"})
+    items = html.content.decode().split('id="quota-lines"')[1].split("</ul>")[0]
+    assert f'data-kind="budget" data-bytes="{16 << 20}">budget of production-2026-07 16 MiB' in items
+    assert f'data-kind="quota" data-bytes="{64 << 20}"' in items
+
+
+def test_a_release_without_a_budget_gets_the_implicit_one_the_agents_get(ui):
+    from dashboard.master.room import current_pool_room, release_budgets
+    from tests.support.factories import make_group, make_model, make_release, make_tenant
+
+    acme = make_tenant("acme", quota="64MB")
+    release = make_release(make_model(acme), "production-2026-07")
+    make_group(acme, "gold", budget_bytes=16 << 20)
+    expected = release_budgets(current_pool_room())[release.pk].budget_bytes
+    assert expected == 48 << 20  # what the budgets leave of the requested quota (capacity unknown)
+    lines = _lines(ui, tenant_id="acme", namespace="production-2026-07")  # no telemetry: the filter names it
+    assert lines["budget"]["bytes"] == expected and lines["budget"]["implicit"] is True
+    assert lines["budget"]["label"] == "implicit budget of production-2026-07 48 MiB"
+    lines = _lines(ui, tenant_id="acme", request_group="gold")
+    assert lines["request_group_budget"]["bytes"] == 16 << 20
+
+
+def test_lines_are_only_for_tenants_the_viewer_may_see(client, django_user_model):
+    from tests.support.factories import grant_role, make_model, make_release, make_tenant
+
+    acme, beta = make_tenant("acme", quota="64MB"), make_tenant("beta", quota="8MB")
+    make_release(make_model(beta), "secret", budget_bytes=1 << 20)
+    sample(ts=datetime.now(UTC) - timedelta(seconds=30), tenant_id="beta", namespace="secret", size=1)
+    user = grant_role(django_user_model.objects.create_user("alice", password="pw"), acme, "viewer")
+    client.force_login(user)
+    payload = client.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant_id": "beta"}).json()
+    assert payload["series"] == [] and payload["quota_lines"] == []
+    payload = client.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant_id": "acme"}).json()
+    assert [line["bytes"] for line in payload["quota_lines"]] == [64 << 20]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -46,13 +47,28 @@ def test_overview_shows_quota_gauges_nodes_and_warnings(ui, deployment):
     response = ui.get(reverse("ui:overview"))
     assert response.status_code == 200
     html = response.content.decode()
-    assert "64.0\xa0GB" in html and "32.0\xa0GB" in html and "8.0\xa0GB" in html  # requested, effective, charged
+    assert "64 GiB" in html and "32 GiB" in html and "8 GiB" in html  # requested, effective, charged
     assert 'title="25%"' in html  # charged / effective gauge
-    assert "3.0\xa0GB" in html  # reported by agents
+    assert "3 GiB" in html  # reported by agents
     assert "node-old" in html and "not registered" in html
     assert "node node-old is silent" in html
     assert "quota sync of tenant acme: master refused" in html
     assert "master metrics at" in html and "unavailable" in html  # no master in this test
+
+
+def test_byte_figures_are_binary_with_iec_suffixes(ui, deployment):
+    """Mooncake counts in binary units: a 256 MiB quota reads "256 MiB" (Django's filesizeformat wrote "256.0 MB")."""
+    master_sample("acme", effective=256 << 20, charged=1536 << 10, requested=64 << 30)
+    sample(size=(1 << 30) + (1 << 29))
+    html = ui.get(reverse("ui:overview")).content.decode()
+    assert "256 MiB" in html and "1.5 MiB" in html and "1.5 GiB" in html and "64 GiB" in html
+    assert not re.search(r"[0-9]\s*(KB|MB|GB|TB)\b", html)
+
+
+def test_no_template_formats_bytes_with_filesizeformat():
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "templates").rglob("*.html")
+                 if "filesizeformat" in path.read_text()]
+    assert offenders == [], "use {{ value|humanize_bytes }} (binary units, IEC suffixes)"
 
 
 def test_overview_flags_over_quota_and_closed_admission(ui, deployment):

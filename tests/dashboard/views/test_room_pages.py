@@ -37,7 +37,7 @@ def test_tenant_page_shows_the_room_and_what_to_lower_without_naming_other_tenan
     assert "watermark share" in room and f'data-bytes="{45 * MiB}"' in room
     assert f'<td id="quota-room"><span data-bytes="{20 * MiB}"' in room  # 50 MiB effective - 30 MiB charged
     assert f'<td id="watermark-room"><span data-bytes="{15 * MiB}"' in room  # 45 MiB share - 30 MiB charged
-    assert "release &#x27;chat/v1&#x27; from 50 MB to 45 MB" in room and "globex" not in page
+    assert "release &#x27;chat/v1&#x27; from 50 MiB to 45 MiB" in room and "globex" not in page
     assert client.get(reverse("ui:tenant", args=[globex.pk])).status_code == 404
 
 
@@ -63,10 +63,10 @@ def test_release_page_and_api_show_the_effective_budget_read_only(ui, api, pool)
 def test_overview_shows_the_watermark_and_each_tenants_room(ui, pool):
     page = ui.get(reverse("ui:overview")).content.decode()
     card = page.split('id="eviction-watermark"')[1].split("</section>")[0]
-    assert "90.0\xa0MB" in card and "budgets let the master evict" in card
+    assert "90 MiB" in card and "budgets let the master evict" in card
     table = page.split('id="tenant-quotas"')[1].split("</table>")[0]
     acme_row = next(row for row in table.split("<tr>") if ">acme<" in row)
     assert f'<td class="num quota-room"><span data-bytes="{20 * MiB}"' in acme_row
     assert "budgets above watermark share" in acme_row
     warnings = page.split('id="warnings"')[1]
-    assert "the budgets of tenant &#x27;acme&#x27; can hold 50 MB, 5 MB (5242880 bytes) above its share" in warnings
+    assert "the budgets of tenant &#x27;acme&#x27; can hold 50 MiB, 5 MiB (5242880 bytes) above its share" in warnings
