@@ -98,7 +98,7 @@ def store_documents(nodes: int, scopes: int) -> None:
         tenant_id=f"tenant-{tenant}", tenant_quota_bytes=1 << 40, served_model_name="qwen3-8b",
         model_path="/models/Qwen3-8B", vllm_model_name="Qwen3-8B", namespace=f"prod-{namespace}",
         release_state="serving", kv_layout=KVLayout(num_layers=36, num_kv_heads=8, head_dim=128, block_size=16),
-        hash_algo="sha256_cbor", hash_seed="42", budget_bytes=1 << 34,
+        hash_algo="sha256_cbor", hash_seed="42", node_budget_bytes=1 << 34,
         request_groups=[RequestGroupSpec(name=f"group-{k}", cache_salt=f"salt-{k}") for k in ks],
     ).model_dump(mode="json") for index, ((tenant, namespace), ks) in enumerate(sorted(groups.items()))]
     documents = [{"node": f"bench-{node:03d}", "version": APPLIED_VERSION, "instances": instances}

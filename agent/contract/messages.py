@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -59,6 +60,11 @@ DOCUMENT_SCHEMA_VERSION = 2
 #: Document schemas an agent applies. A schema-1 document (no launch specs, no node settings) still applies;
 #: an agent that knows only schema 1 refuses a schema-2 document as ``unsupported_schema`` (upgrade agents first).
 DOCUMENT_SCHEMAS = (1, 2)
+
+#: Names a document's per-node budget share is read under: ``node_budget_bytes`` (written since it was renamed, so
+#: that ``budget_bytes`` means only the registry's total) and ``budget_bytes`` (what dashboards before wrote; a
+#: document of the previous dashboard may reach an upgraded agent during a rolling upgrade, or be its stored state).
+NODE_BUDGET_ALIASES = AliasChoices("node_budget_bytes", "budget_bytes")
 
 #: Celery task the agent runs for each pushed document (one positional argument: the document dict).
 APPLY_CONFIG_TASK = "agent.apply_config"
@@ -203,15 +209,17 @@ class StoreEndpoints(BaseModel):
 class RequestGroupSpec(BaseModel):
     """A request group: requests sharing one ``cache_salt`` (vLLM 0.33.0 salts the first block hash).
 
-    An empty ``cache_salt`` is the tenant's default shared group. ``budget_bytes`` is the group's share of the
-    tenant quota (``None`` = no own budget) — inside an :class:`InstanceSpec`, this node's share of it (see there).
+    An empty ``cache_salt`` is the tenant's default shared group. ``node_budget_bytes`` is this node's share of the
+    group's budget (the registry's ``RequestGroup.budget_bytes``, a share of the tenant quota), in bytes; ``None``
+    = the group has no budget (see :class:`InstanceSpec` for how a share is computed). Documents of dashboards
+    before the rename call it ``budget_bytes``: still read, never written (``NODE_BUDGET_ALIASES``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1)
     cache_salt: str = ""
-    budget_bytes: NonNegative | None = None
+    node_budget_bytes: NonNegative | None = Field(default=None, validation_alias=NODE_BUDGET_ALIASES)
 
 
 class LoraAdapterSpec(BaseModel):
@@ -409,13 +417,15 @@ class InstanceSpec(BaseModel):
     ``cache_prefix``. ``vllm_model_name`` is the last path component of ``model_path`` (vLLM's key model
     name). ``hash_algo`` is vLLM's ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``,
     ``xxhash_cbor``; SGLang releases use ``sha256``), ``hash_seed`` the release's ``PYTHONHASHSEED``.
-    ``request_groups`` are the tenant's groups (salts), ``budget_bytes`` this node's share of the release's budget
-    (``None`` = none): ``budget * w_node // w_all`` bytes, ``w_node`` the node's writer instances (role ``prefill``
-    or ``both``) of the release and ``w_all`` those of every node, so the shares sum to at most the budget and a
-    node that writes nothing of the release gets 0 (keeps nothing); each group's ``budget_bytes`` is the same
-    share of the group's budget (``dashboard.rollout.push.budget_share``). The agent holds the blocks *it* wrote
-    under these shares. ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP port on
-    the node.
+    ``request_groups`` are the tenant's groups (salts), ``node_budget_bytes`` this node's share of the release's
+    effective budget (the registry's ``Release.budget_bytes`` or its implicit budget; ``None`` = none), in bytes:
+    ``budget * w_node // w_all``, ``w_node`` the node's writer instances (role ``prefill`` or ``both``) of the
+    release and ``w_all`` those of every node, so the shares sum to at most the budget and a node that writes
+    nothing of the release gets 0 (keeps nothing); each group's ``node_budget_bytes`` is the same share of the
+    group's budget (``dashboard.rollout.push.budget_share``). The agent holds the blocks *it* wrote under these
+    shares. Documents of dashboards before the rename call both ``budget_bytes``: still read, never written
+    (``NODE_BUDGET_ALIASES``). ``tenant_quota_bytes`` the tenant's Mooncake quota. ``port`` is the engine's HTTP
+    port on the node.
     ``launch`` (document schema 2) is how the node starts the instance (its ``instance_id`` is the instance's);
     ``None`` in schema-1 documents.
     """
@@ -440,7 +450,7 @@ class InstanceSpec(BaseModel):
     hash_seed: str = ""
     ranks: Ranks = Field(default_factory=Ranks)
     request_groups: list[RequestGroupSpec] = Field(default_factory=list)
-    budget_bytes: NonNegative | None = None
+    node_budget_bytes: NonNegative | None = Field(default=None, validation_alias=NODE_BUDGET_ALIASES)
     launch: LaunchSpec | None = None
 
     @model_validator(mode="after")

@@ -55,8 +55,8 @@ the simulator's (confirmation, hits and budgets at every tick, a reconcile every
 * **probe** — between reconciles, every ``probe_interval`` seconds (default 5), the same check on
   ``PROBE_SAMPLE`` blocks per tenant: a master restart (every object lost) or a lost segment shows at once and
   becomes a check of every block, so the ledger matches the Store within seconds, not ``reconcile_interval``;
-* **budgets** (before the reconcile) — every release (``InstanceSpec.budget_bytes``, all its request groups) and
-  request group (``RequestGroupSpec.budget_bytes``) of an observed instance is held under its budget by
+* **budgets** (before the reconcile) — every release (``InstanceSpec.node_budget_bytes``, all its request groups) and
+  request group (``RequestGroupSpec.node_budget_bytes``) of an observed instance is held under its budget by
   ``agent.datapath.budget.BudgetEnforcer`` (the simulator's prefix-aware policy): leaf blocks only, removed by
   exact key with ``force=False`` (``agent.datapath.budget.store_remover``), so no block is orphaned and a block
   another client reads (or a reconcile checked in the last lease period) stays until a later tick. The budgets
@@ -549,18 +549,18 @@ class NodeEngines:
         return checked, missing
 
     def budgets(self) -> list[tuple[list[CacheScope], int, str]]:
-        """The budgets of the observed instances' releases and request groups: ``(scopes, budget_bytes,
-        tenant_id)``, one per release / group (a release's scopes are every request group the ledger holds of
-        it)."""
+        """The budgets of the observed instances' releases and request groups: ``(scopes, node_budget_bytes,
+        tenant_id)`` (this node's share, bytes), one per release / group (a release's scopes are every request
+        group the ledger holds of it)."""
         release_budgets: dict[CacheScope, tuple[int, str]] = {}
         group_budgets: dict[CacheScope, tuple[int, str]] = {}
         for instance in self._vllm_instances(self.document):
             release = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace)
-            if instance.budget_bytes is not None:
-                release_budgets[release] = (instance.budget_bytes, instance.tenant_id)
+            if instance.node_budget_bytes is not None:
+                release_budgets[release] = (instance.node_budget_bytes, instance.tenant_id)
             for group in instance.request_groups:
-                if group.budget_bytes is not None:
-                    group_budgets[release._replace(request_group=group.name)] = (group.budget_bytes,
+                if group.node_budget_bytes is not None:
+                    group_budgets[release._replace(request_group=group.name)] = (group.node_budget_bytes,
                                                                                   instance.tenant_id)
         out: list[tuple[list[CacheScope], int, str]] = [([scope], budget, tenant)
                                                         for scope, (budget, tenant) in group_budgets.items()]

@@ -6,7 +6,7 @@ config document, with the same key spaces, key grammar and zero-copy transfers, 
 
 * **prefill** (role ``prefill`` or ``both``): look up the request's prefix, load the hit blocks from the Store,
   "compute" the missing ones (fill their cache slots with a pattern derived from the block hash) and save them,
-  then keep the request group's and the release's bytes on this node under their ``budget_bytes`` with
+  then keep the request group's and the release's bytes on this node under their ``node_budget_bytes`` with
   :class:`agent.datapath.budget.BudgetEnforcer` (leaves chosen by the prefix-aware eviction policy, never a block with a
   cached descendant, so no orphans);
 * **decode** (role ``decode``): look up the prefix and load what the prefill instance stored, checking that
@@ -317,8 +317,8 @@ class _Instance:
     layout_key: tuple[Any, ...]
     keyspaces: Mapping[str, KeySpace]  # request group name -> key space (tp rank of the instance)
     overridden: bool
-    budget_bytes: int | None = None
-    group_budgets: Mapping[str, int] = field(default_factory=dict)  # request group name -> its budget
+    node_budget_bytes: int | None = None  # this node's share of the release's budget (InstanceSpec), bytes
+    group_budgets: Mapping[str, int] = field(default_factory=dict)  # request group name -> node's share, bytes
 
     @property
     def release_scope(self) -> CacheScope:
@@ -462,10 +462,10 @@ class EngineSimulator:
         layout = spec.kv_layout
         layout_key = (spec.engine, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.block_size,
                       layout.kv_dtype)
-        group_budgets = {g.name: g.budget_bytes for g in spec.request_groups
-                         if g.budget_bytes is not None and g.name in keyspaces}
+        group_budgets = {g.name: g.node_budget_bytes for g in spec.request_groups
+                         if g.node_budget_bytes is not None and g.name in keyspaces}
         return _Instance(spec.instance_id, spec.role, spec.port, spec.tenant_id, layout_key, keyspaces,
-                         override is not None, spec.budget_bytes, group_budgets)
+                         override is not None, spec.node_budget_bytes, group_budgets)
 
     # --- store and engines ----------------------------------------------------------------------------------
 
@@ -710,7 +710,7 @@ class EngineSimulator:
             result.stored_blocks += put.stored
             result.bytes_written += put.bytes_written
         group_budget = inst.group_budgets.get(item.request_group)
-        if group_budget is not None or inst.budget_bytes:
+        if group_budget is not None or inst.node_budget_bytes:
             result.evicted_blocks += self._keep_budget(inst, ks, group_budget, connector)
 
     def _keep_budget(self, inst: _Instance, ks: KeySpace, group_budget: int | None, connector: Any) -> int:
@@ -732,10 +732,10 @@ class EngineSimulator:
         removed = 0
         if group_budget is not None:
             removed += len(self.budget.enforce(ks.scope, group_budget, remove, low_water=BUDGET_LOW_WATER))
-        if inst.budget_bytes:
+        if inst.node_budget_bytes:
             release = inst.release_scope
             ids = [t.scope for t in self.ledger.tables() if t.scope.release_scope() == release]
-            removed += len(self.budget.enforce(ids, inst.budget_bytes, remove, low_water=BUDGET_LOW_WATER))
+            removed += len(self.budget.enforce(ids, inst.node_budget_bytes, remove, low_water=BUDGET_LOW_WATER))
         return removed
 
     def _decode(self, applied: _Applied, inst: _Instance, ks: KeySpace, item: WorkItem,

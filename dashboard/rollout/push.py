@@ -28,7 +28,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -49,6 +49,9 @@ from agent.contract.messages import (
 )
 from agent.contract.sealing import seal
 from dashboard.models import ConfigVersion, NodeState
+
+if TYPE_CHECKING:
+    from tenants.models import RequestGroup
 
 log = logging.getLogger("kvpool.dashboard.push")
 
@@ -121,18 +124,20 @@ def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], i
     return per_release, per_node
 
 
-def _instance(assignment, groups: list[RequestGroupSpec], node_writers: int = 1,
+def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1,
               all_writers: int = 1, budgets: dict | None = None) -> InstanceSpec:
-    """The instance's spec; ``budget_bytes`` is the node's share of the release's effective budget: its own, or
-    the implicit one of a live release without a budget (``dashboard.master.room.effective_budget``; ``budgets``
-    from ``release_budgets``, read now when not given)."""
+    """The instance's spec; ``node_budget_bytes`` is the node's share of the release's effective budget: its own,
+    or the implicit one of a live release without a budget (``dashboard.master.room.effective_budget``; ``budgets``
+    from ``release_budgets``, read now when not given). ``groups`` are the tenant's ``tenants.models.RequestGroup``
+    rows; each becomes a ``RequestGroupSpec`` with the node's share of the group's ``budget_bytes``."""
     from dashboard.master.room import effective_budget
 
     release = assignment.release
     model = release.model
     tenant = model.tenant
-    groups = [g.model_copy(update={"budget_bytes": budget_share(g.budget_bytes, node_writers, all_writers)})
-              for g in groups]
+    group_specs = [RequestGroupSpec(name=g.name, cache_salt=g.cache_salt,
+                                    node_budget_bytes=budget_share(g.budget_bytes, node_writers, all_writers))
+                   for g in groups]
     return InstanceSpec(
         instance_id=str(assignment.pk),
         engine=release.engine,
@@ -161,8 +166,8 @@ def _instance(assignment, groups: list[RequestGroupSpec], node_writers: int = 1,
             pp_size=assignment.pp_size, pcp_rank=assignment.pcp_rank, pcp_size=assignment.pcp_size,
             dcp_rank=assignment.dcp_rank, dcp_size=assignment.dcp_size,
         ),
-        request_groups=groups,
-        budget_bytes=budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
+        request_groups=group_specs,
+        node_budget_bytes=budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
     )
 
 
@@ -180,10 +185,9 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
                        .select_related("node", "release__model__tenant").order_by("node_id", "port", "pk")):
         by_node[assignment.node_id].append(assignment)
     tenant_pks = {a.release.model.tenant_id for items in by_node.values() for a in items}
-    groups: dict[int, list[RequestGroupSpec]] = {pk: [] for pk in tenant_pks}
+    groups: dict[int, list[RequestGroup]] = {pk: [] for pk in tenant_pks}
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
-        groups[group.tenant_id].append(
-            RequestGroupSpec(name=group.name, cache_salt=group.cache_salt, budget_bytes=group.budget_bytes))
+        groups[group.tenant_id].append(group)
     writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
     budgets = _release_budgets() if any(by_node.values()) else {}
     target = _render_target()

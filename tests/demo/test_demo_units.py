@@ -214,7 +214,7 @@ def instance(instance_id: str, role: str, port: int, *, engine: str = "vllm", bu
             "served_model_name": "m", "namespace": "rel-a", "release_state": "serving",
             "kv_layout": {"num_layers": 2, "num_kv_heads": 1, "head_dim": 16, "block_size": 4},
             "hash_algo": "sha256_cbor" if engine == "vllm" else "sha256",
-            "request_groups": [{"name": "g", "cache_salt": "salt-g"}], "budget_bytes": budget}
+            "request_groups": [{"name": "g", "cache_salt": "salt-g"}], "node_budget_bytes": budget}
 
 
 @pytest.fixture

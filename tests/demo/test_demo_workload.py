@@ -31,7 +31,7 @@ def spec(instance_id: str, role: str, port: int, tenant: str, engine: str, budge
             "served_model_name": f"model-{tenant}", "namespace": "production-2026-07", "release_state": "serving",
             "kv_layout": LAYOUT, "hash_algo": "sha256_cbor" if engine == "vllm" else "sha256", "hash_seed": "7",
             "request_groups": [{"name": "app", "cache_salt": "salt-app"}] if tenant == "acme" else [],
-            "budget_bytes": budget}
+            "node_budget_bytes": budget}
 
 
 @pytest.fixture

@@ -74,7 +74,7 @@ def instance(instance_id: str = "1", *, tenant_id: str = "acme", namespace: str 
         kv_layout=KVLayout(num_layers=36, num_kv_heads=8, head_dim=128, block_size=16),
         hash_algo="sha256_cbor", hash_seed="42",
         request_groups=[RequestGroupSpec(name=name, cache_salt=salt) for name, salt in groups],
-        budget_bytes=1 << 28,
+        node_budget_bytes=1 << 28,
     )
 
 

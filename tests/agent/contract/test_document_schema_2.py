@@ -103,3 +103,20 @@ def test_the_registry_launch_spec_is_the_contract_one():
     spec = LaunchSpec(**{**LAUNCH, "argv": tuple(LAUNCH["argv"])})
     assert spec.argv == tuple(LAUNCH["argv"]) and spec.to_dict() == LAUNCH
     assert instance().launch is None
+
+
+def test_budget_shares_are_written_as_node_budget_bytes_only():
+    """The per-node share of a budget is ``node_budget_bytes`` on the wire (``budget_bytes`` is the registry's
+    total); the old name is read, never written."""
+    written = document(secret=None)
+    [spec] = written["instances"]
+    assert spec["node_budget_bytes"] == 1 << 28 and "budget_bytes" not in spec
+    assert all("node_budget_bytes" in g and "budget_bytes" not in g for g in spec["request_groups"])
+    spec["budget_bytes"] = spec.pop("node_budget_bytes")
+    spec["request_groups"][0] = {"name": "default", "cache_salt": "", "budget_bytes": 5}
+    parsed = parse_document(written)
+    assert parsed.instances[0].node_budget_bytes == 1 << 28
+    assert parsed.instances[0].request_groups[0].node_budget_bytes == 5
+    again = parsed.to_wire()["instances"][0]
+    assert again["node_budget_bytes"] == 1 << 28 and "budget_bytes" not in again
+    assert again["request_groups"][0]["node_budget_bytes"] == 5 and "budget_bytes" not in again["request_groups"][0]

@@ -341,3 +341,41 @@ def test_heartbeat_of_a_healthy_agent_reports_an_empty_outbox(tmp_path, broker):
     finally:
         d.stop()
     assert broker.messages("report") and broker.messages("heartbeat")[0]["outbox_pending"] == 0
+
+
+def test_a_document_of_the_previous_dashboard_applies_with_its_budget_shares_and_resumes(tmp_path, broker):
+    """Dashboards before the rename wrote each node's budget share as ``budget_bytes``; during a rolling upgrade
+    such a document (or the agent's stored state) still applies, read as ``node_budget_bytes``."""
+    from agent.contract import signing
+
+    doc = document(version=1, secret=None)
+    spec = doc["instances"][0]
+    spec["budget_bytes"] = spec.pop("node_budget_bytes")
+    group = spec["request_groups"][1]
+    del group["node_budget_bytes"]
+    group["budget_bytes"] = 1 << 20
+    old = signing.signed(doc, "s3cret")
+    state = tmp_path / "state"
+    first = Daemon("node-a", "s3cret", state, publish=broker.publish)
+    try:
+        ack = first.handle_document(old)
+        assert ack["status"] == "applied" and ack["digest"] == signing.document_digest(old)
+    finally:
+        first.stop()
+    second = Daemon("node-a", "s3cret", state, publish=broker.publish)
+    try:
+        [applied] = second.current.document.instances
+        assert applied.node_budget_bytes == 1 << 28
+        assert [g.node_budget_bytes for g in applied.request_groups] == [None, 1 << 20]
+        assert second.applied_digest == signing.document_digest(old)  # the digest of what was received
+    finally:
+        second.stop()
+
+
+def test_a_document_naming_a_budget_share_twice_is_refused(daemon):
+    from agent.contract import signing
+
+    doc = document(version=1, secret=None)
+    doc["instances"][0]["budget_bytes"] = 1 << 20
+    ack = daemon.handle_document(signing.signed(doc, "s3cret"))
+    assert ack["reason"] == "invalid" and "budget_bytes" in ack["error"]

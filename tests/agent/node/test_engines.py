@@ -47,7 +47,7 @@ def launch(instance_id: str, **kwargs) -> LaunchSpec:
 
 def spec(instance_id: str = "7", *, run: str = RUN, budget: int | None = None, **kwargs) -> InstanceSpec:
     base = instance(run, instance_id=instance_id, **kwargs)
-    return base.model_copy(update={"launch": launch(instance_id), "budget_bytes": budget})
+    return base.model_copy(update={"launch": launch(instance_id), "node_budget_bytes": budget})
 
 
 def document(instances: list[InstanceSpec], port: int, *, version: int = 1, node: str = "node-a",

@@ -57,7 +57,7 @@ def test_capacity_and_effective_quotas_from_the_master_drive_implicit_budgets(se
                 assert room.eviction_point_bytes == min(master_effective["acme"], share)
                 implicit = room.eviction_point_bytes - 8 * MiB
                 assert effective_budget(release).budget_bytes == implicit
-                assert render_contents([node])["node-a"]["instances"][0]["budget_bytes"] == implicit
+                assert render_contents([node])["node-a"]["instances"][0]["node_budget_bytes"] == implicit
             assert pushed == [["node-a"], ["node-a"]]  # unknown -> 64 MiB, then 64 -> 96 MiB mounted
         finally:
             for client in (second, first):

@@ -47,17 +47,17 @@ def test_each_node_gets_its_writer_instances_share_of_the_release_and_group_budg
     contents = render_contents(nodes)
     a, b, c = (specs(contents, n.name) for n in nodes)
     # release: 3 writers (2 on node-a, 1 on node-b); node-c's decode instance writes nothing
-    assert [s["budget_bytes"] for s in a] == [666, 666] and [s["budget_bytes"] for s in b] == [333]
-    assert c[0]["namespace"] == "prod-2026-07" and c[0]["budget_bytes"] == 0
-    assert c[1]["namespace"] == "prod-2026-08" and c[1]["budget_bytes"] == 600  # its only writer
+    assert [s["node_budget_bytes"] for s in a] == [666, 666] and [s["node_budget_bytes"] for s in b] == [333]
+    assert c[0]["namespace"] == "prod-2026-07" and c[0]["node_budget_bytes"] == 0
+    assert c[1]["namespace"] == "prod-2026-08" and c[1]["node_budget_bytes"] == 600  # its only writer
     assert release.budget_bytes >= 666 + 333 + 0
-    groups = {s["instance_id"]: {g["name"]: g["budget_bytes"] for g in s["request_groups"]} for s in a + b + c}
+    groups = {s["instance_id"]: {g["name"]: g["node_budget_bytes"] for g in s["request_groups"]} for s in a + b + c}
     assert [groups[s["instance_id"]] for s in a] == [{"app-a": 200, "shared": None}] * 2
     assert groups[b[0]["instance_id"]] == {"app-a": 100, "shared": None}
     assert groups[c[0]["instance_id"]] == {"app-a": 0, "shared": None}
     assert groups[c[1]["instance_id"]] == {"app-a": 300, "shared": None}
     # rendering one node alone gives the same share (counts cover every node, not just the rendered ones)
-    assert render_contents([nodes[1]])["node-b"]["instances"][0]["budget_bytes"] == 333
+    assert render_contents([nodes[1]])["node-b"]["instances"][0]["node_budget_bytes"] == 333
 
 
 def test_a_new_writer_instance_re_renders_every_node_of_the_release(three_nodes, django_capture_on_commit_callbacks):
@@ -67,9 +67,9 @@ def test_a_new_writer_instance_re_renders_every_node_of_the_release(three_nodes,
           django_capture_on_commit_callbacks(execute=True)):
         assignment = make_assignment(node_d, release, port=8000, role="both")
     assert push.call_args.kwargs["args"] == [["node-a", "node-b", "node-c", "node-d"]]
-    assert specs(render_contents([nodes[1]]), "node-b")[0]["budget_bytes"] == 250  # 1000 * 1 // 4
+    assert specs(render_contents([nodes[1]]), "node-b")[0]["node_budget_bytes"] == 250  # 1000 * 1 // 4
     with (mock.patch("dashboard.tasks.push_nodes.apply_async") as push,
           django_capture_on_commit_callbacks(execute=True)):
         assignment.delete()
     assert push.call_args.kwargs["args"] == [["node-a", "node-b", "node-c", "node-d"]]
-    assert specs(render_contents([nodes[1]]), "node-b")[0]["budget_bytes"] == 333
+    assert specs(render_contents([nodes[1]]), "node-b")[0]["node_budget_bytes"] == 333

@@ -27,7 +27,7 @@ def _set(obj, **values):
 
 
 def budgets_of(contents, node: str) -> dict[str, int | None]:
-    return {spec["namespace"]: spec["budget_bytes"] for spec in contents[node]["instances"]}
+    return {spec["namespace"]: spec["node_budget_bytes"] for spec in contents[node]["instances"]}
 
 
 @pytest.fixture

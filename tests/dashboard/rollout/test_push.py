@@ -73,7 +73,8 @@ def test_render_content_carries_what_the_agent_needs(registry, settings):
         "prod-2026-07", "warming", "sha256_cbor", "42")
     assert spec["kv_layout"]["block_size"] == 16 and spec["ranks"]["tp_rank"] == 1
     assert {(g["name"], g["cache_salt"]) for g in spec["request_groups"]} == {("app-a", "salt-a"), ("shared", "")}
-    assert spec["budget_bytes"] == 1 << 30 and spec["tenant_quota_bytes"] == 8 << 30
+    assert spec["node_budget_bytes"] == 1 << 30 and spec["tenant_quota_bytes"] == 8 << 30
+    assert "budget_bytes" not in spec and all("budget_bytes" not in g for g in spec["request_groups"])  # the total's
     assert spec["release_fingerprint"] == registry.release.fingerprint
 
 
