@@ -26,8 +26,8 @@ Accounts (``agent.node.accounts``, README "Users and permissions on a node"): ea
 the account its launch names (``LaunchSpec.user``), which must own its socket. An agent that is not privileged
 uses its own account for every instance and logs it once.
 
-A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) makes engine-written blocks behave like
-the simulator's (confirmation, hits and budgets at every tick, a reconcile every ``reconcile_interval`` seconds):
+A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) books engine-written blocks and then
+runs the node-maintenance policy the simulator runs too (``agent.datapath.maintenance``):
 
 * **confirm** (first) — engine events are hints: an attributed block waits in its instance's pending set until the
   Store client of the instance's tenant finds its key (:meth:`NodeEngines.confirm_writes`,
@@ -36,38 +36,17 @@ the simulator's (confirmation, hits and budgets at every tick, a reconcile every
   absent after the grace are ``unconfirmed``; before that verdict the engines bound to the instance's events are
   looked up in ``/proc`` (``agent.engines.vllm.processes``, at most every ``namespace_scan_interval`` seconds) and
   the blocks checked under the key prefix they really write under (``unknown_namespace_keys``);
-
 * **hits** — the engines' external prefix-cache counters (tokens the KV connector looked up in / loaded from the
   Store) become the ledger's ``hit_blocks`` / ``miss_blocks`` of the instance's release scope
   (``request_group`` "": an engine's lookups are not told apart by request group): ``hit_blocks`` =
   ``external_prefix_cache_hits // block_size``, ``miss_blocks`` = ``(external_prefix_cache_queries -
   external_prefix_cache_hits) // block_size``, both over the tokens counted since the agent started (the
   remainders carry over, so the counters only grow);
-* **reconcile** — the ledger's present blocks of each tenant are checked against the Store (``batch_is_exist``
-  through ``agent.datapath.ledger.Ledger.reconcile``: a sample, every block once a sample finds one gone): blocks
-  the master evicted, and those of an embedded-mode engine that stopped (its segment left the pool), leave the
-  ledger. One Store client per tenant, opened lazily, mounting **no** segment (``ENGINE_STORE_SEGMENT_BYTES``:
-  memory it mounted would receive engine objects that vanish with the agent). Mooncake 0.3.13.post1's
-  ``batch_is_exist`` grants the checked objects a read lease (the master's ``--default_kv_lease_ttl``, 10 s by
-  default; measured here), during which they cannot be removed without force: a reconcile therefore runs only every
-  ``reconcile_interval`` seconds (default 30), after the tick's budget enforcement, so the leases it takes leave
-  enforcement most of the interval;
-* **probe** — between reconciles, every ``probe_interval`` seconds (default 5), the same check on
-  ``PROBE_SAMPLE`` blocks per tenant: a master restart (every object lost) or a lost segment shows at once and
-  becomes a check of every block, so the ledger matches the Store within seconds, not ``reconcile_interval``;
-* **budgets** (before the reconcile) — every release (``InstanceSpec.node_budget_bytes``, all its request groups) and
-  request group (``RequestGroupSpec.node_budget_bytes``) of an observed instance is held under its budget by
-  ``agent.datapath.budget.BudgetEnforcer`` (the simulator's prefix-aware policy): leaf blocks only, removed by
-  exact key with ``force=False`` (``agent.datapath.budget.store_remover``), so no block is orphaned and a block
-  another client reads (or a reconcile checked in the last lease period) stays until a later tick. The budgets
-  in the document are this node's shares (``InstanceSpec``): each node holds only what it wrote;
-* **orphans** (after the budgets) — blocks of this node that continue another node's block (its engine loaded the
-  prefix from the Store) hang below a *foreign* ledger entry; that node's budget may remove it (a leaf of its
-  own ledger). Every ``foreign_check_interval`` seconds (5) up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per
-  tenant are checked (``Ledger.check_foreign_parents``; none again within ``FOREIGN_RECHECK_AFTER`` seconds, as
-  each check leases an existing object); orphans (owned blocks below a block known gone, also one the master
-  evicted) are removed by exact key, leaves first, never forced, after re-checking the missing block
-  (:meth:`NodeEngines._collect_orphans`).
+* **budgets, orphans, reconcile and probes** — ``agent.datapath.maintenance.Maintenance.tick`` with the budgets of
+  the observed instances (:meth:`NodeEngines.budgets`, this node's shares) and one Store client per tenant, opened
+  lazily, mounting **no** segment (``ENGINE_STORE_SEGMENT_BYTES``: memory it mounted would receive engine objects
+  that vanish with the agent). Blocks of an embedded-mode engine that stopped (its segment left the pool) leave the
+  ledger at the next reconcile like evicted ones.
 
 ``observe=False`` (``--simulate-engines``: the simulator plays the engines and mounts the node's memory) keeps
 step 1 only. No Django here.
@@ -85,36 +64,23 @@ from typing import Any
 
 from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoints
 from agent.contract.scope import CacheScope
+from agent.datapath.maintenance import (
+    DEFAULT_FOREIGN_CHECK_INTERVAL,
+    DEFAULT_PROBE_INTERVAL,
+    DEFAULT_RECONCILE_INTERVAL,
+    DEFAULT_RECONCILE_SAMPLE,
+    Budget,
+    Maintenance,
+    document_budgets,
+)
 from agent.node.accounts import Account, AccountError, privileged, resolve_account
 
 log = logging.getLogger("kvpool.agent.engines")
 
 #: Default seconds between maintenance ticks (hits, budgets).
 DEFAULT_INTERVAL = 2.0
-#: Default seconds between reconciles with the Store (each leases the checked objects for the master's
-#: ``--default_kv_lease_ttl``, 10 s by default in Mooncake 0.3.13.post1: keep this well above it).
-DEFAULT_RECONCILE_INTERVAL = 30.0
 #: Default seconds between ``/metrics`` scrapes of each engine instance.
 DEFAULT_METRICS_INTERVAL = 5.0
-#: Blocks sampled per tenant at each reconcile (every block once a sample finds one gone).
-DEFAULT_RECONCILE_SAMPLE = 64
-#: Default seconds between Store probes: a reconcile of ``PROBE_SAMPLE`` blocks per tenant between the full-sized
-#: ones. A restarted master (no HA) lost every object, so any sampled block is gone and the probe turns into a
-#: reconcile of every block: the ledger matches the Store again within ``probe_interval`` + one tick.
-DEFAULT_PROBE_INTERVAL = 5.0
-#: Blocks a probe checks per tenant (each leased for ``--default_kv_lease_ttl``: a handful, not a budget's worth).
-PROBE_SAMPLE = 4
-#: Seconds between checks of foreign parents (another node's blocks that this node's blocks continue) in the Store.
-DEFAULT_FOREIGN_CHECK_INTERVAL = 5.0
-#: Foreign parents checked per tenant and check (each one that exists is leased for ``--default_kv_lease_ttl``).
-FOREIGN_PARENT_SAMPLE = 32
-#: Seconds before the same foreign parent is checked again: 3x Mooncake's default 10 s read lease, so its writer's
-#: budget removal is refused at most a third of the time.
-FOREIGN_RECHECK_AFTER = 30.0
-#: Most leaf-first removal rounds per tenant and tick when collecting orphans (a round removes one level).
-ORPHAN_ROUNDS = 256
-#: A release or request group over its budget is trimmed to this share of it (as the simulator does).
-BUDGET_LOW_WATER = 0.9
 #: Segment the maintenance Store clients mount: none (they only check and remove keys).
 ENGINE_STORE_SEGMENT_BYTES = 0
 #: Transfer buffer of the maintenance Store clients (bytes; they move no data).
@@ -209,20 +175,22 @@ class NodeEngines:
         self.state_dir = Path(state_dir) if state_dir is not None else self.instance_root.parent
         self.observe = observe
         self.interval = interval
-        self.reconcile_interval = reconcile_interval
         self.metrics_interval = metrics_interval
-        self._last_reconcile: float | None = None   # time.monotonic() of the last reconcile
-        self.reconcile_sample = reconcile_sample
-        self.probe_interval = probe_interval
-        self._last_probe: float | None = None  # time.monotonic() of the last probe or reconcile
         self._store_opener = store_opener
         self.observer_options = dict(observer_options or {})
         self.segment_options = dict(segment_options or {})
         self.budget: Any = None
+        #: The node-maintenance policy (``agent.datapath.maintenance``): budgets, orphans, reconcile, probes.
+        self.maintenance: Maintenance | None = None
         if observe:
             from agent.datapath.budget import BudgetEnforcer
 
             self.budget = BudgetEnforcer(ledger)
+            self.maintenance = Maintenance(node, ledger, self.budget, self._store,
+                                           reconcile_interval=reconcile_interval, reconcile_sample=reconcile_sample,
+                                           probe_interval=probe_interval,
+                                           foreign_check_interval=foreign_check_interval,
+                                           on_problem=self._problem, on_store_failure=self._close_store)
         self.document: ConfigDocument | None = None
         self.observer: Any = None       # agent.engines.vllm.observer.EngineObserver
         self.segment: Any = None        # agent.node.segment.SegmentSupervisor
@@ -230,16 +198,12 @@ class NodeEngines:
         #: What went wrong last, per part (``instance_dirs``, ``unit_dropins``, ``store_client``, ``observer``,
         #: ``store:<tenant>``, ``budget``, ``orphans``); a part that works again is removed.
         self.errors: dict[str, str] = {}
-        self.removed_over_budget = 0
-        self.removed_orphans = 0
         self.proc_root = Path(proc_root)
         self.namespace_scan_interval = namespace_scan_interval
         self._launches: list[Any] = []              # agent.engines.vllm.processes.EngineLaunch of the last scan
         self._launches_at: float | None = None      # time.monotonic() of that scan
         #: Sums of every confirmation step: ``confirmed``, ``unconfirmed`` blocks.
         self.confirm_totals = {"confirmed": 0, "unconfirmed": 0}
-        self.foreign_check_interval = foreign_check_interval
-        self._last_foreign_check: float | None = None
         self.privileged = privileged() if is_privileged is None else is_privileged
         #: instance id -> the account it runs as here, or why it has none (``AccountError``)
         self.accounts: dict[str, Account | AccountError] = {}
@@ -384,6 +348,23 @@ class NodeEngines:
             log.error("node %s: %s", self.node, message)
         self.errors[part] = message
 
+    def _problem(self, part: str, message: str | None) -> None:
+        """``Maintenance``'s report: a step of ``part`` failed (``message``) or works again (None)."""
+        if message is None:
+            self.errors.pop(part, None)
+        else:
+            self._fail(part, message)
+
+    @property
+    def removed_over_budget(self) -> int:
+        """Blocks removed over budget since the agent started."""
+        return self.maintenance.removed_over_budget if self.maintenance is not None else 0
+
+    @property
+    def removed_orphans(self) -> int:
+        """Orphaned blocks removed since the agent started."""
+        return self.maintenance.removed_orphans if self.maintenance is not None else 0
+
     # --- maintenance --------------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -402,17 +383,13 @@ class NodeEngines:
                 log.exception("node %s: engine maintenance tick failed", self.node)
 
     def tick(self, *, reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
-        """One maintenance round: credit engine hits, enforce the budgets (unless ``enforce`` is False), then
-        reconcile the ledger with the Store per tenant when ``reconcile`` (None: when ``reconcile_interval``
-        passed since the last one; ``full``: every block, not a sample), else probe ``PROBE_SAMPLE`` blocks per
-        tenant when ``probe_interval`` passed. Orphans are collected after the budgets (:meth:`_collect_orphans`).
-        Returns counts (``checked`` and ``missing`` blocks, ``removed`` over budget, ``orphans_removed``)."""
-        if not self.observe:
+        """One maintenance round: credit engine hits, confirm the engines' reported writes, then the node-maintenance
+        policy (``agent.datapath.maintenance.Maintenance.tick``: budgets and orphans unless ``enforce`` is False,
+        then a reconcile when ``reconcile`` — None: when the reconcile interval passed; ``full``: every block — or a
+        probe). Returns counts (``checked`` and ``missing`` blocks, ``removed`` over budget, ``orphans_removed``)."""
+        maintenance = self.maintenance
+        if not self.observe or maintenance is None:
             return {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}
-        sample = None if full else self.reconcile_sample
-        now = time.monotonic()
-        if reconcile is None:
-            reconcile = self._last_reconcile is None or now - self._last_reconcile >= self.reconcile_interval
         with self._tick_lock:
             with self._lock:
                 if self.observer is not None:
@@ -422,19 +399,10 @@ class NodeEngines:
                         self._fail("observer", f"observing engines: {exc}")
             self.credit_hits()
             self.confirm_writes()
-            removed = self._enforce_budgets() if enforce else 0
-            orphans = self._collect_orphans(now) if enforce else 0
-            checked = missing = 0
-            if reconcile:
-                self._last_reconcile = self._last_probe = now
-                checked, missing = self._reconcile(sample)
-            elif self.probe_interval > 0 and not self._over_budget() and (
-                    self._last_probe is None or now - self._last_probe >= self.probe_interval):
-                # no probe while a budget is still over: its checks would lease (10 s) the very leaves the
-                # enforcer waits to remove, every 5 s, and the removals could be refused for ever
-                self._last_probe = now
-                checked, missing = self._reconcile(PROBE_SAMPLE)
-        return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
+            tenants = self._tenants()
+            for tenant_id in sorted(set(self._stores) - tenants):
+                self._close_store(tenant_id)
+            return maintenance.tick(self.budgets(), tenants, reconcile=reconcile, full=full, enforce=enforce)
 
     def confirm_writes(self) -> dict[str, int]:
         """Confirm every observed instance's reported Store writes with the Store client of its tenant
@@ -526,123 +494,11 @@ class NodeEngines:
         tenants.update(i.tenant_id for i in self._vllm_instances(self.document))
         return tenants
 
-    def _reconcile(self, sample: int | None) -> tuple[int, int]:
-        checked = missing = 0
-        tenants = self._tenants()
-        for tenant_id in sorted(set(self._stores) - tenants):
-            self._close_store(tenant_id)
-        for tenant_id in sorted(tenants):
-            store = self._store(tenant_id)
-            if store is None:
-                continue
-            try:
-                result = self.ledger.reconcile(store, sample=sample)
-            except Exception as exc:  # the next tick retries (a fresh client if this one broke)
-                self._fail(f"store:{tenant_id}", f"reconciling tenant {tenant_id} with the Store failed: {exc}")
-                self._close_store(tenant_id)
-                continue
-            checked += result.checked
-            missing += result.missing
-            if result.missing:
-                log.info("node %s: %d block(s) of tenant %s left the Store (evicted, or their engine's segment "
-                         "went)", self.node, result.missing, tenant_id)
-        return checked, missing
-
-    def budgets(self) -> list[tuple[list[CacheScope], int, str]]:
-        """The budgets of the observed instances' releases and request groups: ``(scopes, node_budget_bytes,
-        tenant_id)`` (this node's share, bytes), one per release / group (a release's scopes are every request
-        group the ledger holds of it)."""
-        release_budgets: dict[CacheScope, tuple[int, str]] = {}
-        group_budgets: dict[CacheScope, tuple[int, str]] = {}
-        for instance in self._vllm_instances(self.document):
-            release = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace)
-            if instance.node_budget_bytes is not None:
-                release_budgets[release] = (instance.node_budget_bytes, instance.tenant_id)
-            for group in instance.request_groups:
-                if group.node_budget_bytes is not None:
-                    group_budgets[release._replace(request_group=group.name)] = (group.node_budget_bytes,
-                                                                                  instance.tenant_id)
-        out: list[tuple[list[CacheScope], int, str]] = [([scope], budget, tenant)
-                                                        for scope, (budget, tenant) in group_budgets.items()]
-        tables = [t.scope for t in self.ledger.tables()]
-        for release, (budget, tenant) in release_budgets.items():
-            out.append(([s for s in tables if s.release_scope() == release] or [release], budget, tenant))
-        return out
-
-    def _over_budget(self) -> bool:
-        """Whether some release or request group still holds more bytes than its budget (a removal was refused)."""
-        if self.budget is None:
-            return False
-        return any(self.budget.used_bytes(scopes) > budget for scopes, budget, _tenant in self.budgets())
-
-    def _enforce_budgets(self) -> int:
-        from agent.datapath.budget import store_remover
-
-        removed = 0
-        for scopes, budget, tenant_id in self.budgets():
-            if self.budget.used_bytes(scopes) <= budget:
-                continue
-            store = self._store(tenant_id)
-            if store is None:
-                continue
-            try:
-                keys = self.budget.enforce(scopes, budget, store_remover(store, self.ledger),
-                                           low_water=BUDGET_LOW_WATER)
-            except Exception as exc:
-                self._fail("budget", f"holding {scopes[0].release_scope().label} under {budget} bytes failed: {exc}")
-                continue
-            self.errors.pop("budget", None)
-            if keys:
-                removed += len(keys)
-                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
-                         scopes[0].label if len(scopes) == 1 else scopes[0].release_scope().label, budget)
-        self.removed_over_budget += removed
-        return removed
-
-    def _collect_orphans(self, now: float) -> int:
-        """Remove this node's orphans from the Store, per tenant; returns how many blocks went.
-
-        Every ``foreign_check_interval`` seconds first checks up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per
-        tenant (``Ledger.check_foreign_parents``; none again within ``FOREIGN_RECHECK_AFTER`` seconds, for the
-        read leases a check takes). Then, when the ledger holds orphans (owned blocks below a block known to be
-        gone: removed by another node's budget, evicted by the master), it re-checks the missing blocks they hang
-        below (``Ledger.confirm_cuts``: one written again un-orphans its subtree) and removes the orphans by exact
-        key, leaves first, never forced (``agent.datapath.budget.store_remover``; a leased block stays for a later
-        tick); the ledger forgets them (``agent_evicted_blocks``)."""
-        from agent.datapath.budget import store_remover
-
-        check = self._last_foreign_check is None or now - self._last_foreign_check >= self.foreign_check_interval
-        if check:
-            self._last_foreign_check = now
-        removed = 0
-        for tenant_id in sorted(self._tenants()):
-            if not check and not self.ledger.orphan_leaves(tenant_id):
-                continue
-            store = self._store(tenant_id)
-            if store is None:
-                continue
-            try:
-                if check:
-                    self.ledger.check_foreign_parents(store, limit=FOREIGN_PARENT_SAMPLE,
-                                                      recheck_after=FOREIGN_RECHECK_AFTER)
-                if not self.ledger.orphan_leaves(tenant_id):
-                    continue
-                self.ledger.confirm_cuts(store, tenant_id)
-                remove = store_remover(store, self.ledger)
-                for _ in range(ORPHAN_ROUNDS):
-                    leaves = self.ledger.orphan_leaves(tenant_id)
-                    freed = sum(remove(ks, hashes) for ks, hashes in leaves.items())
-                    removed += freed
-                    if not freed:
-                        break
-            except Exception as exc:  # the next tick retries
-                self._fail("orphans", f"collecting orphans of tenant {tenant_id} failed: {exc}")
-                continue
-            self.errors.pop("orphans", None)
-        if removed:
-            log.info("node %s: removed %d orphaned block(s) (their parent left the Store)", self.node, removed)
-        self.removed_orphans += removed
-        return removed
+    def budgets(self) -> list[Budget]:
+        """The budgets of the observed instances' releases and request groups
+        (``agent.datapath.maintenance.document_budgets``: a release's scopes are every request group the ledger
+        holds of it)."""
+        return document_budgets(self._vllm_instances(self.document), [t.scope for t in self.ledger.tables()])
 
     # --- hits ---------------------------------------------------------------------------------------------
 
@@ -775,6 +631,6 @@ def _ints(values: Mapping[str, Any] | Iterable[Any]) -> dict[str, int]:
     return {str(name): int(value) for name, value in dict(values).items()}
 
 
-__all__ = ["BUDGET_LOW_WATER", "DEFAULT_INTERVAL", "DEFAULT_METRICS_INTERVAL", "DEFAULT_RECONCILE_INTERVAL",
+__all__ = ["DEFAULT_INTERVAL", "DEFAULT_METRICS_INTERVAL", "DEFAULT_RECONCILE_INTERVAL",
            "ENGINE_GC_THRESHOLD", "NAMESPACE_SCAN_INTERVAL",
            "ENGINE_STORE_SEGMENT_BYTES", "NodeEngines", "tune_gc"]

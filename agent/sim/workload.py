@@ -6,9 +6,9 @@ config document, with the same key spaces, key grammar and zero-copy transfers, 
 
 * **prefill** (role ``prefill`` or ``both``): look up the request's prefix, load the hit blocks from the Store,
   "compute" the missing ones (fill their cache slots with a pattern derived from the block hash) and save them,
-  then keep the request group's and the release's bytes on this node under their ``node_budget_bytes`` with
-  :class:`agent.datapath.budget.BudgetEnforcer` (leaves chosen by the prefix-aware eviction policy, never a block with a
-  cached descendant, so no orphans);
+  then keep the request group's and the release's bytes on this node under their budgets (this node's shares)
+  with the agent's node-maintenance policy (``agent.datapath.maintenance``: leaves chosen by the prefix-aware
+  eviction policy, never a block with a cached descendant, so no orphans);
 * **decode** (role ``decode``): look up the prefix and load what the prefill instance stored, checking that
   every loaded byte equals what prefill wrote (the prefill/decode sharing of the seed).
 
@@ -17,6 +17,9 @@ one :class:`WorkItem` per request, each naming an instance of the applied docume
 prefill item may name a decode instance on another node; as soon as a request's prefill is done, the prefill
 node hands it to that node's queue (a one-item batch), as a P/D router forwards a request once its prefill is
 done, so a decode never runs before the blocks it loads were saved, and runs while they are still fresh.
+
+Between writes, every ``reconcile_seconds``, the simulator runs the rest of that policy as the agent does for real
+engines: orphan collection (blocks below one the master evicted), reconcile with the Store and probes.
 
 Hits, misses, stored, loaded and evicted blocks go into the node's :class:`agent.datapath.ledger.Ledger` (reported by
 the daemon); :meth:`EngineSimulator.snapshot` adds the requests in flight per cache scope. What each batch did
@@ -66,8 +69,6 @@ DEFAULT_CACHE_BLOCKS = 64
 HANDOFF_EXPIRES_SECONDS = 600
 #: Seconds between checks of stored blocks against the Store (master evictions show up in the ledger).
 DEFAULT_RECONCILE_SECONDS = 2.0
-#: A release over its budget is trimmed to this share of it (room for a few requests before the next trim).
-BUDGET_LOW_WATER = 0.9
 
 
 # --- messages ------------------------------------------------------------------------------------------------
@@ -331,6 +332,7 @@ class _Applied:
     version: int
     store: Mapping[str, Any]
     instances: Mapping[str, _Instance]
+    specs: tuple[Any, ...] = ()  # the document's InstanceSpec objects (their budgets)
 
 
 def _pattern(block_hash: bytes, size: int) -> bytes:
@@ -388,11 +390,16 @@ class EngineSimulator:
         self._engines: dict[tuple[str, ...], tuple[Any, Any]] = {}
         self._stores: dict[tuple[Any, ...], Any] = {}
         self._mounted = False
-        self._last_reconcile = time.monotonic()
         self.batches = 0
         from agent.datapath.budget import BudgetEnforcer
+        from agent.datapath.maintenance import Maintenance
 
         self.budget = BudgetEnforcer(ledger)
+        #: The node-maintenance policy the agent runs for real engines (``agent.datapath.maintenance``): budgets
+        #: after each write, orphans, reconcile and probes every ``reconcile_seconds`` (under the batch lock).
+        self.maintenance = Maintenance(node, ledger, self.budget, self._tenant_store,
+                                       reconcile_interval=reconcile_seconds)
+        self.maintenance.last_reconcile = time.monotonic()  # the first reconcile one interval after start
 
     # --- config ---------------------------------------------------------------------------------------------
 
@@ -408,7 +415,7 @@ class EngineSimulator:
         instances: dict[str, _Instance] = {}
         for spec in document.instances:
             instances[spec.instance_id] = self._bind(spec)
-        self._applied = _Applied(document.version, document.store.model_dump(), instances)
+        self._applied = _Applied(document.version, document.store.model_dump(), instances, tuple(document.instances))
         self._prune(self._applied)
         overridden = [i for i in instances.values() if i.overridden]
         for inst in overridden:
@@ -709,34 +716,29 @@ class EngineSimulator:
                 raise
             result.stored_blocks += put.stored
             result.bytes_written += put.bytes_written
-        group_budget = inst.group_budgets.get(item.request_group)
-        if group_budget is not None or inst.node_budget_bytes:
-            result.evicted_blocks += self._keep_budget(inst, ks, group_budget, connector)
+        if inst.group_budgets or inst.node_budget_bytes is not None:  # a share of 0 keeps nothing
+            result.evicted_blocks += self._keep_budget(applied, inst)
 
-    def _keep_budget(self, inst: _Instance, ks: KeySpace, group_budget: int | None, connector: Any) -> int:
-        """Hold the request group (when it has its own budget) and then the release (every group of it on this
-        node) under their budgets; returns blocks removed.
+    def _keep_budget(self, applied: _Applied, inst: _Instance) -> int:
+        """Hold the request groups with a budget and then the release that ``inst`` writes under their budgets
+        right after its write; returns blocks removed. The budgets and their enforcement are the agent's
+        (``agent.datapath.maintenance``: leaves only, never forced, down to ``BUDGET_LOW_WATER``), so no block is
+        orphaned and a leased block (another client reads it) stays for a later round."""
+        release = inst.release_scope
+        budgets = [b for b in self._budgets(applied) if b.scopes[0].release_scope() == release]
+        return self.maintenance.enforce_budgets(budgets)
 
-        Over budget, :attr:`budget` (:class:`agent.datapath.budget.BudgetEnforcer`, the prefix-aware policy of
-        ``agent.datapath.eviction``) removes leaves until the bytes are at ``BUDGET_LOW_WATER`` of the budget: a block
-        goes only after every cached descendant, so no block is orphaned and every remaining prefix can still hit.
+    def _budgets(self, applied: _Applied) -> list[Any]:
+        from agent.datapath.maintenance import document_budgets
 
-        Removal is not forced: an object another client is reading holds a lease (Mooncake 0.3.13.post1 grants
-        one per read, ``--default_kv_lease_ttl``) and the master refuses to remove it (-706). Such a block stays
-        and is tried again later; a forced removal would free memory under the reader's transfer and hand it
-        bytes of whatever object is written there next.
-        """
-        from agent.datapath.budget import connector_remover
+        return document_budgets(applied.specs, [t.scope for t in self.ledger.tables()])
 
-        remove = connector_remover(connector)
-        removed = 0
-        if group_budget is not None:
-            removed += len(self.budget.enforce(ks.scope, group_budget, remove, low_water=BUDGET_LOW_WATER))
-        if inst.node_budget_bytes:
-            release = inst.release_scope
-            ids = [t.scope for t in self.ledger.tables() if t.scope.release_scope() == release]
-            removed += len(self.budget.enforce(ids, inst.node_budget_bytes, remove, low_water=BUDGET_LOW_WATER))
-        return removed
+    def _tenant_store(self, tenant_id: str) -> Any | None:
+        """The store client of ``tenant_id`` for the applied document (opened on first use)."""
+        applied = self._applied
+        if applied is None:
+            return None
+        return self._store(applied.store, tenant_id)
 
     def _decode(self, applied: _Applied, inst: _Instance, ks: KeySpace, item: WorkItem,
                 result: BatchResult) -> None:
@@ -746,15 +748,21 @@ class EngineSimulator:
             self._load(cache, connector, ks, hashes[:hit], result)
 
     def _maybe_reconcile(self) -> None:
-        """Every ``reconcile_seconds``: check stored blocks against the Store, so master evictions are counted."""
-        if not self.reconcile_seconds or time.monotonic() - self._last_reconcile < self.reconcile_seconds:
+        """A round of the agent's node-maintenance policy (``agent.datapath.maintenance.Maintenance.tick``) every
+        ``reconcile_seconds``: budgets, orphans (blocks below one the master evicted), then a reconcile with the
+        Store, so master evictions are counted; a probe between reconciles. Never with ``reconcile_seconds`` 0."""
+        applied = self._applied
+        if not self.reconcile_seconds or applied is None:
             return
-        self._last_reconcile = time.monotonic()
-        for client in list(self._stores.values()):
-            try:
-                self.ledger.reconcile(client)
-            except Exception:  # telemetry only: the next round retries
-                log.warning("node %s: reconciling tenant %s failed", self.node, client.tenant_id, exc_info=True)
+        last = self.maintenance.last_probe or self.maintenance.last_reconcile
+        if last is not None and time.monotonic() - last < min(self.reconcile_seconds, self.maintenance.probe_interval):
+            return
+        tenants = {inst.tenant_id for inst in applied.instances.values()}
+        tenants.update(t.scope.tenant_id for t in self.ledger.tables() if t.blocks > 0)
+        try:
+            self.maintenance.tick(self._budgets(applied), tenants)
+        except Exception:  # the next round retries
+            log.warning("node %s: maintenance round failed", self.node, exc_info=True)
 
     def maintain(self) -> None:
         """Reconcile between batches, so an idle node's ledger follows the Store too (a master restart loses every

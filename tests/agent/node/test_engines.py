@@ -250,10 +250,10 @@ def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_bloc
     store = opener(engines.document.store, meta(RUN)["tenant_id"])
     store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
     assert engines.tick()["checked"] == 19  # the first tick reconciles; the next reconcile is 30 s away
-    engines.probe_interval = 0
+    engines.maintenance.probe_interval = 0
     assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}  # no probe
     store.objects = {}  # the master restarted: every object is gone
-    engines.probe_interval = 0.01
+    engines.maintenance.probe_interval = 0.01
     time.sleep(0.02)
     counts = engines.tick()
     assert counts["missing"] == 19 and counts["checked"] == 4 + 19  # the probe's sample, then every block

@@ -9,7 +9,8 @@ import pytest
 
 from agent.datapath.keyspace import KeySpace
 from agent.datapath.ledger import Ledger, Outcome
-from agent.node.engines import FOREIGN_RECHECK_AFTER, NodeEngines
+from agent.datapath.maintenance import FOREIGN_RECHECK_AFTER
+from agent.node.engines import NodeEngines
 from tests.agent.node.test_engines import document, spec
 from tests.support.fakes import FakeStore
 
@@ -166,7 +167,7 @@ def test_a_node_removes_its_blocks_orphaned_by_another_nodes_trim_by_exact_key_w
     # node-a trims block 4 (a leaf of its ledger)
     del store.objects[n.primary_key(h[4])]
     node_a.ledger.record_removed(n, [h[4]])
-    node_b._last_foreign_check = None  # the next tick checks foreign parents (not again within the period)
+    node_b.maintenance.last_foreign_check = None  # the next tick checks foreign parents (not again within the period)
     node_b.ledger.clock = lambda: 1e9  # and the parent's last check is long past
     counts = node_b.tick(reconcile=False)
     assert counts["orphans_removed"] == 5

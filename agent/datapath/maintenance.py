@@ -1,0 +1,263 @@
+"""One node's upkeep of its ledger against the Store: budgets, orphan collection, reconcile and lease-aware probes.
+
+This is the one implementation of the node-maintenance policy. The agent runs it for real engines
+(``agent.node.engines.NodeEngines.tick``) and the engine simulator for its own writes (``agent.sim.workload``), so
+the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this order:
+
+1. **budgets** — every release and request group over its budget (:class:`Budget`, from the applied document:
+   :func:`document_budgets`; each node holds its own share) is trimmed to ``BUDGET_LOW_WATER`` of it by
+   ``agent.datapath.budget.BudgetEnforcer`` (the prefix-aware policy): leaf blocks only, removed by exact key,
+   never forced (``agent.datapath.budget.store_remover``), so no block is orphaned, and a block another client reads
+   (a read lease) stays until a later round;
+2. **orphans** — blocks of this node below a block known to be gone (evicted by the master, removed by another
+   node's budget) cannot be hit (a prompt's blocks are looked up in order): every ``foreign_check_interval`` seconds
+   up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per tenant are checked (``Ledger.check_foreign_parents``; none
+   again within ``FOREIGN_RECHECK_AFTER`` seconds, as each check leases an existing object), the cuts are
+   re-checked (``Ledger.confirm_cuts``: a parent written again un-orphans its subtree) and the orphans are removed
+   leaves first, never forced;
+3. **reconcile** — every ``reconcile_interval`` seconds the ledger's present blocks of each tenant are checked
+   against the Store (``Ledger.reconcile``: a sample of ``reconcile_sample``, every block once a sample finds one
+   gone), so master evictions leave the ledger; between reconciles a **probe** of ``PROBE_SAMPLE`` blocks per
+   tenant every ``probe_interval`` seconds catches a restarted master (every object lost) within seconds. Mooncake
+   0.3.13.post1's ``batch_is_exist`` grants each existing object it checks a read lease (``--default_kv_lease_ttl``,
+   10 s by default, measured), so no probe runs while a budget is still over: its leases would hold the very leaves
+   the enforcer waits to remove.
+
+Store clients come from the caller (``store_for(tenant_id)``, one per tenant, None while it cannot be opened). A
+failing step is reported through ``on_problem(part, message)`` (``budget``, ``orphans``, ``store:<tenant>``) and
+``on_problem(part, None)`` once it works again; ``on_store_failure(tenant_id)`` lets the caller drop a client that
+broke. No Django here; sizes are bytes, intervals seconds of ``time.monotonic``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+from agent.contract.scope import CacheScope
+
+log = logging.getLogger("kvpool.agent.maintenance")
+
+#: A release or request group over its budget is trimmed to this share of it.
+BUDGET_LOW_WATER = 0.9
+#: Default seconds between reconciles with the Store (each leases the checked objects for the master's
+#: ``--default_kv_lease_ttl``, 10 s by default in Mooncake 0.3.13.post1: keep this well above it).
+DEFAULT_RECONCILE_INTERVAL = 30.0
+#: Blocks sampled per tenant at each reconcile (every block once a sample finds one gone).
+DEFAULT_RECONCILE_SAMPLE = 64
+#: Default seconds between Store probes of ``PROBE_SAMPLE`` blocks per tenant between reconciles.
+DEFAULT_PROBE_INTERVAL = 5.0
+#: Blocks a probe checks per tenant (each leased for ``--default_kv_lease_ttl``: a handful, not a budget's worth).
+PROBE_SAMPLE = 4
+#: Seconds between checks of foreign parents (another node's blocks that this node's blocks continue).
+DEFAULT_FOREIGN_CHECK_INTERVAL = 5.0
+#: Foreign parents checked per tenant and check (each one that exists is leased for ``--default_kv_lease_ttl``).
+FOREIGN_PARENT_SAMPLE = 32
+#: Seconds before the same foreign parent is checked again: 3x Mooncake's default 10 s read lease, so its writer's
+#: budget removal is refused at most a third of the time.
+FOREIGN_RECHECK_AFTER = 30.0
+#: Most leaf-first removal rounds per tenant and round when collecting orphans (a removal round frees one level).
+ORPHAN_ROUNDS = 256
+
+
+class Budget(NamedTuple):
+    """One budget to hold: ``scopes`` (one request group, or every group of a release that the ledger holds),
+    ``node_budget_bytes`` (this node's share) and the ``tenant_id`` whose Store client removes the blocks."""
+
+    scopes: list[CacheScope]
+    node_budget_bytes: int
+    tenant_id: str
+
+    @property
+    def label(self) -> str:
+        """The group's label, or the release's for a release budget."""
+        return self.scopes[0].label if len(self.scopes) == 1 else self.scopes[0].release_scope().label
+
+
+def document_budgets(instances: Iterable[Any], held: Iterable[CacheScope]) -> list[Budget]:
+    """The budgets of ``instances`` (``agent.contract.messages.InstanceSpec``: ``node_budget_bytes`` of the release
+    and of each of its ``request_groups``, this node's shares; None = no budget): one per request group with a budget,
+    then one per release with a budget over every scope of it in ``held`` (the ledger's tables; the release scope
+    alone when none)."""
+    release_budgets: dict[CacheScope, tuple[int, str]] = {}
+    group_budgets: dict[CacheScope, tuple[int, str]] = {}
+    for instance in instances:
+        release = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace)
+        if instance.node_budget_bytes is not None:
+            release_budgets[release] = (instance.node_budget_bytes, instance.tenant_id)
+        for group in instance.request_groups:
+            if group.node_budget_bytes is not None:
+                group_budgets[release._replace(request_group=group.name)] = (group.node_budget_bytes,
+                                                                              instance.tenant_id)
+    out = [Budget([scope], budget, tenant) for scope, (budget, tenant) in group_budgets.items()]
+    tables = list(held)
+    for release, (budget, tenant) in release_budgets.items():
+        out.append(Budget([s for s in tables if s.release_scope() == release] or [release], budget, tenant))
+    return out
+
+
+class Maintenance:
+    """The node-maintenance policy over one ``agent.datapath.ledger.Ledger`` (module docstring).
+
+    Args:
+        node: this node's name (log lines).
+        ledger: the node's ledger.
+        budget: the ``agent.datapath.budget.BudgetEnforcer`` listening on ``ledger``.
+        store_for: ``tenant_id -> StoreClient`` (``agent.datapath.store``) or None while none can be opened.
+        reconcile_interval / reconcile_sample / probe_interval / foreign_check_interval: as the module docstring
+            says (``probe_interval`` <= 0: no probes; ``reconcile_interval`` <= 0: a reconcile every round;
+            ``reconcile_sample`` None: every block).
+        on_problem: ``(part, message or None)`` — a step failed (message) or works again (None).
+        on_store_failure: ``tenant_id`` whose Store client raised (the caller may reopen it next round).
+
+    Not thread-safe: one caller runs the rounds (the maintenance thread, or the simulator under its batch lock).
+    Counters: :attr:`removed_over_budget`, :attr:`removed_orphans` (blocks, since creation).
+    """
+
+    def __init__(self, node: str, ledger: Any, budget: Any, store_for: Callable[[str], Any | None], *,
+                 reconcile_interval: float = DEFAULT_RECONCILE_INTERVAL,
+                 reconcile_sample: int | None = DEFAULT_RECONCILE_SAMPLE,
+                 probe_interval: float = DEFAULT_PROBE_INTERVAL,
+                 foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
+                 on_problem: Callable[[str, str | None], None] | None = None,
+                 on_store_failure: Callable[[str], None] | None = None) -> None:
+        self.node = node
+        self.ledger = ledger
+        self.budget = budget
+        self.store_for = store_for
+        self.reconcile_interval = reconcile_interval
+        self.reconcile_sample = reconcile_sample
+        self.probe_interval = probe_interval
+        self.foreign_check_interval = foreign_check_interval
+        self._on_problem = on_problem
+        self._on_store_failure = on_store_failure
+        self.last_reconcile: float | None = None     # time.monotonic() of the last reconcile
+        self.last_probe: float | None = None         # ... of the last probe or reconcile
+        self.last_foreign_check: float | None = None  # ... of the last check of foreign parents
+        self.removed_over_budget = 0
+        self.removed_orphans = 0
+
+    # --- a round ------------------------------------------------------------------------------------------
+
+    def tick(self, budgets: list[Budget], tenants: Iterable[str], *, now: float | None = None,
+             reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
+        """One round: budgets and orphans (unless ``enforce`` is False), then a reconcile when ``reconcile`` (None:
+        when ``reconcile_interval`` passed since the last one; ``full``: every block, not a sample), else a probe
+        when ``probe_interval`` passed and no budget is still over. Returns ``checked`` and ``missing`` blocks,
+        ``removed`` over budget and ``orphans_removed``."""
+        now = time.monotonic() if now is None else now
+        tenants = sorted(set(tenants))
+        if reconcile is None:
+            reconcile = self.last_reconcile is None or now - self.last_reconcile >= self.reconcile_interval
+        removed = self.enforce_budgets(budgets) if enforce else 0
+        orphans = self.collect_orphans(tenants, now) if enforce else 0
+        checked = missing = 0
+        if reconcile:
+            self.last_reconcile = self.last_probe = now
+            checked, missing = self.reconcile(tenants, None if full else self.reconcile_sample)
+        elif self.probe_interval > 0 and not self.over_budget(budgets) and (
+                self.last_probe is None or now - self.last_probe >= self.probe_interval):
+            self.last_probe = now
+            checked, missing = self.reconcile(tenants, PROBE_SAMPLE)
+        return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
+
+    # --- the steps ----------------------------------------------------------------------------------------
+
+    def over_budget(self, budgets: Iterable[Budget]) -> bool:
+        """Whether some budget is still passed (a removal was refused under a read lease)."""
+        return any(self.budget.used_bytes(b.scopes) > b.node_budget_bytes for b in budgets)
+
+    def enforce_budgets(self, budgets: Iterable[Budget]) -> int:
+        """Trim every budget passed to ``BUDGET_LOW_WATER`` of it; returns blocks removed."""
+        from agent.datapath.budget import store_remover
+
+        removed = 0
+        for item in budgets:
+            if self.budget.used_bytes(item.scopes) <= item.node_budget_bytes:
+                continue
+            store = self.store_for(item.tenant_id)
+            if store is None:
+                continue
+            try:
+                keys = self.budget.enforce(item.scopes, item.node_budget_bytes, store_remover(store, self.ledger),
+                                           low_water=BUDGET_LOW_WATER)
+            except Exception as exc:
+                self._problem("budget", f"holding {item.label} under {item.node_budget_bytes} bytes failed: {exc}")
+                continue
+            self._problem("budget", None)
+            if keys:
+                removed += len(keys)
+                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
+                         item.label, item.node_budget_bytes)
+        self.removed_over_budget += removed
+        return removed
+
+    def collect_orphans(self, tenants: Iterable[str], now: float) -> int:
+        """Remove this node's orphans from the Store, per tenant of ``tenants`` (module docstring, step 2);
+        returns blocks removed (the ledger forgets them: ``agent_evicted_blocks``)."""
+        from agent.datapath.budget import store_remover
+
+        check = self.last_foreign_check is None or now - self.last_foreign_check >= self.foreign_check_interval
+        if check:
+            self.last_foreign_check = now
+        removed = 0
+        for tenant_id in sorted(tenants):
+            if not check and not self.ledger.orphan_leaves(tenant_id):
+                continue
+            store = self.store_for(tenant_id)
+            if store is None:
+                continue
+            try:
+                if check:
+                    self.ledger.check_foreign_parents(store, limit=FOREIGN_PARENT_SAMPLE,
+                                                      recheck_after=FOREIGN_RECHECK_AFTER)
+                if not self.ledger.orphan_leaves(tenant_id):
+                    continue
+                self.ledger.confirm_cuts(store, tenant_id)
+                remove = store_remover(store, self.ledger)
+                for _ in range(ORPHAN_ROUNDS):
+                    leaves = self.ledger.orphan_leaves(tenant_id)
+                    freed = sum(remove(ks, hashes) for ks, hashes in leaves.items())
+                    removed += freed
+                    if not freed:
+                        break
+            except Exception as exc:  # the next round retries
+                self._problem("orphans", f"collecting orphans of tenant {tenant_id} failed: {exc}")
+                continue
+            self._problem("orphans", None)
+        if removed:
+            log.info("node %s: removed %d orphaned block(s) (their parent left the Store)", self.node, removed)
+        self.removed_orphans += removed
+        return removed
+
+    def reconcile(self, tenants: Iterable[str], sample: int | None) -> tuple[int, int]:
+        """Check ``sample`` present blocks of each tenant (None: all) against the Store; returns ``(checked,
+        missing)`` blocks (missing ones left the ledger)."""
+        checked = missing = 0
+        for tenant_id in sorted(tenants):
+            store = self.store_for(tenant_id)
+            if store is None:
+                continue
+            try:
+                result = self.ledger.reconcile(store, sample=sample)
+            except Exception as exc:  # the next round retries (a fresh client if this one broke)
+                self._problem(f"store:{tenant_id}", f"reconciling tenant {tenant_id} with the Store failed: {exc}")
+                if self._on_store_failure is not None:
+                    self._on_store_failure(tenant_id)
+                continue
+            checked += result.checked
+            missing += result.missing
+            if result.missing:
+                log.info("node %s: %d block(s) of tenant %s left the Store (evicted, or their writer's segment went)",
+                         self.node, result.missing, tenant_id)
+        return checked, missing
+
+    def _problem(self, part: str, message: str | None) -> None:
+        if self._on_problem is not None:
+            self._on_problem(part, message)
+        elif message is not None:
+            log.error("node %s: %s", self.node, message)
+
+
+__all__ = ["BUDGET_LOW_WATER", "Budget", "Maintenance", "document_budgets"]

@@ -1,0 +1,89 @@
+"""The one node-maintenance policy (``agent.datapath.maintenance``): budgets from a document, leaf-first trims,
+orphan collection below an evicted block, and the reconcile/probe schedule; the simulator and the real-engine path
+run this same object (``EngineSimulator.maintenance``, ``NodeEngines.maintenance``)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from agent.contract.scope import CacheScope
+from agent.datapath.budget import BudgetEnforcer
+from agent.datapath.ledger import Ledger
+from agent.datapath.maintenance import PROBE_SAMPLE, Budget, Maintenance, document_budgets
+from tests.agent.datapath.test_budget_unit import check_no_orphans, make, put
+
+
+def _spec(namespace: str, budget: int | None, groups: dict[str, int | None]) -> SimpleNamespace:
+    return SimpleNamespace(tenant_id="t", served_model_name="m", namespace=namespace, node_budget_bytes=budget,
+                           request_groups=[SimpleNamespace(name=n, node_budget_bytes=b) for n, b in groups.items()])
+
+
+def test_document_budgets_group_budgets_first_then_each_release_over_the_scopes_held():
+    held = [CacheScope("t", "m", "r1", "a"), CacheScope("t", "m", "r1", "b"), CacheScope("t", "m", "r2", "a")]
+    budgets = document_budgets([_spec("r1", 100, {"a": 10, "b": None}), _spec("r2", None, {"a": None}),
+                                _spec("r3", 0, {})], held)
+    assert budgets == [Budget([CacheScope("t", "m", "r1", "a")], 10, "t"),
+                       Budget(held[:2], 100, "t"),
+                       Budget([CacheScope("t", "m", "r3")], 0, "t")]  # a share of 0 keeps nothing
+
+
+def _policy(ledger, store, enforcer=None, **kwargs):
+    return Maintenance("node-a", ledger, enforcer or BudgetEnforcer(ledger), lambda tenant: store, **kwargs)
+
+
+def test_a_round_trims_a_release_over_its_budget_leaf_first_then_reconciles():
+    store, ns, ledger, connector, enforcer = make()
+    for start in (0, 100, 200):
+        put(connector, ns, [1, 2, 3, *range(start + 10, start + 14)])  # three chains under a shared prefix
+    size = ledger.table(ns).bytes // ledger.table(ns).blocks
+    maintenance = _policy(ledger, store, enforcer)
+    budget = [Budget([ns.scope], 8 * size, "alpha")]
+    counts = maintenance.tick(budget, ["alpha"], now=100.0)
+    assert counts["removed"] > 0 and ledger.table(ns).bytes <= 8 * size and counts["checked"] > 0
+    check_no_orphans(ledger, ns, store)
+    assert maintenance.removed_over_budget == counts["removed"]
+    # inside the reconcile interval, no budget over: a probe of PROBE_SAMPLE blocks once the probe interval passed
+    assert maintenance.tick(budget, ["alpha"], now=101.0)["checked"] == 0
+    assert maintenance.tick(budget, ["alpha"], now=106.0)["checked"] == PROBE_SAMPLE
+
+
+def test_orphans_below_a_block_the_master_evicted_are_collected_leaves_first():
+    store, ns, ledger, connector, enforcer = make()
+    hashes = put(connector, ns, list(range(1, 9)))
+    for key in ns.keys_for(hashes[3]):  # the master evicts a block mid-chain: 4 blocks below it cannot be hit
+        del store.objects[key]
+    maintenance = _policy(ledger, store, enforcer)
+    counts = maintenance.tick([], ["alpha"], now=0.0, full=True)
+    assert counts["missing"] == 1
+    counts = maintenance.tick([], ["alpha"], now=1.0)
+    assert counts["orphans_removed"] == 4 and maintenance.removed_orphans == 4
+    assert {k for h in hashes[:3] for k in ns.keys_for(h)} == set(store.objects)
+    check_no_orphans(ledger, ns, store)
+
+
+def test_a_store_failure_is_reported_and_the_client_dropped():
+    store, ns, ledger, connector, enforcer = make()
+    put(connector, ns, [1, 2, 3])
+    problems, dropped = [], []
+
+    class Broken:
+        tenant_id = "alpha"
+
+        def exists(self, keys):
+            raise ConnectionError("master gone")
+
+        batch_is_exist = exists
+
+    maintenance = Maintenance("node-a", ledger, enforcer, lambda tenant: Broken(),
+                              on_problem=lambda part, message: problems.append((part, message)),
+                              on_store_failure=dropped.append)
+    assert maintenance.tick([], ["alpha"], now=0.0, enforce=False) == {"checked": 0, "missing": 0, "removed": 0,
+                                                                       "orphans_removed": 0}
+    assert dropped == ["alpha"] and problems[0][0] == "store:alpha" and "master gone" in problems[0][1]
+
+
+def test_the_simulator_and_the_engine_path_run_this_policy():
+    from agent.node.engines import NodeEngines
+    from agent.sim.workload import EngineSimulator
+
+    assert isinstance(EngineSimulator("node-a", Ledger()).maintenance, Maintenance)
+    assert isinstance(NodeEngines("node-a", Ledger(), "/nonexistent", interval=0).maintenance, Maintenance)
