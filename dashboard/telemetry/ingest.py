@@ -215,36 +215,41 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     samples = []
     facts: list[tuple[Report, list[InstanceFacts]]] = []
     refused: dict[str, _RefusedRows] = {}
-    outside: dict[tuple[str, int], set[tuple[str, str, str]]] = {}
-    for report in fresh:
-        document = documents[(report.node, report.applied_version)]
-        names = outside.setdefault((report.node, report.sequence), set())
-        for row in report.scopes:
-            if (row.scope not in document.scopes and document.could_be_unregistered(row.scope)
-                    and len(names) < UNREGISTERED_PER_REPORT):
-                names.add((row.tenant_id, row.served_model_name, row.namespace))
-    unregistered = unregistered_namespaces(set().union(*outside.values()))
+    kept: dict[tuple[str, int], tuple[int, int]] = {}  # (node, sequence) -> occupancy rows, instance rows kept
+    # rows outside the document that an unregistered namespace may explain: decided after one registry query
+    outside: list[tuple[Report, tuple[str, str, str], Any]] = []
     for report in fresh:
         document = documents[(report.node, report.applied_version)]
         scopes, identities = document.scopes, document.instances
-        kept = 0
+        rows_kept = 0
+        names: set[tuple[str, str, str]] = set()
         for row in report.scopes:
-            triple = (row.tenant_id, row.served_model_name, row.namespace)
-            if row.scope in scopes or (triple in unregistered and triple in outside[(report.node, report.sequence)]
-                                       and document.could_be_unregistered(row.scope)):
-                samples.append((raw, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
-                                row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes,
-                                row.in_flight_requests, row.puts, row.gets, row.hit_blocks, row.miss_blocks,
-                                row.evicted_blocks, 1))
-                kept += 1
+            if row.scope in scopes:
+                samples.append(_sample(raw, report, row))
+                rows_kept += 1
+            elif document.could_be_unregistered(row.scope):
+                triple = (row.tenant_id, row.served_model_name, row.namespace)
+                if triple in names or len(names) < UNREGISTERED_PER_REPORT:
+                    names.add(triple)
+                    outside.append((report, triple, row))
         instances = [stats for stats in report.instances
                      if (stats.instance_id, stats.engine, stats.tenant_id, stats.served_model_name,
                          stats.namespace) in identities]
         if instances:
             facts.append((report, instances))
-        if kept < len(report.scopes) or len(instances) < len(report.instances):
+        kept[(report.node, report.sequence)] = (rows_kept, len(instances))
+    if outside:
+        unregistered = unregistered_namespaces({triple for _, triple, _ in outside})
+        for report, triple, row in outside:
+            if triple in unregistered:
+                samples.append(_sample(raw, report, row))
+                rows_kept, instances_kept = kept[(report.node, report.sequence)]
+                kept[(report.node, report.sequence)] = (rows_kept + 1, instances_kept)
+    for report in fresh:
+        rows_kept, instances_kept = kept[(report.node, report.sequence)]
+        if rows_kept < len(report.scopes) or instances_kept < len(report.instances):
             refused.setdefault(report.node, _RefusedRows()).add(
-                report, len(report.scopes) - kept, len(report.instances) - len(instances))
+                report, len(report.scopes) - rows_kept, len(report.instances) - instances_kept)
     _insert_samples(samples)
     result.reports += len(new_keys)
     result.samples += len(samples)
@@ -253,6 +258,13 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
         result.refused_scopes += rows_refused.scopes
         result.refused_instances += rows_refused.instances
         rows_refused.refuse(node, tally)
+
+
+def _sample(level: str, report: Report, row: Any) -> tuple:
+    """The ``_SAMPLE_COLUMNS`` tuple of one occupancy row of ``report``."""
+    return (level, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
+            row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes, row.in_flight_requests, row.puts,
+            row.gets, row.hit_blocks, row.miss_blocks, row.evicted_blocks, 1)
 
 
 @dataclass
