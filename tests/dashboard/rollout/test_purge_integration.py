@@ -58,6 +58,6 @@ def test_overview_reads_the_masters_capacity(ui, settings, mooncake_master, stor
     section = html.split('id="store-capacity"')[1].split("</section>")[0]
     assert "unknown" not in section
     assert metrics["master_total_capacity_bytes"] > 0
-    from django.template.defaultfilters import filesizeformat
+    from tenants.quota import humanize_bytes
 
-    assert filesizeformat(int(metrics["master_total_capacity_bytes"])) in section
+    assert humanize_bytes(int(metrics["master_total_capacity_bytes"])) in section
