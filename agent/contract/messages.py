@@ -553,7 +553,9 @@ class ScopeOccupancy(BaseModel):
 
     ``blocks``/``bytes``/``orphaned_bytes``/``in_flight_requests`` are gauges at ``Report.sent_at``;
     ``puts``/``gets``/``hit_blocks``/``miss_blocks``/``evicted_blocks`` are counters since the agent started
-    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them).
+    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them). ``request_group`` is a
+    request group's name or ``""``, the release's row without a request group (``agent.contract.scope``); a row is
+    never a whole release.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

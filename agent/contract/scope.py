@@ -5,49 +5,61 @@ model, one release namespace (vLLM ``cache_prefix`` / SGLang ``extra_backend_tag
 requests sharing one ``cache_salt``). The agent's ledger and budgets are keyed by it, each ``Report`` row carries
 its four fields (``agent.contract.messages.ScopeOccupancy``), and the dashboard stores, filters and charts by them.
 
-``request_group`` "" is the agent's default group (an instance configured without request groups). Where the
-dashboard sums a release's groups together (charts, current occupancy, the rolling upgrade) it uses
-:meth:`CacheScope.release_scope`, the scope with ``request_group`` "": a filter of "" selects every group too.
+``request_group`` has three kinds of value, one meaning each:
+
+* a request group's name (``RequestGroup.name``, a DNS label): that group's row;
+* :data:`NO_REQUEST_GROUP` (``""``): the release's row of what no request group is known for: the blocks of an
+  instance whose config document carries no request groups (its tenant has none; ``agent.datapath.keyspace``) and
+  the engines' external prefix-cache lookups, which are not told apart by request group (``agent.node.engines``);
+* ``None`` (never a row, never on the wire): the **whole release**, every row of it together
+  (:meth:`CacheScope.release_scope`; the dashboard's series, current occupancy and the rolling upgrade key
+  releases by it, and a filter of ``None`` selects every group).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import NamedTuple
 
+#: ``request_group`` of a release's row without a request group (module docstring); a row's value, never "all".
+NO_REQUEST_GROUP = ""
+
 
 class CacheScope(NamedTuple):
-    """``(tenant_id, served_model_name, namespace, request_group)``: the identity of an occupancy row.
+    """``(tenant_id, served_model_name, namespace, request_group)``: the identity of an occupancy row, or with
+    ``request_group`` ``None`` (the default) of a whole release.
 
-    ``namespace`` is the release namespace string; ``request_group`` the request group's name.
+    ``namespace`` is the release namespace string; ``request_group`` a request group's name, ``""``
+    (:data:`NO_REQUEST_GROUP`) or ``None`` (module docstring).
     """
 
     tenant_id: str
     served_model_name: str
     namespace: str
-    request_group: str = ""
+    request_group: str | None = None
 
     def release_scope(self) -> CacheScope:
-        """This scope with ``request_group`` "": the whole release (every request group together)."""
-        return self._replace(request_group="") if self.request_group else self
+        """This scope with ``request_group`` ``None``: the whole release (every row of it together)."""
+        return self._replace(request_group=None) if self.request_group is not None else self
 
     @property
     def label(self) -> str:
-        """``tenant/model/namespace[/group]`` ("-" for an empty part; the group only when set)."""
-        parts = list(self[:3]) + ([self.request_group] if self.request_group else [])
+        """``tenant/model/namespace`` for a whole release, ``tenant/model/namespace/group`` for a row ("-" for an
+        empty part, so the row without a request group ends in ``/-``)."""
+        parts = list(self[:3]) + ([self.request_group] if self.request_group is not None else [])
         return "/".join(part or "-" for part in parts)
 
 
 def instance_scopes(tenant_id: str, served_model_name: str, namespace: str,
                     request_groups: Iterable[str]) -> set[CacheScope]:
-    """The cache scopes one instance of a config document speaks for: one per request group of
-    ``request_groups`` (names) and the release scope (``request_group`` "": the default group of an instance
-    without groups, and where the engines' prefix-cache hits are credited).
+    """The cache scopes (rows) one instance of a config document speaks for: one per request group of
+    ``request_groups`` (names) and the release's row without a request group (:data:`NO_REQUEST_GROUP`: the
+    default group of an instance without groups, and the row the engines' prefix-cache lookups are credited to).
 
     A node's reports carry rows of these scopes only (the agent filters its ledger by them; the dashboard's ingest
     refuses any other row, ``dashboard.telemetry.report_scope``).
     """
-    release = CacheScope(tenant_id, served_model_name, namespace)
-    return {release, *(release._replace(request_group=group) for group in request_groups)}
+    no_group = CacheScope(tenant_id, served_model_name, namespace, NO_REQUEST_GROUP)
+    return {no_group, *(no_group._replace(request_group=group) for group in request_groups)}
 
 
-__all__ = ["CacheScope", "instance_scopes"]
+__all__ = ["NO_REQUEST_GROUP", "CacheScope", "instance_scopes"]

@@ -62,7 +62,8 @@ class KeySpace:
         vllm_model_name: vLLM key model name; "" derives it from ``served_model_name`` (last path component).
         namespace: the release namespace, vLLM ``cache_prefix`` / SGLang ``extra_backend_tag`` ("" = none). No
             ``@``, ``_`` or whitespace (the registry's charset, which keeps both key grammars unambiguous).
-        request_group: name of the request group ("" = default shared cache).
+        request_group: name of the request group ("" = none: an instance whose document has no request groups,
+            ``agent.contract.scope.NO_REQUEST_GROUP``).
         cache_salt: the group's salt ("" = none); vLLM salts block 0, SGLang seeds the chain.
         hash_algo: the registry's name, which with ``engine`` picks the hasher: vLLM ``sha256`` |
             ``sha256_cbor`` | ``xxhash`` | ``xxhash_cbor``; SGLang ``sha256`` (its page hash).

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
-from agent.contract.scope import CacheScope
+from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
 
 log = logging.getLogger("kvpool.agent.maintenance")
 
@@ -78,8 +78,8 @@ class Budget(NamedTuple):
 def document_budgets(instances: Iterable[Any], held: Iterable[CacheScope]) -> list[Budget]:
     """The budgets of ``instances`` (``agent.contract.messages.InstanceSpec``: ``node_budget_bytes`` of the release
     and of each of its ``request_groups``, this node's shares; None = no budget): one per request group with a budget,
-    then one per release with a budget over every scope of it in ``held`` (the ledger's tables; the release scope
-    alone when none)."""
+    then one per release with a budget over every scope of it in ``held`` (the ledger's tables; the release's row
+    without a request group, ``NO_REQUEST_GROUP``, when none)."""
     release_budgets: dict[CacheScope, tuple[int, str]] = {}
     group_budgets: dict[CacheScope, tuple[int, str]] = {}
     for instance in instances:
@@ -93,7 +93,8 @@ def document_budgets(instances: Iterable[Any], held: Iterable[CacheScope]) -> li
     out = [Budget([scope], budget, tenant) for scope, (budget, tenant) in group_budgets.items()]
     tables = list(held)
     for release, (budget, tenant) in release_budgets.items():
-        out.append(Budget([s for s in tables if s.release_scope() == release] or [release], budget, tenant))
+        held_scopes = [s for s in tables if s.release_scope() == release]
+        out.append(Budget(held_scopes or [release._replace(request_group=NO_REQUEST_GROUP)], budget, tenant))
     return out
 
 

@@ -62,7 +62,7 @@ from agent.contract.messages import (
     parse_document,
     utcnow,
 )
-from agent.contract.scope import CacheScope, instance_scopes
+from agent.contract.scope import NO_REQUEST_GROUP, CacheScope, instance_scopes
 from agent.node.outbox import DEFAULT_MAX_MESSAGES, Outbox, fresh_first_sequence
 
 log = logging.getLogger("kvpool.agent.daemon")
@@ -405,7 +405,7 @@ class Daemon:
                 groups = [group.name for group in instance.request_groups]
                 allowed |= instance_scopes(instance.tenant_id, instance.served_model_name, instance.namespace,
                                            groups)
-                for group in groups or [""]:
+                for group in groups or [NO_REQUEST_GROUP]:
                     scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace, group)
                     entries.setdefault(scope, scope._asdict())
             if self._launched_scopes is not None:

@@ -54,7 +54,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.contract.messages import MessageError, NodeName, node_queue
-from agent.contract.scope import CacheScope
+from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
 from agent.datapath.keyspace import KeySpace
 
 log = logging.getLogger("kvpool.agent.workload")
@@ -525,9 +525,10 @@ class EngineSimulator:
 
     def launched_scopes(self) -> set[CacheScope]:
         """The cache scopes the simulated engines really run under where launch overrides changed an instance's
-        namespace (each request group's and the release scope): the daemon reports these rows beside the
-        document's, so the dashboard shows the hand-typed namespace (it accepts a row of a tenant and served model
-        the node's document carries under a namespace the registry does not have). Empty without overrides."""
+        namespace (each request group's and the release's row without a request group): the daemon reports these
+        rows beside the document's, so the dashboard shows the hand-typed namespace (it accepts a row of a tenant
+        and served model the node's document carries under a namespace the registry does not have). Empty without
+        overrides."""
         applied = self._applied
         if applied is None:
             return set()
@@ -535,7 +536,7 @@ class EngineSimulator:
         for inst in applied.instances.values():
             if inst.overridden:
                 for ks in inst.keyspaces.values():
-                    scopes |= {ks.scope, ks.scope.release_scope()}
+                    scopes |= {ks.scope, ks.scope._replace(request_group=NO_REQUEST_GROUP)}
         return scopes
 
     def snapshot(self) -> list[dict[str, Any]]:

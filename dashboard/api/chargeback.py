@@ -95,8 +95,7 @@ class ChargebackQuery(forms.Form):
     def filters(self) -> OccupancyFilter:
         """The cache scope filters of the (valid) form."""
         data = self.cleaned_data
-        return OccupancyFilter(tenant_id=data["tenant_id"], served_model_name=data["served_model_name"],
-                               namespace=data["namespace"], request_group=data["request_group"])
+        return OccupancyFilter.from_params(data)
 
     def api_errors(self) -> dict[str, list[str]]:
         """The form's errors as the API's 400 body (``{parameter: [message]}``)."""

@@ -103,7 +103,7 @@ def tenant_quota(tenant: Tenant, samples: dict | None = None) -> TenantQuota:
 
 
 def release_key(release: Release) -> CacheScope:
-    """The occupancy key of a release: its ``CacheScope`` without a request group (every group together)."""
+    """The occupancy key of a release: its whole-release ``CacheScope`` (``request_group`` ``None``: every row)."""
     return CacheScope(release.model.tenant.tenant_id, release.model.served_model_name, release.namespace)
 
 

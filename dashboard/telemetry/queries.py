@@ -7,8 +7,9 @@
 * ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
 * ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
 
-Series and current occupancy are per release: keyed by the release's ``agent.contract.scope.CacheScope``
-(``CacheScope.release_scope()``: ``request_group`` ""), its request groups summed unless a filter selects one.
+Series and current occupancy are per release: keyed by the whole release's ``agent.contract.scope.CacheScope``
+(``CacheScope.release_scope()``: ``request_group`` ``None``, JSON ``null``), its rows (request groups and the row
+without a request group, ``""``) summed unless a filter selects one.
 Sizes are bytes, times timezone-aware UTC.
 """
 from __future__ import annotations
@@ -44,7 +45,10 @@ CURRENT_WINDOW_SECONDS = 15 * 60
 
 @dataclass(frozen=True)
 class OccupancyFilter:
-    """Which samples to include (the fields of ``CacheScope``); an empty string means "all".
+    """Which samples to include (the fields of ``CacheScope``). ``tenant_id``, ``served_model_name``,
+    ``namespace``: an empty string means "all". ``request_group``: ``None`` means every row of the release (the
+    whole release); a name selects that request group's rows and ``""`` (``NO_REQUEST_GROUP``) the rows without a
+    request group (a query string cannot say that: ``?request_group=`` empty means no filter, ``from_params``).
 
     ``tenant_ids``: the Mooncake tenant ids the viewer may see (``tenants.access.visible_tenant_ids``); ``None``
     means every tenant. It is not a query parameter (``as_params`` leaves it out).
@@ -53,28 +57,41 @@ class OccupancyFilter:
     tenant_id: str = ""
     served_model_name: str = ""
     namespace: str = ""
-    request_group: str = ""
+    request_group: str | None = None
     tenant_ids: frozenset[str] | None = None
+
+    @classmethod
+    def from_params(cls, params, *, tenant_ids: frozenset[str] | None = None) -> OccupancyFilter:
+        """From query parameters named like ``CacheScope``'s fields (a ``QueryDict`` or a dict): blank values and
+        absent ones mean no filter (so ``?request_group=`` is every group)."""
+        values = {name: (params.get(name) or "").strip() for name in CacheScope._fields}
+        return cls(tenant_id=values["tenant_id"], served_model_name=values["served_model_name"],
+                   namespace=values["namespace"], request_group=values["request_group"] or None,
+                   tenant_ids=tenant_ids)
 
     def apply(self, queryset):
         """``queryset`` of ``OccupancySample`` narrowed to this filter."""
-        for name in CacheScope._fields:
+        for name in ("tenant_id", "served_model_name", "namespace"):
             value = getattr(self, name)
             if value:
                 queryset = queryset.filter(**{name: value})
+        if self.request_group is not None:
+            queryset = queryset.filter(request_group=self.request_group)
         if self.tenant_ids is not None:
             queryset = queryset.filter(tenant_id__in=sorted(self.tenant_ids))
         return queryset
 
     def as_params(self) -> dict[str, str]:
         """Query parameters of the occupancy page / JSON endpoint for this filter (empty ones left out): the
-        names of ``CacheScope``'s fields, as ``GET /api/v1/telemetry/occupancy/`` takes them."""
-        return {name: getattr(self, name) for name in CacheScope._fields if getattr(self, name)}
+        names of ``CacheScope``'s fields, as ``GET /api/v1/telemetry/occupancy/`` takes them (``from_params``
+        reads them back; the rows without a request group, ``""``, have no parameter)."""
+        return {name: value for name in CacheScope._fields if (value := getattr(self, name))}
 
 
 @dataclass
 class SeriesSummary:
-    """One release's line of the chart and its numbers over the window (bytes; ratio in [0, 1] or None)."""
+    """One release's line of the chart and its numbers over the window (bytes; ratio in [0, 1] or None); ``key``
+    is the whole release (``request_group`` ``None``: ``null`` in ``as_dict``)."""
 
     key: CacheScope
     data: list[int | None]
@@ -190,7 +207,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
                      "samples", "hit_blocks", "miss_blocks", "in_flight_requests", "orphaned_bytes")
     )
-    # (bucket, node, scope) -> [weighted bytes, samples]; the series are per release (scope.release_scope())
+    # (bucket, node, scope) -> [weighted bytes, samples]; the series are per whole release (scope.release_scope())
     cells: dict[tuple[int, str, CacheScope], list[int]] = defaultdict(lambda: [0, 0])
     last_counters: dict[tuple[str, CacheScope], tuple[int, int]] = {}
     hits: dict[CacheScope, list[int]] = defaultdict(lambda: [0, 0])
@@ -250,8 +267,8 @@ class ReleaseNow:
     """Current occupancy of one release (its ``CacheScope.release_scope()``): sums over nodes of each node's
     newest raw sample (bytes).
 
-    ``by_node`` maps node name -> bytes; ``by_group`` request group name -> bytes; ``hit_blocks`` /
-    ``miss_blocks`` are the agents' counters since they started.
+    ``by_node`` maps node name -> bytes; ``by_group`` request group name (``""``: the row without a request group)
+    -> bytes; ``hit_blocks`` / ``miss_blocks`` are the agents' counters since they started.
     """
 
     key: CacheScope
@@ -295,7 +312,7 @@ def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime |
     for ts, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in rows:
         if newest.get((node, tenant_id, model, namespace)) != ts:
             continue
-        key = CacheScope(tenant_id, model, namespace)
+        key = CacheScope(tenant_id, model, namespace)  # the whole release
         entry = result.setdefault(key, ReleaseNow(key=key))
         entry.bytes += size
         entry.blocks += blocks

@@ -12,7 +12,6 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
 
-from agent.contract.scope import CacheScope
 from dashboard.telemetry.queries import DEFAULT_WINDOW, WINDOWS, OccupancyFilter
 from tenants.access import is_platform_admin, scope, visible_tenant_ids
 
@@ -94,9 +93,7 @@ def occupancy_filter(request: HttpRequest) -> OccupancyFilter:
     """``?tenant_id= &served_model_name= &namespace= &request_group=`` (the names of
     ``GET /api/v1/telemetry/occupancy/``) -> ``OccupancyFilter`` (blank = all), limited to the tenants the user may
     see (``tenant_ids``)."""
-    params = request.GET
-    return OccupancyFilter(**{name: params.get(name, "").strip() for name in CacheScope._fields},
-                           tenant_ids=visible_tenant_ids(request.user))
+    return OccupancyFilter.from_params(request.GET, tenant_ids=visible_tenant_ids(request.user))
 
 
 #: The occupancy page's former parameter names -> the API's (``occupancy_filter``).

@@ -65,11 +65,7 @@ def chargeback_page(request: HttpRequest) -> HttpResponse:
     valid = query.is_valid()
     data = query.cleaned_data if valid else {}
     params = {name: request.GET.get(name) for name in ChargebackQuery.base_fields if request.GET.get(name)}
-    shown_filters = OccupancyFilter(tenant_id=params.get("tenant_id", ""),
-                                    served_model_name=params.get("served_model_name", ""),
-                                    namespace=params.get("namespace", ""),
-                                    request_group=params.get("request_group", ""),
-                                    tenant_ids=visible_tenant_ids(request.user))
+    shown_filters = OccupancyFilter.from_params(params, tenant_ids=visible_tenant_ids(request.user))
     context = {
         "query": query, "filters": shown_filters, "groupings": GROUP_LABELS,
         "group_by": data.get("group_by") or params.get("group_by", "tenant"),
@@ -89,6 +85,7 @@ def chargeback_page(request: HttpRequest) -> HttpResponse:
     context.update({
         "choices": filter_choices(shown_filters, seen, user=request.user),
         "report": report, "rows": rows, "key_labels": [KEY_LABELS[name] for name in keys],
+        "splits_groups": "request_group" in keys,  # the last key: "" there is the row without a request group
         "total": _shown(report, report.total_byte_hours),
         "start_value": _local(report.start), "end_value": _local(report.end),
         "csv_url": f"{reverse('telemetry-chargeback-csv')}?{urlencode(full)}",

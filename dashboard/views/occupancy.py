@@ -99,9 +99,10 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
 
 @json_login_required
 def occupancy_data(request: HttpRequest) -> JsonResponse:
-    """JSON of ``queries.OccupancySeries.as_dict()`` plus the applied filters (``filters``: the four
-    ``CacheScope`` fields, "" = all) and the quota and budget lines (``quota_lines``: ``QuotaLine.as_dict()``
-    each, ``dashboard.telemetry.quota_lines``); 400 names a bad ``window``. Former parameter names redirect (the
+    """JSON of ``queries.OccupancySeries.as_dict()`` (each series a whole release: ``request_group`` ``null``)
+    plus the applied filters (``filters``: the four ``CacheScope`` fields; "" = all, ``request_group`` ``null`` =
+    every group) and the quota and budget lines (``quota_lines``: ``QuotaLine.as_dict()`` each,
+    ``dashboard.telemetry.quota_lines``); 400 names a bad ``window``. Former parameter names redirect (the
     page's)."""
     redirect = renamed_params_redirect(request)
     if redirect is not None:

@@ -24,7 +24,7 @@ import pytest
 
 from agent.contract import keys, signing
 from agent.contract.messages import PurgeRequest, Report, signed_request
-from agent.contract.scope import CacheScope
+from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
 from agent.datapath.hashing import VllmBlockHasher
 from agent.datapath.ledger import Ledger
 from agent.node.daemon import Daemon
@@ -169,7 +169,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         assert (stats.seq_gaps, stats.decode_errors, stats.unresolved_parent) == (0, 0, 0)
         assert (stats.confirmed, stats.unconfirmed, stats.pending, stats.unknown_namespace_keys) == (10, 0, 0, {})
         assert stats.attributed_by_group == {"shared": 6, "app-b": 4}
-        scope = CacheScope(tenant.tenant_id, "tiny", NAMESPACE)
+        scope = CacheScope(tenant.tenant_id, "tiny", NAMESPACE, NO_REQUEST_GROUP)  # the release's row without a group
         assert _present(ledger) == set(every)
         assert _present(ledger, scope._replace(request_group="app-b")) == set(predicted["app-b"])
         assert stats.prefix_cache_queries > 0 and stats.store_keys.get("save_put") == len(every)
@@ -185,7 +185,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
             assert probe.exists(held) == [1] * len(held)
         assert len(_present(ledger)) == master.metrics()["master_key_count"] == len(every) - 1
 
-        # the report carries the instance's facts and the engine's lookups in its release scope row
+        # the report carries the instance's facts and the engine's lookups in the release's row without a group
         daemon.report_now()
         daemon.flush()
         report = Report.model_validate([m for batch in published for m in batch if m["kind"] == "report"][-1])

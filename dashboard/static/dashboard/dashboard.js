@@ -1,7 +1,7 @@
 /* Dashboard behaviour: copy buttons and the occupancy charts (vendored Chart.js, loaded before this file).
  *
  * A <canvas data-occupancy-url="..."> is filled from the occupancy JSON endpoint: one stacked area per release
- * (its cache scope: tenant_id, served_model_name, namespace, request_group ""; bytes), x = bucket start in UTC,
+ * (its cache scope: tenant_id, served_model_name, namespace, request_group null = every group; bytes), x = bucket start in UTC,
  * plus a dashed horizontal line per payload.quota_lines entry (tenant quota, effective quota, release budget; each
  * its own stack, so it adds to nothing); the y axis ticks at round binary units (0, 2 MiB, 4 MiB, ...). A canvas
  * with the id "<canvas id>-hits", when present, gets the hit ratio per bucket (0..1) of each release from the same

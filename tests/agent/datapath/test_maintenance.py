@@ -23,7 +23,7 @@ def test_document_budgets_group_budgets_first_then_each_release_over_the_scopes_
                                 _spec("r3", 0, {})], held)
     assert budgets == [Budget([CacheScope("t", "m", "r1", "a")], 10, "t"),
                        Budget(held[:2], 100, "t"),
-                       Budget([CacheScope("t", "m", "r3")], 0, "t")]  # a share of 0 keeps nothing
+                       Budget([CacheScope("t", "m", "r3", "")], 0, "t")]  # a share of 0 keeps nothing
 
 
 def _policy(ledger, store, enforcer=None, **kwargs):

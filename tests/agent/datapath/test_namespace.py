@@ -29,7 +29,7 @@ def test_vllm_keys_and_identity() -> None:
     assert ns.keys(h) == [ns.primary_key(x) for x in h]
     assert ns.scope == CacheScope("alpha", "Qwen/Qwen3-8B", "prod-1", "apps")
     assert ns.scope.release_scope() == CacheScope("alpha", "Qwen/Qwen3-8B", "prod-1") == ("alpha", "Qwen/Qwen3-8B",
-                                                                                          "prod-1", "")
+                                                                                          "prod-1", None)
     assert (ns.scope.label, ns.scope.release_scope().label) == ("alpha/Qwen/Qwen3-8B/prod-1/apps",
                                                                 "alpha/Qwen/Qwen3-8B/prod-1")
     assert ns.owns_key(key) and not vllm_ns(tp_rank=3).owns_key(key)

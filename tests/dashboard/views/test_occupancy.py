@@ -131,7 +131,7 @@ def test_json_endpoint_and_page_tables_agree(ui):
     assert response.status_code == 200
     payload = response.json()
     assert payload["window"] == "15m" and payload["bucket_seconds"] == 30
-    assert payload["filters"] == {"tenant_id": "acme", "served_model_name": "", "namespace": "", "request_group": ""}
+    assert payload["filters"] == {"tenant_id": "acme", "served_model_name": "", "namespace": "", "request_group": None}
     assert len(payload["labels"]) == len(payload["timestamps_ms"]) == len(payload["totals"])
     labels = [s["label"] for s in payload["series"]]
     assert labels == ["acme/qwen3-8b/production-2026-07", "acme/qwen3-8b/production-2026-08"]
