@@ -206,7 +206,7 @@ def test_reports_carry_the_scopes_the_engines_were_launched_under_by_hand(tmp_pa
     typo = CacheScope("acme", "qwen3-8b", "prod-2026-7", "app-a")
     ledger = [row("prod-2026-07", "app-a"), row("prod-2026-7", "app-a"), row("retired-2026-06", "app-a")]
     d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger,
-               launched_scopes=lambda: {typo, typo.release_scope()})
+               launched_scopes=lambda: {typo, typo._replace(request_group="")})
     try:
         d.handle_document(document(version=1))
         d.report_now()
