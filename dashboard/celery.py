@@ -4,8 +4,9 @@ Run the workers with the Django settings:
     celery -A dashboard.celery worker -Q dashboard.ingest,dashboard.control
     celery -A dashboard.celery beat            # periodic re-push, rollups, master quota sync/sampling
 
-Queues: ``dashboard.ingest`` (agents' acks, reports, heartbeats — task ``dashboard.ingest``),
-``dashboard.control`` (everything else the dashboard runs). Config documents go out to ``agent.<node>``.
+Queues: ``dashboard.ingest`` (agents' acks, reports, heartbeats — task ``dashboard.ingest`` — and purge results),
+``dashboard.control`` (everything else the dashboard runs; agents cannot write it). On ``dashboard.ingest`` the
+worker runs only the agents' tasks (``dashboard.task_queues``). Config documents go out to ``agent.<node>``.
 Configuration comes from ``CELERY_*`` settings in ``dashboard/settings.py``.
 
 Database connections: Celery's Django fixup closes every database connection before and after each task
@@ -26,7 +27,7 @@ from dashboard.env import load_settings_or_exit
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 load_settings_or_exit()  # unusable settings: one line "Error: improperly configured: …", exit 2
 
-app = Celery("dashboard")
+app = Celery("dashboard", task_cls="dashboard.task_queues:QueueCheckedTask")  # agents' queue runs agents' tasks
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["dashboard"])
 

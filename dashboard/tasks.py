@@ -1,7 +1,10 @@
 """Celery tasks of the dashboard: thin wrappers around plain functions (JSON arguments and results).
 
 Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
-``dashboard.telemetry.drain``). Queue ``dashboard.control``: everything else.
+``dashboard.telemetry.drain``) and the agents' ``dashboard.purge_result``; no other task runs from it
+(``dashboard.task_queues``).
+
+Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,
 sample_master_quotas, probe_master (which starts sync_quotas_to_leader after a failover).
 """

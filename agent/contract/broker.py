@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from urllib.parse import urlsplit
 
-from agent.contract.messages import INGEST_QUEUE, PURGE_RESULT_QUEUE, node_queue
+from agent.contract.messages import INGEST_QUEUE, node_queue
 
 #: Broker URL schemes the agent's Celery/kombu set-up supports (``memory://`` only for tests).
 BROKER_SCHEMES: tuple[str, ...] = ("redis", "rediss", "memory")
@@ -52,8 +52,11 @@ AGENT_COMMANDS = ("ping", "hello", "auth", "select", "multi", "exec", "discard",
 def agent_acl_rules(node: str) -> list[str]:
     """``ACL SETUSER`` rules (Redis 7) of the broker user of ``node``'s agent, without ``on`` and the password: it
     may read and write its own queue ``agent.<node>`` and that queue's kombu binding sets, and only **push** to
-    ``dashboard.ingest`` / ``dashboard.control``; no other key, no Pub/Sub channel, no other command. So another
-    node's credentials can neither read this node's documents nor write into its queue.
+    ``dashboard.ingest`` (acks, reports, heartbeats and purge results); no other key, no Pub/Sub channel, no other
+    command. So another node's credentials can neither read this node's documents nor write into its queue, nor
+    push to ``dashboard.control``, where the dashboard runs its own tasks (config pushes, quota syncs); on
+    ``dashboard.ingest`` the dashboard's worker runs only the agents' tasks (``dashboard.task_queues``). ``SELECT``
+    stays allowed (a broker URL may name a database): ACL key patterns hold in every database.
 
     Example: ``redis-cli ACL SETUSER agent-node-a on '>PASSWORD' <rules...>``, then the agent runs with
     ``--broker redis://agent-node-a:PASSWORD@host:6379/0``. Raises ``ValueError`` for a name with whitespace.
@@ -63,4 +66,4 @@ def agent_acl_rules(node: str) -> list[str]:
     queue = node_queue(node)
     return ["resetkeys", "resetchannels", "-@all", *(f"+{cmd}" for cmd in AGENT_COMMANDS),
             f"~{queue}", f"~_kombu.binding.{queue}", f"~_kombu.binding_permanent.{queue}",
-            f"%W~{INGEST_QUEUE}", f"%W~{PURGE_RESULT_QUEUE}"]
+            f"%W~{INGEST_QUEUE}"]

@@ -9,7 +9,7 @@ tagged by ``kind``), all ``AgentMessage``s:
   * ``Ack`` — the outcome of one received document (``applied`` or ``rejected`` with a reason code);
   * ``Report`` — occupancy per cache scope (the ledger snapshot), idempotency key ``(node, sequence)``;
   * ``Heartbeat`` — liveness plus the applied version and digest (drift is visible even if an ack is lost).
-  * ``PurgeResult`` — objects a purge removed, task ``dashboard.purge_result`` on queue ``dashboard.control``.
+  * ``PurgeResult`` — objects a purge removed, task ``dashboard.purge_result`` on queue ``dashboard.ingest``.
 
 Every ``AgentMessage`` names its sender (``node``) and is signed by it when sent: ``signed_at`` (UTC, the
 sending time) and ``signature`` (HMAC-SHA256 with the node's signing secret over the canonical encoding,
@@ -731,8 +731,11 @@ def parse_document(raw: Any) -> ConfigDocument:
 PURGE_TASK = "agent.purge_namespace"
 #: Celery task the dashboard runs for the agent's answer (one positional argument: the result dict).
 PURGE_RESULT_TASK = "dashboard.purge_result"
-#: Queue of ``PURGE_RESULT_TASK``.
-PURGE_RESULT_QUEUE = "dashboard.control"
+#: Every task an agent sends: the dashboard's worker runs no other task from the queue agents push to.
+AGENT_TASKS = frozenset({INGEST_TASK, PURGE_RESULT_TASK})
+#: Queue of ``PURGE_RESULT_TASK``: the one queue an agent may push to (``agent.contract.broker.agent_acl_rules``),
+#: where the dashboard's worker runs nothing but ``AGENT_TASKS`` (``dashboard.task_queues``).
+PURGE_RESULT_QUEUE = INGEST_QUEUE
 
 class PurgeRequest(Message):
     """Dashboard → agent: remove every key of one release namespace of one tenant.

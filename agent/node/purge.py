@@ -7,7 +7,7 @@ config documents, ``agent.contract.signing``), builds the regex of the release n
 (``agent.contract.keys.release_regex``: every rank, group and block of the release's model under that namespace),
 opens a Store client of the request's tenant, calls
 ``remove_by_regex`` and answers with a :class:`PurgeResult` (task ``dashboard.purge_result`` on queue
-``dashboard.control``) carrying the number of objects the master removed.
+``dashboard.ingest``) carrying the number of objects the master removed.
 
 Mooncake 0.3.13.post1: ``remove_by_regex(pattern, force)`` takes an ECMAScript regex, acts on the client's
 tenant only and returns the count removed (negative on error). A tenant's keys are visible to every client of
@@ -159,7 +159,7 @@ def register_purge_task(app: Any, *, node: str, secret: str, open_store: Callabl
 
     Each request runs :func:`handle_purge` (with ``ledger``, the daemon's ledger, and ``seen``, the purge ids
     already run, ``purges-seen.json`` in the state directory, when given); the result goes
-    back with ``publish(result)`` (default: the task ``dashboard.purge_result`` on queue ``dashboard.control``
+    back with ``publish(result)`` (default: the task ``dashboard.purge_result`` on queue ``dashboard.ingest``
     through ``app``). A result the broker does not take is logged; the dashboard shows the node as not answered
     and the operator can request again.
     """

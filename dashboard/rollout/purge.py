@@ -8,7 +8,7 @@ asked are the ones running any instance of the tenant (their agents hold the nod
 endpoints; a client of the tenant sees every key of the tenant).
 
 Each agent runs ``agent.node.purge.handle_purge`` — ``remove_by_regex`` with the regex of ``agent.contract.keys`` — and
-answers with task ``dashboard.purge_result`` (queue ``dashboard.control``), which ``record_purge_result``
+answers with task ``dashboard.purge_result`` (queue ``dashboard.ingest``), which ``record_purge_result``
 stores as another audit entry (``dashboard.purgeresult``, actor ``agent:<node>``, ``after`` = node, removed
 count, error). ``purge_status`` reads both back; the audit log is the record, so no extra table is needed.
 
