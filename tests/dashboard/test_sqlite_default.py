@@ -19,15 +19,16 @@ from tests.support.registry import fast_password_hashing, operator, token_client
 from tests.support.telemetry import _base_env, database_url  # also: the SQLite test database is a file
 from tests.support.waiting import wait_for
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not django_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
-                       reason="the embedded default is SQLite"),
-]
+ON_SQLITE = django_settings.DATABASES["default"]["ENGINE"].endswith("sqlite3")
+#: The tests below need the embedded default; a run on PostgreSQL (CI) runs this file again without DATABASE_URL.
+sqlite_only = pytest.mark.skipif(not ON_SQLITE, reason="runs on the embedded default (SQLite): "
+                                                       "test_the_sqlite_tests_run_on_a_postgresql_run_too runs them")
 
 RELEASES = 40
 
 
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
 def test_the_sqlite_default_is_wal_with_immediate_transactions_and_a_busy_timeout():
     options = django_settings.DATABASES["default"]["OPTIONS"]
     assert options["transaction_mode"] == "IMMEDIATE" and options["timeout"] >= 20
@@ -36,6 +37,8 @@ def test_the_sqlite_default_is_wal_with_immediate_transactions_and_a_busy_timeou
         assert cursor.fetchone()[0] == "wal"
 
 
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
 def test_the_api_takes_writes_while_another_process_writes_the_file(operator, settings, tmp_path):  # noqa: F811
     settings.KVPOOL_MASTER_SYNC = False
     model = make_model(make_tenant())
@@ -58,3 +61,14 @@ def test_the_api_takes_writes_while_another_process_writes_the_file(operator, se
     assert rounds["committed"] > RELEASES / 4, rounds  # it did write all along
     assert statuses == [201] * RELEASES
     assert rounds["locked"] == 0, rounds
+
+
+@pytest.mark.skipif(ON_SQLITE, reason="the SQLite tests of this file run directly")
+def test_the_sqlite_tests_run_on_a_postgresql_run_too(tmp_path):
+    """CI runs the suite on PostgreSQL; the embedded default must hold there too: this file again, in a pytest of
+    its own without ``DATABASE_URL`` (so on SQLite), and both tests must pass (not skip)."""
+    env = {key: value for key, value in _base_env().items() if key != "DATABASE_URL"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", __file__,
+                           "-k", "not postgresql_run", "--basetemp", str(tmp_path / "t")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and "2 passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-3000:]
