@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import json
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -17,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from agent.sim.master import MasterError, free_ports
+from agent.sim.master import MasterError, free_ports, log_tail, stop_process
 
 _LIVE: set[EtcdProcess] = set()
 
@@ -123,19 +122,11 @@ class EtcdProcess:
 
     def log_tail(self, lines: int = 15) -> str:
         """The last ``lines`` lines of etcd's log ("" before start)."""
-        if self.workdir is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log_path if self.workdir is not None else None, lines)
 
     def _terminate(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc, grace=10)
         if self._log is not None:
             self._log.close()
             self._log = None

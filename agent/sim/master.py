@@ -89,6 +89,25 @@ class MasterError(RuntimeError):
     """The master did not start, or an admin call failed (the message carries the log tail or HTTP body)."""
 
 
+def stop_process(proc: subprocess.Popen | None, grace: float) -> None:
+    """SIGTERM ``proc`` (if it still runs), SIGKILL after ``grace`` seconds; waits for it either way."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def log_tail(path: Path | None, lines: int = 15) -> str:
+    """The last ``lines`` lines of the log file at ``path`` ("" when there is none yet)."""
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 class MasterProcess:
     """A ``mooncake_master`` child process in multi-tenant mode on loopback.
 
@@ -309,20 +328,11 @@ class MasterProcess:
 
     def log_tail(self, lines: int = 15) -> str:
         """The last ``lines`` lines of the master's log ("" before start)."""
-        if self.workdir is None or not self.log_path.exists():
-            return ""
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
+        return log_tail(self.log_path if self.workdir is not None else None, lines)
 
     def _terminate(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc, grace=5)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
