@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
                         outbox_max=args.outbox_max, ledger=ledger, on_apply=on_apply,
-                        report_fields=engines.report_fields, **hooks)
+                        report_fields=engines.report_fields, single_user=engines.single_user, **hooks)
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
     except OSError as exc:  # e.g. a read-only file already in the state directory

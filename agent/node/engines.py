@@ -259,6 +259,12 @@ class NodeEngines:
             else:
                 self.errors.pop("unit_dropins", None)
 
+    @property
+    def single_user(self) -> bool:
+        """Whether every instance runs as the agent's own account (not privileged, or ``--single-user``): instances
+        on this node are then not kept from each other's files and sockets (the heartbeats say so)."""
+        return not self.privileged
+
     def _resolve_accounts(self, launches: list[Any]) -> dict[str, Account | AccountError]:
         """The account of each launch (``agent.node.accounts.resolve_account``); problems logged and kept in
         :attr:`errors` (``account:<instance id>``)."""
