@@ -108,3 +108,17 @@ def test_an_instance_of_a_refused_account_is_not_observed_and_says_why(tmp_path:
 
 def test_throwaway_test_accounts_are_allowed_by_their_own_rules():
     assert THROWAWAY_ACCOUNT_RULES.uid_range()[0] == 1
+
+
+def test_the_control_plane_accounts_are_the_users_of_deploy_systemd_and_reserved_in_the_registry():
+    """Every ``User=`` of ``deploy/systemd`` is refused by the agent and, by default, by the registry."""
+    import re
+
+    units = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
+    users = {match for unit in units.glob("*.service")
+             for match in re.findall(r"^User=(\S+)$", unit.read_text(), flags=re.MULTILINE)}
+    assert users and users <= set(accounts.CONTROL_PLANE_ACCOUNTS)
+    settings_text = (units.parents[1] / "dashboard" / "settings.py").read_text()
+    default = re.search(r'KVPOOL_RESERVED_ACCOUNTS = env_list\("KVPOOL_RESERVED_ACCOUNTS", \[(.*?)\]\)', settings_text,
+                        flags=re.DOTALL)
+    assert default and set(accounts.CONTROL_PLANE_ACCOUNTS) <= set(re.findall(r'"([^"]+)"', default.group(1)))
