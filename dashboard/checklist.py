@@ -38,7 +38,10 @@ Then the real engines (from the per-instance facts of the agents' reports, ``das
 8b. ``engine_events_trusted`` — *Only the instance publishes as the instance*: every observed instance's KV events
    come from a socket only its account can have made (``events_status`` ``connected`` or ``waiting``); one its
    agent refuses (another account's socket, a directory others can write: a squatter), a ``tcp://`` endpoint any
-   local process could bind, or an instance without an account on its node fails (issue 16).
+   local process could bind, or an instance without an account on its node fails (issue 16). So does a node whose
+   agent runs in single-user mode (``NodeState.single_user``: every instance as the agent's account) with
+   instances of more than one tenant in its applied document: their engines can read each other's files and
+   sockets and publish as each other. One tenant alone on a single-user node passes (a documented choice).
 
 And the pool's capacity:
 
@@ -475,11 +478,29 @@ def check_engine_events_flow(now: datetime) -> CheckResult:
                        _capped(problems))
 
 
+def _shared_single_user_nodes() -> list[str]:
+    """One line per node whose newest heartbeat says single-user mode (``NodeState.single_user``) and whose applied
+    document holds instances of more than one tenant, naming the node and how many tenants (not which)."""
+    single = set(NodeState.objects.filter(single_user=True).values_list("node_name", flat=True))
+    if not single:
+        return []
+    tenants: dict[str, set[str]] = defaultdict(set)
+    for (node, _instance_id), instance in applied_instances().items():
+        if node in single:
+            tenants[node].add(str(instance.get("tenant_id", "")))
+    return [f"node {node}: its agent runs in single-user mode (not privileged, or --single-user: every engine "
+            f"instance runs as the agent's account) with instances of {len(names)} tenants, which can read each "
+            "other's files and sockets and publish as each other; run the agent as root or with CAP_CHOWN, "
+            "CAP_DAC_OVERRIDE and CAP_FOWNER, without --single-user (README \"Users and permissions on a node\")"
+            for node, names in sorted(tenants.items()) if len(names) > 1]
+
+
 def check_engine_events_trusted(now: datetime) -> CheckResult:
     """Fail for every observed instance whose agent does not receive its KV events from a socket only the instance's
     account can have made (``InstanceStats.events_untrusted``: a refused socket, a tcp endpoint, no account), and
-    for messages that arrived on an instance's socket under another instance's topic (``topic_mismatch``)."""
-    problems: list[str] = []
+    for messages that arrived on an instance's socket under another instance's topic (``topic_mismatch``), and for
+    every single-user node running instances of more than one tenant (:func:`_shared_single_user_nodes`)."""
+    problems: list[str] = _shared_single_user_nodes()
     rows = _observed_engines()
     for row in rows:
         if row.events_untrusted:
@@ -496,7 +517,7 @@ def check_engine_events_trusted(now: datetime) -> CheckResult:
         summary = (f"{connected} of {len(rows)} engine instance(s) connected, each on a socket only its own account "
                    "can have made")
     else:
-        summary = f"{len(problems)} instance(s) whose KV events the agent cannot vouch for"
+        summary = f"{len(problems)} instance(s) or node(s) whose KV events the agent cannot vouch for"
     return CheckResult("engine_events_trusted", "Only the instance publishes as the instance", "", passed, summary,
                        _capped(problems))
 

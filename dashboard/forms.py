@@ -89,7 +89,7 @@ class TenantForm(RegistryModelForm):
 
     class Meta:
         model = Tenant
-        fields = ("tenant_id", "quota_bytes", "description")
+        fields = ("tenant_id", "quota_bytes", "engine_user", "description")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

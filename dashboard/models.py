@@ -66,7 +66,8 @@ class NodeState(models.Model):
     ``desired_version`` is the newest ``ConfigVersion`` of the node (0 before the first); it only grows.
     ``version_floor`` is the highest version an agent reported as applied when it refused a document as stale —
     the next version is created above it (recovers from a restored dashboard database).
-    ``applied_version``/``applied_digest`` come from the newest ack or heartbeat, whichever is newer.
+    ``applied_version``/``applied_digest`` come from the newest ack or heartbeat, whichever is newer;
+    ``single_user`` and the agent's other facts from the newest heartbeat.
     """
 
     node_name = models.CharField(max_length=128, unique=True)
@@ -94,6 +95,9 @@ class NodeState(models.Model):
     agent_pid = models.PositiveIntegerField(default=0)
     outbox_pending = models.PositiveIntegerField(default=0)
     outbox_dropped = models.PositiveBigIntegerField(default=0)
+    single_user = models.BooleanField(
+        default=False, help_text="The agent runs every engine instance as its own account (newest heartbeat): "
+        "instances on the node are not kept from each other's files and sockets.")
 
     objects = NodeStateQuerySet.as_manager()
 

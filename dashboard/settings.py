@@ -255,6 +255,12 @@ KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS = env_int("KVPOOL_MASTER_SAMPLE_RETENTION
 # Chargeback (dashboard.telemetry.chargeback): a raw occupancy sample holds at most this long; after that its cache
 # scope counts as absent on that node until its next sample.
 KVPOOL_CHARGEBACK_MAX_GAP_SECONDS = env_int("KVPOOL_CHARGEBACK_MAX_GAP_SECONDS", 60, minimum=1)
+# Node accounts no tenant's engine_user may name (tenants.validators.validate_engine_user; root is always refused):
+# the control plane's own accounts (deploy/systemd: dashboard/worker/beat, master, the engine template's
+# placeholder) and well-known service accounts. The node agent refuses system accounts by uid too.
+KVPOOL_RESERVED_ACCOUNTS = env_list("KVPOOL_RESERVED_ACCOUNTS", [
+    "kvpool", "kvpool-master", "kvpool-engine-unassigned", "root", "nobody", "daemon", "bin", "sys", "www-data",
+    "postgres", "redis", "etcd", "systemd-network", "systemd-resolve", "messagebus", "sshd"])
 # Sync registry quotas to the master's admin API (KVPOOL_MASTER_ADMIN_URL); tenant_quotas.yaml is written here.
 KVPOOL_MASTER_SYNC = env_bool("KVPOOL_MASTER_SYNC", True)
 KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS = env_int("KVPOOL_MASTER_ADMIN_TIMEOUT_SECONDS", 3, minimum=1)

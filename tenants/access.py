@@ -52,9 +52,10 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     TenantRole.ADMIN: frozenset(_ADMINISTER),
 }
 
-#: Fields of a tenant only a platform admin may change: the Mooncake name and the quota (a share of the pool
-#: every tenant draws on). A tenant admin may change the description.
-PLATFORM_TENANT_FIELDS = ("tenant_id", "quota_bytes")
+#: Fields of a tenant only a platform admin may change: the Mooncake name, the quota (a share of the pool every
+#: tenant draws on) and the engine account (the node account the tenant's engines run as: naming another account
+#: would run them as it). A tenant admin may change the description.
+PLATFORM_TENANT_FIELDS = ("tenant_id", "quota_bytes", "engine_user")
 
 #: Apps whose permissions follow the tenant rules for users who are not platform admins.
 _SCOPED_APPS = frozenset({"tenants"})
@@ -87,6 +88,7 @@ SCOPES: dict[str, TenantScope] = {
     "tenants.reservednamespace": TenantScope("name", "tenant_id"),
     "tenants.reservedsalt": TenantScope("name", "tenant_id"),
     "tenants.reservedtenantid": TenantScope("platform"),
+    "tenants.reservedengineuser": TenantScope("platform"),
     "tenants.node": TenantScope("all"),
     "auth.user": TenantScope("platform"),
     "dashboard.occupancysample": TenantScope("name", "tenant_id"),

@@ -10,6 +10,7 @@ from tenants.models import (
     Node,
     Release,
     RequestGroup,
+    ReservedEngineUser,
     ReservedNamespace,
     ReservedSalt,
     ReservedTenantId,
@@ -140,6 +141,15 @@ class ReservedTenantIdAdmin(ReadOnlyAdmin):
 
     list_display = ("tenant_id", "tenant_pk", "created_at")
     search_fields = ("tenant_id",)
+
+
+@admin.register(ReservedEngineUser)
+class ReservedEngineUserAdmin(ReadOnlyAdmin):
+    """Every engine_user ever given to a tenant: read only, never deleted (deleting one would let another tenant's
+    engines run as the account the old tenant's engines and files still use)."""
+
+    list_display = ("engine_user", "tenant_pk", "created_at")
+    search_fields = ("engine_user",)
 
 
 @admin.register(TenantMembership)

@@ -81,9 +81,21 @@ def validate_tenant_id(value: str) -> None:
     _refuse_invisible(value, "tenant_id")
 
 
+#: Why an ``engine_user`` naming an account of ``settings.KVPOOL_RESERVED_ACCOUNTS`` (or root) is refused.
+ENGINE_USER_RESERVED_ACCOUNT = ("engine_user '{name}' is not available: it is an account of the control plane or "
+                                "of the system (KVPOOL_RESERVED_ACCOUNTS).")
+
+
 def validate_engine_user(value: str) -> None:
-    """A tenant's ``engine_user``: a portable POSIX user name (``agent.contract.messages.ENGINE_USER_RE``), not
-    ``root`` and not of the default form ``kvpool-t<number>`` (those belong to tenants without an own name)."""
+    """A tenant's ``engine_user``: a portable POSIX user name (``agent.contract.messages.ENGINE_USER_RE``), not of
+    the default form ``kvpool-t<number>`` (those belong to tenants without an own name), not ``root`` and not an
+    account of ``settings.KVPOOL_RESERVED_ACCOUNTS`` (the control plane's accounts, well-known service accounts).
+
+    Raises ``ValidationError`` (code ``invalid`` or ``reserved``); that a name is held or was held by another tenant
+    is ``Tenant.clean``'s to say (``ReservedEngineUser``). The node agent refuses system accounts by uid as well.
+    """
+    from django.conf import settings
+
     from agent.contract.messages import ENGINE_USER_RE
 
     if not value:
@@ -91,7 +103,9 @@ def validate_engine_user(value: str) -> None:
     if not ENGINE_USER_RE.fullmatch(value):
         raise ValidationError("engine_user must be a POSIX user name: a lower-case letter or '_', then up to 31 "
                               "lower-case letters, digits, '_' or '-'.", code="invalid")
-    if value == "root" or re.fullmatch(r"kvpool-t[0-9]+", value):
+    if value == "root" or value in getattr(settings, "KVPOOL_RESERVED_ACCOUNTS", ()):
+        raise ValidationError(ENGINE_USER_RESERVED_ACCOUNT.format(name=value), code="reserved")
+    if re.fullmatch(r"kvpool-t[0-9]+", value):
         raise ValidationError(f"engine_user '{value}' is not available.", code="reserved")
 
 

@@ -40,6 +40,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -694,7 +695,12 @@ class Report(AgentMessage):
 
 
 class Heartbeat(AgentMessage):
-    """Liveness: sent every heartbeat interval, never buffered (only the latest one matters)."""
+    """Liveness: sent every heartbeat interval, never buffered (only the latest one matters).
+
+    ``single_user``: the agent runs every engine instance as its own account (it is not privileged, or runs with
+    ``--single-user``), so instances on the node are not kept from each other's files and sockets
+    (``agent.node.accounts``); a JSON boolean, false when absent (agents before it).
+    """
 
     kind: Literal["heartbeat"] = "heartbeat"
     sent_at: datetime
@@ -705,6 +711,7 @@ class Heartbeat(AgentMessage):
     pid: NonNegative = 0
     outbox_pending: NonNegative = 0
     outbox_dropped: NonNegative = 0
+    single_user: StrictBool = False
 
 
 IngestMessage = Annotated[Ack | Report | Heartbeat, Field(discriminator="kind")]

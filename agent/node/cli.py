@@ -3,7 +3,8 @@
     kvpool-agent run --node NAME [--broker URL] [--secret-file F] [--state-dir D] [--instance-root D]
                         [--engine-unit-dir D] [--report-interval S] [--heartbeat-interval S] [--reconcile-interval S]
                         [--metrics-interval S] [--pool solo|threads] [--outbox-max N] [--loglevel LEVEL]
-                        [--single-user] [--simulate-engines [--launch-overrides F]]
+                        [--single-user] [--min-engine-uid UID] [--max-engine-uid UID]
+                        [--simulate-engines [--launch-overrides F]]
 
 The broker URL comes from ``--broker``, else ``$KVPOOL_BROKER_URL`` (a URL with the agent's Redis password does not
 belong on a command line, which every local user can read: ``deploy/systemd/kvpool-agent.service`` sets it from a
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run every engine instance as the agent's own account, even as root (demos, development "
                           "machines): instance directories are not given to the tenants' engine accounts, and "
                           "instances on the node are not kept from each other's files and sockets")
+    run.add_argument("--min-engine-uid", type=positive_int, default=None, metavar="UID",
+                     help="lowest uid an engine instance's account may have (default: UID_MIN of /etc/login.defs, "
+                          "else 1000): system accounts below it are refused, the instance is not observed")
+    run.add_argument("--max-engine-uid", type=positive_int, default=None, metavar="UID",
+                     help="highest uid an engine instance's account may have (default: UID_MAX of /etc/login.defs, "
+                          "else 60000; nobody is 65534)")
     run.add_argument("--simulate-engines", action="store_true",
                      help="play the document's engine instances: run agent.run_workload batches through the "
                           "connector into the Store (where no engine runs)")
@@ -221,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         daemon = Daemon(args.node, secret, state_dir, publish=make_publisher(app),
                         report_interval=args.report_interval, heartbeat_interval=args.heartbeat_interval,
                         outbox_max=args.outbox_max, ledger=ledger, on_apply=on_apply,
-                        report_fields=engines.report_fields, **hooks)
+                        report_fields=engines.report_fields, single_user=engines.single_user, **hooks)
     except RuntimeError as exc:
         raise SystemExit(f"error: {exc}") from None
     except OSError as exc:  # e.g. a read-only file already in the state directory
@@ -291,6 +298,7 @@ def _restore_ledger(ledger, state_dir: Path):
 def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool):
     """The node's :class:`agent.node.engines.NodeEngines` (instance directories under ``--instance-root``; with
     ``observe``, also the store client, the engine observer and the maintenance)."""
+    from agent.node.accounts import EngineAccountRules
     from agent.node.engines import NodeEngines, tune_gc
 
     root = Path(args.instance_root) if args.instance_root else state_dir / "instances"
@@ -301,7 +309,8 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
         tune_gc()  # attribution of engine writes allocates per block (agent.node.engines.ENGINE_GC_THRESHOLD)
     return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
                        reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
-                       is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir)
+                       is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir,
+                       account_rules=EngineAccountRules(min_uid=args.min_engine_uid, max_uid=args.max_engine_uid))
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

@@ -150,6 +150,8 @@ class Daemon:
         outbox_max: most undelivered messages kept on disk.
         max_message_age / clock_skew: the freshness window of received documents' ``sent_at`` (seconds;
             ``agent.node.freshness``: 2 h back, 5 min ahead by default).
+        single_user: every engine instance runs as the agent's account (``NodeEngines.single_user``): said in
+            every heartbeat (``Heartbeat.single_user``).
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class Daemon:
         outbox_max: int = DEFAULT_MAX_MESSAGES,
         max_message_age: float | None = None,
         clock_skew: float | None = None,
+        single_user: bool = False,
     ) -> None:
         from agent.node.freshness import DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_MAX_AGE_SECONDS
 
@@ -194,6 +197,7 @@ class Daemon:
         self.clock_skew = DEFAULT_CLOCK_SKEW_SECONDS if clock_skew is None else clock_skew
         self.report_interval = report_interval
         self.heartbeat_interval = heartbeat_interval
+        self.single_user = single_user
         self.outbox = Outbox(self.state_dir / "outbox.sqlite3", max_messages=outbox_max,
                              first_sequence=fresh_first_sequence())
         self.started_at: datetime = utcnow()
@@ -431,7 +435,7 @@ class Daemon:
         heartbeat = Heartbeat(node=self.node, sent_at=utcnow(), started_at=self.started_at,
                               applied_version=self.applied_version, applied_digest=self.applied_digest,
                               hostname=socket.gethostname(), pid=os.getpid(), outbox_pending=len(self.outbox),
-                              outbox_dropped=self.outbox.dropped).to_wire()
+                              outbox_dropped=self.outbox.dropped, single_user=self.single_user).to_wire()
         return self._send([heartbeat])
 
     def _send(self, messages: list[dict[str, Any]]) -> bool:

@@ -73,7 +73,7 @@ from agent.datapath.maintenance import (
     Maintenance,
     document_budgets,
 )
-from agent.node.accounts import Account, AccountError, privileged, resolve_account
+from agent.node.accounts import Account, AccountError, EngineAccountRules, privileged, resolve_account
 
 log = logging.getLogger("kvpool.agent.engines")
 
@@ -151,6 +151,8 @@ class NodeEngines:
         namespace_scan_interval: seconds between those scans.
         unit_dir: where each instance's systemd drop-in naming its account goes (``agent.node.unit_dropins``;
             None: none written).
+        account_rules: which accounts may be an instance's (``agent.node.accounts.EngineAccountRules``; None:
+            the defaults, login.defs' uid range; tests with throwaway system accounts pass their own minimum).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -167,8 +169,9 @@ class NodeEngines:
                  observer_options: Mapping[str, Any] | None = None,
                  segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
                  proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL,
-                 unit_dir: str | Path | None = None) -> None:
+                 unit_dir: str | Path | None = None, account_rules: EngineAccountRules | None = None) -> None:
         self.node = node
+        self.account_rules = account_rules or EngineAccountRules()
         self.unit_dir = Path(unit_dir) if unit_dir is not None else None
         self.ledger = ledger
         self.instance_root = Path(instance_root)
@@ -256,13 +259,20 @@ class NodeEngines:
             else:
                 self.errors.pop("unit_dropins", None)
 
+    @property
+    def single_user(self) -> bool:
+        """Whether every instance runs as the agent's own account (not privileged, or ``--single-user``): instances
+        on this node are then not kept from each other's files and sockets (the heartbeats say so)."""
+        return not self.privileged
+
     def _resolve_accounts(self, launches: list[Any]) -> dict[str, Account | AccountError]:
         """The account of each launch (``agent.node.accounts.resolve_account``); problems logged and kept in
         :attr:`errors` (``account:<instance id>``)."""
         accounts: dict[str, Account | AccountError] = {}
         for launch in launches:
             try:
-                account: Account | AccountError = resolve_account(launch.user, is_privileged=self.privileged)
+                account: Account | AccountError = resolve_account(
+                    launch.user, is_privileged=self.privileged, rules=self.account_rules)
             except AccountError as exc:
                 account = exc
                 self._fail(f"account:{launch.instance_id}", f"instance {launch.instance_id}: {exc}")

@@ -48,8 +48,9 @@ class TenantViewSet(RegistryViewSet):
         changed = platform_fields_changed(self.request.user, serializer.instance, serializer.validated_data)
         if changed:
             raise exceptions.PermissionDenied(
-                f"changing a tenant's {' or '.join(changed)} is a platform admin's action (the quota is a share of "
-                "the pool every tenant draws on); a tenant admin may change its description.")
+                f"changing a tenant's {' or '.join(changed)} is a platform admin's action (tenant_id names the "
+                "tenant's objects in the Store, the quota is a share of the pool every tenant draws on, engine_user "
+                "is the node account its engines run as); a tenant admin may change its description.")
         super().perform_update(serializer)
 
     @extend_schema(parameters=[s.QuotaPlanRequestSerializer], responses=s.QuotaPlanSerializer)

@@ -353,7 +353,7 @@ def _upsert_instance_stats(reports: Sequence[tuple[Report, Sequence[InstanceFact
 
 
 _HEARTBEAT_FIELDS = ["heartbeat_at", "agent_started_at", "agent_hostname", "agent_pid", "outbox_pending",
-                     "outbox_dropped", "applied_version", "applied_digest", "applied_seen_at"]
+                     "outbox_dropped", "single_user", "applied_version", "applied_digest", "applied_seen_at"]
 
 
 _ACK_COLUMNS = ("node_name", "sequence", "version", "digest", "status", "reason", "error", "applied_version",
@@ -460,6 +460,7 @@ def store_heartbeats(heartbeats: Sequence[Heartbeat], result: IngestResult) -> N
             state.agent_pid = hb.pid
             state.outbox_pending = hb.outbox_pending
             state.outbox_dropped = hb.outbox_dropped
+            state.single_user = hb.single_user
         _observe_applied(state, hb.sent_at, hb.applied_version, hb.applied_digest)
     NodeState.objects.save_fields(states.values(), _HEARTBEAT_FIELDS)
     result.heartbeats += len(heartbeats)

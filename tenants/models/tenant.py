@@ -25,8 +25,11 @@ class Tenant(RegistryModel):
     renamed (``ReservedTenantId``).
 
     ``engine_user`` is the unprivileged node account the tenant's engine instances run as (``LaunchSpec.user``;
-    README "Users and permissions on a node"); blank = ``kvpool-t<pk>`` (:attr:`engine_account`). Two tenants never
-    share one: their engines could read each other's seeds and publish each other's KV events.
+    README "Users and permissions on a node"); blank = ``kvpool-t<pk>`` (:attr:`engine_account`). Only a platform
+    admin may change it (``tenants.access.PLATFORM_TENANT_FIELDS``). Two tenants never share one, not even one after
+    the other (``ReservedEngineUser``): their engines could read each other's seeds and publish each other's KV
+    events. Names of the control plane's and well-known system accounts are refused
+    (``tenants.validators.validate_engine_user``, ``settings.KVPOOL_RESERVED_ACCOUNTS``).
     """
 
     tenant_id = models.CharField(
@@ -78,6 +81,10 @@ class Tenant(RegistryModel):
                 from tenants.models.reserved_tenant_id import record_tenant_id
 
                 record_tenant_id(self)
+            if update_fields is None or "engine_user" in update_fields:
+                from tenants.models.reserved_engine_user import record_engine_user
+
+                record_engine_user(self)
 
     def clean(self) -> None:
         from tenants.models.reserved_tenant_id import refuse_reserved_tenant_id
@@ -96,6 +103,7 @@ class Tenant(RegistryModel):
             collisions.check_tenant_reserved_namespaces(self)
         if stored is not None and isinstance(self.quota_bytes, int):
             budgets.check_quota(self)
-        if self.engine_user and "\x00" not in self.engine_user:  # a NUL is the validators' to refuse
-            self.unique_together_check("engine_user", f"engine_user '{self.engine_user}' is not available.",
-                                       engine_user=self.engine_user)
+        if stored is None or stored.engine_user != self.engine_user:
+            from tenants.models.reserved_engine_user import refuse_reserved_engine_user
+
+            refuse_reserved_engine_user(self)

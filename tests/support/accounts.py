@@ -1,8 +1,9 @@
 """Throwaway system accounts for tests of file modes and socket ownership (they need root, as CI runs).
 
 ``local_account`` is a fixture factory: each call creates ``kvpool-test-<random>`` with ``useradd --system
---no-create-home`` and removes it after the test; ``run_as(account, argv)`` runs a command as that account
-(``setpriv``: its uid, its group, no supplementary groups). Tests that need them skip when not root, saying why.
+--no-create-home`` and removes it after the test (an agent given them needs ``THROWAWAY_ACCOUNT_RULES``);
+``run_as(account, argv)`` runs a command as that account (``setpriv``: its uid, its group, no supplementary groups).
+Tests that need them skip when not root, saying why.
 """
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from agent.node.accounts import Account
+from agent.node.accounts import Account, EngineAccountRules
+
+#: The engine-account rules of an agent in tests that give instances to throwaway accounts: these are system
+#: accounts (uid below login.defs' UID_MIN), which a real agent refuses (``agent.node.accounts.EngineAccountRules``).
+THROWAWAY_ACCOUNT_RULES = EngineAccountRules(min_uid=1, max_uid=60000)
 
 #: Why tests of other accounts skip when not root.
 NOT_ROOT = "needs root: creates throwaway system accounts (useradd) and runs processes as them (setpriv)"

@@ -121,8 +121,8 @@ def ack(node: str = "node-a", sequence: int = 1, *, version: int = 1, status: st
 
 def heartbeat(node: str = "node-a", *, at: datetime = T0, applied_version: int = 1,
               applied_digest: str = "d" * 64, secret: Any = _SIGN,
-              signed_at: datetime | None = None) -> dict[str, Any]:
-    """A heartbeat wire dict, sent (see ``sent``)."""
+              signed_at: datetime | None = None, **fields: Any) -> dict[str, Any]:
+    """A heartbeat wire dict, sent (see ``sent``); ``fields``: more ``Heartbeat`` fields (``single_user``)."""
     return sent(Heartbeat(node=node, sent_at=at, started_at=T0 - timedelta(hours=1),
                           applied_version=applied_version, applied_digest=applied_digest, hostname="gpu-1",
-                          pid=123).to_wire(), secret, signed_at)
+                          pid=123, **fields).to_wire(), secret, signed_at)

@@ -13,6 +13,7 @@ from tests.support.factories import (
     make_group,
     make_node,
     make_release,
+    make_tenant,
 )
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +34,7 @@ def test_every_registry_model_is_registered():
 
 
 #: Append-only records: their admin pages show rows and never add, change or delete them.
-READ_ONLY = ("auditentry", "reservedsalt", "reservednamespace", "reservedtenantid")
+READ_ONLY = ("auditentry", "reservedsalt", "reservednamespace", "reservedtenantid", "reservedengineuser")
 
 
 @pytest.fixture
@@ -48,6 +49,7 @@ def test_every_admin_page_renders(admin_client_, release, django_user_model):
     make_group(release.model.tenant, "deleted-app").delete()  # leaves a ReservedSalt row
     make_release(release.model, "deleted-release").delete()  # leaves a ReservedNamespace row
     make_assignment(make_node(), release)
+    make_tenant("engines", engine_user="svc-engines")  # a ReservedEngineUser row
     for model in apps.get_app_config("tenants").get_models():
         info = (model._meta.app_label, model._meta.model_name)
         assert admin_client_.get(reverse("admin:{}_{}_changelist".format(*info))).status_code == 200

@@ -379,3 +379,28 @@ def test_a_document_naming_a_budget_share_twice_is_refused(daemon):
     doc["instances"][0]["budget_bytes"] = 1 << 20
     ack = daemon.handle_document(signing.signed(doc, "s3cret"))
     assert ack["reason"] == "invalid" and "budget_bytes" in ack["error"]
+
+
+@pytest.mark.parametrize("single_user", [False, True])
+def test_heartbeats_say_whether_the_agent_runs_single_user(tmp_path, broker, single_user):
+    """Security review F6: a single-user agent (every instance as its own account) says so in each heartbeat."""
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, single_user=single_user)
+    try:
+        assert d.heartbeat_now()
+        (beat,) = [m for m in broker.messages() if m["kind"] == "heartbeat"]
+        assert beat["single_user"] is single_user and parse_ingest(beat).single_user is single_user
+    finally:
+        d.stop()
+
+
+def test_node_engines_single_user_is_the_agent_not_being_privileged(tmp_path):
+    from agent.datapath.ledger import Ledger
+    from agent.node.engines import NodeEngines
+
+    for privileged in (False, True):
+        engines = NodeEngines("node-a", Ledger(), tmp_path / str(privileged), observe=False,
+                              is_privileged=privileged)
+        try:
+            assert engines.single_user is not privileged
+        finally:
+            engines.close()

@@ -24,7 +24,7 @@ from agent.datapath.ledger import Ledger
 from agent.node.engines import NodeEngines
 from agent.sim.master import free_ports
 from tests.agent.node.test_engines import RUN, Stores, document, present_keys, spec, store_of
-from tests.support.accounts import python_for, run_as
+from tests.support.accounts import THROWAWAY_ACCOUNT_RULES, python_for, run_as
 from tests.support.captures import frames, meta, retopic
 from tests.support.engines import ENGINE_SCRIPT, bind_publisher, events_flag, send_when_joined
 from tests.support.waiting import wait_for
@@ -32,7 +32,7 @@ from tests.support.waiting import wait_for
 
 def _engines(root: Path, *, privileged: bool) -> NodeEngines:
     return NodeEngines("node-a", Ledger(), root, state_dir=root.parent, interval=0, metrics_interval=0,
-                       store_opener=Stores(), is_privileged=privileged,
+                       store_opener=Stores(), is_privileged=privileged, account_rules=THROWAWAY_ACCOUNT_RULES,
                        observer_options={"poll_ms": 20, "retry_initial": 0.02, "retry_max": 0.1,
                                          "recheck_interval": 0.1})
 

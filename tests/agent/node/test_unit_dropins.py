@@ -12,6 +12,7 @@ from agent.node.accounts import Account, AccountError
 from agent.node.engines import NodeEngines
 from agent.node.unit_dropins import DROPIN_NAME, dropin_path, unit_name, write_account_dropins
 from tests.agent.node.test_engines import document, spec
+from tests.support.accounts import THROWAWAY_ACCOUNT_RULES
 
 ENGINE = Account(name="kvpool-t3", uid=4003, gid=4003)
 
@@ -85,7 +86,7 @@ def test_the_agent_writes_dropins_with_the_instance_directories(tmp_path, local_
     unit_dir = tmp_path / "units"
     instance = spec("7").model_copy(update={"launch": spec("7").launch.model_copy(update={"user": account.name})})
     engines = NodeEngines("node-a", Ledger(), tmp_path / "instances", state_dir=tmp_path, observe=False,
-                          is_privileged=True, unit_dir=unit_dir)
+                          is_privileged=True, account_rules=THROWAWAY_ACCOUNT_RULES, unit_dir=unit_dir)
     try:
         engines.on_apply(document([instance], 0, settings=None))
         assert (tmp_path / "instances" / "7").stat().st_uid == account.uid
@@ -103,7 +104,7 @@ def test_an_unwritable_unit_dir_is_reported_and_the_directories_still_written(tm
     blocker.write_text("")
     instance = spec("7").model_copy(update={"launch": spec("7").launch.model_copy(update={"user": account.name})})
     engines = NodeEngines("node-a", Ledger(), tmp_path / "instances", state_dir=tmp_path, observe=False,
-                          is_privileged=True, unit_dir=blocker / "units")
+                          is_privileged=True, account_rules=THROWAWAY_ACCOUNT_RULES, unit_dir=blocker / "units")
     try:
         engines.on_apply(document([instance], 0, settings=None))
         assert "engine unit drop-ins" in engines.errors["unit_dropins"]
