@@ -75,6 +75,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from agent.contract.keys import sglang_model_component
+from agent.contract.scope import ENGINE_LOOKUPS
 from dashboard.models import ConfigVersion, InstanceStats, NodeState, OccupancySample, Report
 from tenants.choices import Engine, ReleaseState
 from tenants.models import (
@@ -150,7 +151,7 @@ def check_names_stable(now: datetime) -> CheckResult:
             problems.append(f"{where}: served model '{model}' is not registered in tenant '{tenant_id}'")
         elif namespace and (tenant_id, model, namespace) not in releases:
             problems.append(f"{where}: release namespace '{namespace}' is not registered for model '{model}'")
-        elif group and (tenant_id, group) not in groups:
+        elif group and group != ENGINE_LOOKUPS and (tenant_id, group) not in groups:
             problems.append(f"{where}: request group '{group}' is not registered in tenant '{tenant_id}'")
     renamed = _renamed_instances(now)
     problems.extend(renamed)

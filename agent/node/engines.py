@@ -37,8 +37,8 @@ runs the node-maintenance policy the simulator runs too (``agent.datapath.mainte
   looked up in ``/proc`` (``agent.engines.vllm.processes``, at most every ``namespace_scan_interval`` seconds) and
   the blocks checked under the key prefix they really write under (``unknown_namespace_keys``);
 * **hits** — the engines' external prefix-cache counters (tokens the KV connector looked up in / loaded from the
-  Store) become the ledger's ``hit_blocks`` / ``miss_blocks`` of the instance's release row without a request group
-  (``NO_REQUEST_GROUP``, "": an engine's lookups are not told apart by request group): ``hit_blocks`` =
+  Store) become the ledger's ``hit_blocks`` / ``miss_blocks`` of the instance's release row of engine lookups
+  (``agent.contract.scope.ENGINE_LOOKUPS``: an engine's lookups are not told apart by request group): ``hit_blocks`` =
   ``external_prefix_cache_hits // block_size``, ``miss_blocks`` = ``(external_prefix_cache_queries -
   external_prefix_cache_hits) // block_size``, both over the tokens counted since the agent started (the
   remainders carry over, so the counters only grow);
@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoints
-from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
+from agent.contract.scope import ENGINE_LOOKUPS, CacheScope
 from agent.datapath.maintenance import (
     DEFAULT_FOREIGN_CHECK_INTERVAL,
     DEFAULT_PROBE_INTERVAL,
@@ -527,7 +527,7 @@ class NodeEngines:
                 instance = instances.get(iid)
                 if instance is None:
                     continue
-                scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace, NO_REQUEST_GROUP)
+                scope = CacheScope(instance.tenant_id, instance.served_model_name, instance.namespace, ENGINE_LOOKUPS)
                 credit = self._credits.get(iid)
                 if credit is None or credit.scope != scope or credit.block_size != instance.kv_layout.block_size:
                     credit = self._credits[iid] = _Credit(scope, instance.kv_layout.block_size)

@@ -24,7 +24,7 @@ import pytest
 
 from agent.contract import keys, signing
 from agent.contract.messages import PurgeRequest, Report, signed_request
-from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
+from agent.contract.scope import ENGINE_LOOKUPS, NO_REQUEST_GROUP, CacheScope
 from agent.datapath.hashing import VllmBlockHasher
 from agent.datapath.ledger import Ledger
 from agent.node.daemon import Daemon
@@ -185,7 +185,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
             assert probe.exists(held) == [1] * len(held)
         assert len(_present(ledger)) == master.metrics()["master_key_count"] == len(every) - 1
 
-        # the report carries the instance's facts and the engine's lookups in the release's row without a group
+        # the report carries the instance's facts and the engine's lookups in the release's row of engine lookups
         daemon.report_now()
         daemon.flush()
         report = Report.model_validate([m for batch in published for m in batch if m["kind"] == "report"][-1])
@@ -195,7 +195,8 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         assert stats.external_prefix_cache_queries > 0  # the connector looked every uncached prompt up
         expected = (stats.external_prefix_cache_hits // BLOCK,
                     (stats.external_prefix_cache_queries - stats.external_prefix_cache_hits) // BLOCK)
-        assert (rows[scope].hit_blocks, rows[scope].miss_blocks) == expected
+        lookups = rows[scope._replace(request_group=ENGINE_LOOKUPS)]
+        assert (lookups.hit_blocks, lookups.miss_blocks, lookups.bytes) == (*expected, 0)
 
         # a budget below the occupancy: the release goes under it, leaves only, no orphan. The reconciles and the
         # probe's checks above leased every object (Mooncake 0.3.13.post1: batch_is_exist takes a read lease for

@@ -23,7 +23,7 @@ from agent.contract.messages import (
     Report,
     StoreEndpoints,
 )
-from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
+from agent.contract.scope import ENGINE_LOOKUPS, CacheScope
 from agent.datapath.ledger import Ledger
 from agent.node.daemon import Daemon
 from agent.node.engines import NodeEngines
@@ -302,7 +302,7 @@ def test_engine_hits_become_hit_and_miss_blocks_of_the_release_scope(tmp_path):
                           observer_options={"fetch": fetch, "poll_ms": 20}, is_privileged=False)
     try:
         engines.on_apply(document([spec("7")], port))
-        scope = CacheScope(meta(RUN)["tenant_id"], "tiny-llama", meta(RUN)["cache_prefix"], NO_REQUEST_GROUP)
+        scope = CacheScope(meta(RUN)["tenant_id"], "tiny-llama", meta(RUN)["cache_prefix"], ENGINE_LOOKUPS)
 
         def row() -> tuple[int, int]:
             found = [r for r in ledger.snapshot() if CacheScope(r["tenant_id"], r["served_model_name"],

@@ -1,6 +1,7 @@
 """``request_group`` has one meaning per value (docs/design.md, Names): a request group's name is that group's row,
-``""`` (``NO_REQUEST_GROUP``) the release's row without a request group, and ``None`` (JSON ``null``, no query
-parameter) the whole release; never ``""`` for the whole release or for "every group"."""
+``""`` (``NO_REQUEST_GROUP``) the release's row without a request group, ``"(engine)"`` (``ENGINE_LOOKUPS``) the
+release's row of the engines' lookups, and ``None`` (JSON ``null``, no query parameter) the whole release; never
+``""`` for the whole release or for "every group"."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -9,7 +10,7 @@ import pytest
 from django.http import QueryDict
 from django.urls import reverse
 
-from agent.contract.scope import NO_REQUEST_GROUP, CacheScope, instance_scopes
+from agent.contract.scope import ENGINE_LOOKUPS, NO_REQUEST_GROUP, CacheScope, instance_scopes
 from dashboard.models import MasterHealth, OccupancySample
 from dashboard.telemetry.queries import OccupancyFilter, current_occupancy, occupancy_series
 from tests.support.rows import sample
@@ -30,8 +31,28 @@ def test_a_scope_without_request_group_is_the_whole_release_not_the_row_without_
 
 def test_an_instance_speaks_for_rows_only():
     scopes = instance_scopes("acme", "qwen3-8b", "production-2026-07", ["app-a"])
-    assert scopes == {RELEASE._replace(request_group=""), RELEASE._replace(request_group="app-a")}
+    assert scopes == {RELEASE._replace(request_group=""), RELEASE._replace(request_group="app-a"),
+                      RELEASE._replace(request_group=ENGINE_LOOKUPS)}
     assert all(scope.request_group is not None for scope in scopes)
+
+
+@pytest.mark.django_db
+def test_the_engine_lookups_row_is_no_request_group_name_and_no_unregistered_group():
+    from django.core.exceptions import ValidationError
+
+    from dashboard.checklist import check_names_stable
+    from tenants.validators import validate_dns_label
+    from tests.support.factories import make_model, make_release, make_tenant
+
+    with pytest.raises(ValidationError):
+        validate_dns_label(ENGINE_LOOKUPS)
+    make_release(make_model(make_tenant("acme"), "qwen3-8b"), "production-2026-07", hash_seed="42")
+    now = datetime.now(UTC)
+    sample(ts=now - timedelta(seconds=30), group=ENGINE_LOOKUPS, size=0, hit_blocks=3)
+    sample(ts=now - timedelta(seconds=30), group="no-such-group", size=0)
+    details = check_names_stable(now).details
+    assert any("'no-such-group' is not registered" in line for line in details)  # the check reads these rows
+    assert not any(ENGINE_LOOKUPS in line for line in details)
 
 
 def test_blank_or_absent_request_group_parameter_is_no_filter():
