@@ -699,7 +699,9 @@ class Heartbeat(AgentMessage):
 
     ``single_user``: the agent runs every engine instance as its own account (it is not privileged, or runs with
     ``--single-user``), so instances on the node are not kept from each other's files and sockets
-    (``agent.node.accounts``); a JSON boolean, false when absent (agents before it).
+    (``agent.node.accounts``); a JSON boolean, false when absent (agents before it). Sent only when true, so a
+    dashboard of the previous release (it refuses unknown fields) keeps taking the heartbeats of the agents upgraded
+    before it: agents go first in an upgrade, as they read documents of either release.
     """
 
     kind: Literal["heartbeat"] = "heartbeat"
@@ -712,6 +714,13 @@ class Heartbeat(AgentMessage):
     outbox_pending: NonNegative = 0
     outbox_dropped: NonNegative = 0
     single_user: StrictBool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        """As :meth:`AgentMessage.to_wire`, without ``single_user`` when it is false (class docstring)."""
+        wire = super().to_wire()
+        if not self.single_user:
+            wire.pop("single_user", None)
+        return wire
 
 
 IngestMessage = Annotated[Ack | Report | Heartbeat, Field(discriminator="kind")]
