@@ -35,7 +35,12 @@ Hostile input (issue 16 item 4), measured next to the ratios:
 * ``hostile_memory`` (a fresh interpreter, so its high-water is its own: ``VmHWM``): ``--hostile-events`` (300) GPU
   events of 200k tokens each, one at a time; the process's resident memory before and after and its high-water
   (MiB), and what the attributor says it holds (``memory_bytes``, when it accounts for it); ``hostile_memory_one_block``
-  the same with events that name a single block each (the worst case for a memo bounded by entries).
+  the same with events that name a single block each (the worst case for a memo bounded by entries);
+* ``hostile_roots`` (issue 20 F3): an instance with ``ROOT_GROUPS`` request groups (distinct salts) and
+  ``ROOT_ADAPTERS`` LoRA adapters (16,640 (salt, adapter) contexts), fed messages of ``ROOT_EVENTS_PER_MESSAGE``
+  single-block Store events that are each a request's first block with a random hash and no GPU event: CPU
+  milliseconds per event and block hashes computed per event (``VllmBlockHasher.block_hashes`` outputs counted:
+  an operation count), plus the attributor's work units per event (what the inbox's round budget sees).
 
 Goal: attribution ≥ 50,000 Store blocks/s/core. The last stdout line is one JSON object.
 """
@@ -59,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from agent.engines.vllm.attribution import MAX_MESSAGE_BLOCKS  # noqa: E402
 from agent.engines.vllm.events import (  # noqa: E402
     BlockStored,
     EventBatch,
@@ -324,6 +330,84 @@ def hostile_walk(tokens: int = HOSTILE_TOKENS, *, cpu_s: float = HOSTILE_CPU_S,
             "memo_lookups_per_event": round(_CountingMemo.lookups / max(events, 1), 1)}
 
 
+ROOT_GROUPS = 256
+ROOT_ADAPTERS = 64
+ROOT_EVENTS_PER_MESSAGE = 20
+
+
+def hostile_roots(*, cpu_s: float = HOSTILE_CPU_S, max_messages: int = 1000,
+                  groups: int = ROOT_GROUPS, adapters: int = ROOT_ADAPTERS,
+                  events_per_message: int = ROOT_EVENTS_PER_MESSAGE) -> dict[str, Any]:
+    """The blind-root fan-out attack (module docstring): CPU and hashes per hostile first-block event."""
+    from agent.contract.messages import InstanceSpec
+    from agent.datapath.hashing import VllmBlockHasher
+    from agent.engines.vllm.attribution import Attributor
+
+    meta, _pool = captured_blocks()
+    spec = InstanceSpec(
+        instance_id="vllm-bench", engine="vllm", role="both", port=8000, tenant_id=meta["tenant_id"],
+        served_model_name="tiny-llama", vllm_model_name=meta["model_dir_name"], namespace=meta["cache_prefix"],
+        release_state="active",
+        kv_layout={"num_layers": 2, "num_kv_heads": 2, "head_dim": 32, "block_size": meta["block_size"],
+                   "kv_dtype": "bfloat16",
+                   "adapters": [{"name": f"lora{i}", "path": f"/models/lora{i}"} for i in range(adapters)]},
+        hash_algo=meta["hash_algo"], hash_seed=meta["PYTHONHASHSEED"] or "",
+        request_groups=[{"name": "default", "cache_salt": ""}]
+        + [{"name": f"g{i}", "cache_salt": f"salt-{i}"} for i in range(groups - 1)])
+    att = Attributor(spec, None)
+    contexts = len(att._ctx_list)  # noqa: SLF001 - the fan-out is the point
+    bs = meta["block_size"]
+    rng = random.Random(20)
+    hashed = [0]
+    original = VllmBlockHasher.block_hashes
+
+    def counting(self: Any, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+        out = original(self, token_ids, parent)
+        hashed[0] += len(out)
+        return out
+
+    VllmBlockHasher.block_hashes = counting  # type: ignore[method-assign]
+    try:
+        messages = events = 0
+        spent = 0.0
+        work0 = att.work
+        while spent < cpu_s and messages < max_messages:
+            evs = [BlockStored(block_hashes=[rng.getrandbits(63)], parent_block_hash=None,
+                               token_ids=[rng.randrange(1024) for _ in range(bs)], block_size=bs, lora_id=None,
+                               medium="cpu", lora_name=None, group_idx=0) for _ in range(events_per_message)]
+            raw = encode_message(TOPIC, messages, EventBatch(1796134466.0, evs, 0))
+            t0 = time.process_time()
+            att.handle_frames(raw)
+            spent += time.process_time() - t0
+            messages += 1
+            events += len(evs)
+        per_event_hashes = hashed[0] / max(events, 1)
+        # one message at MAX_MESSAGE_BLOCKS of such events: measured when a message's hashes are bounded (fewer than
+        # every context per event), else estimated from the per-event figures (about 15 minutes before the bound)
+        big = MAX_MESSAGE_BLOCKS
+        if hashed[0] < contexts * events:
+            evs = [BlockStored(block_hashes=[rng.getrandbits(63)], parent_block_hash=None,
+                               token_ids=[rng.randrange(1024) for _ in range(bs)], block_size=bs, lora_id=None,
+                               medium="cpu", lora_name=None, group_idx=0) for _ in range(big)]
+            big_raw = encode_message(TOPIC, messages, EventBatch(1796134466.0, evs, 0))
+            h0 = hashed[0]
+            t0 = time.process_time()
+            att.handle_frames(big_raw)
+            big_cpu, big_hashes, measured = time.process_time() - t0, hashed[0] - h0, True
+        else:
+            big_cpu, big_hashes, measured = spent / max(events, 1) * big, per_event_hashes * big, False
+    finally:
+        VllmBlockHasher.block_hashes = original  # type: ignore[method-assign]
+    c = att.counters
+    return {"groups": groups, "adapters": adapters, "contexts": contexts, "messages": messages, "events": events,
+            "message_bytes": sum(len(f) for f in raw), "cpu_ms_per_event": round(spent / max(events, 1) * 1e3, 4),
+            "hashes_per_event": round(hashed[0] / max(events, 1), 1),
+            "work_per_event": round((att.work - work0) / max(events, 1), 1),
+            "max_message_events": big, "max_message_cpu_s": round(big_cpu, 3),
+            "max_message_hashes": round(big_hashes), "max_message_measured": measured,
+            "outcomes": {k: getattr(c, k) for k in ("attributed", "unknown_salt", "unverifiable")}}
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
@@ -413,13 +497,21 @@ def run(quick: bool = False, *, requests: int | None = None, blocks: int = 16,
     walk = hostile_walk(hostile_tokens, cpu_s=1.0 if quick else HOSTILE_CPU_S)
     memory = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens)
     one = hostile_memory(hostile_events or (30 if quick else HOSTILE_EVENTS), hostile_tokens, blocks=1)
+    roots = hostile_roots(cpu_s=1.0 if quick else HOSTILE_CPU_S)
     out["hostile_walk"] = walk
+    out["hostile_roots"] = roots
     out["hostile_memory"] = memory
     out["hostile_memory_one_block"] = one
     print(f"hostile: GPU event of {walk['tokens']:,} tokens ({walk['gpu_blocks']:,} blocks, "
           f"{walk['gpu_event_cpu_ms']:,} ms), then {walk['events']:,} Store events of {walk['event_bytes']} bytes "
           f"below its last block: {walk['cpu_ms_per_event']:,} ms CPU/event, {walk['events_per_s']:,} events/s, "
           f"{walk['memo_lookups_per_event']:,} memo lookups/event")
+    print(f"hostile: first blocks with unknown hashes, {roots['groups']} groups x {roots['adapters']} adapters "
+          f"({roots['contexts']:,} contexts), {roots['events']:,} events in messages of {roots['message_bytes']} "
+          f"bytes: {roots['cpu_ms_per_event']:,} ms CPU/event, {roots['hashes_per_event']:,} hashes/event, "
+          f"{roots['work_per_event']:,} work units/event; one message of {roots['max_message_events']:,} such events: "
+          f"{roots['max_message_cpu_s']} s CPU, {roots['max_message_hashes']:,} hashes "
+          f"({'measured' if roots['max_message_measured'] else 'estimated'})")
     print(f"hostile: {memory['events']} GPU events of {memory['tokens_per_event']:,} tokens: resident "
           f"{memory['rss_before_mib']} -> {memory['rss_after_mib']} MiB (high-water {memory['rss_high_water_mib']} "
           f"MiB), attributor holds {memory['memory_bytes']} bytes in {memory['gpu_memo_blocks']} memo blocks")

@@ -9,8 +9,10 @@ turns those events into block writes exactly like the connector's own puts:
 1. **Request group.** A request's first block (``parent_block_hash`` null) is salted with its group's
    ``cache_salt``. The GPU prefix-cache event of the same block (``medium: "GPU"``) carries the salt in its
    first ``extra_keys`` entry; recent GPU events are remembered by block hash (bounded, oldest dropped). Without
-   one, the block is hashed under every registered salt (and LoRA adapter) of the instance. Later blocks
-   inherit the group of their parent.
+   one, the block is hashed under every registered salt (and LoRA adapter) of the instance, at most
+   ``MAX_ROOT_HASHES`` hashes per message (each a work unit of the inbox's round budget; first blocks left untried
+   are ``unverifiable``, counted in ``roots_over_budget``), and a first block that no context reproduced is
+   remembered as failed and not hashed again. Later blocks inherit the group of their parent.
 2. **Full hash.** Rebuilt with :mod:`agent.datapath.hashing` under the release's fingerprint (algorithm, seed,
    salt, LoRA, block size) through the instance's key spaces (``adapter_keyspaces``), and compared with the
    engine's hash. A run of consecutive chained events is hashed in one call (the compiled chain).
@@ -112,6 +114,15 @@ GPU_EVENT_BYTES = 256
 #: Bytes per block of an event's hash -> index map (built the first time a walk or a Store event needs it).
 GPU_INDEX_BYTES = 72
 
+#: Candidate (salt, adapter) contexts hashed per message for requests' first blocks that no remembered GPU event
+#: names (issue 20 F3). Such a block is hashed under every context of the instance until one reproduces it, and an
+#: instance may register 256 groups x 65 adapter slots = 16,640 contexts: without a cap one 3 KiB message of 20
+#: such events cost a second of CPU. 4096 hashes (about 12 ms here, as much as ``inbox.DEFAULT_ROUND_WORK``
+#: blocks) cover every context of 64 groups x 64 adapters; the common case (unsalted base model) is tried first.
+#: Roots left untried once the budget is spent are ``unverifiable`` and counted in ``roots_over_budget``. Each hash
+#: is a work unit, so the inbox ends the instance's round after that message.
+MAX_ROOT_HASHES = 4096
+
 #: Messages up to this size need no block and token count: each block hash and token id takes a byte at least.
 _SMALL_MESSAGE_BYTES = min(MAX_MESSAGE_BLOCKS, MAX_EVENT_TOKENS)
 
@@ -131,7 +142,10 @@ class AttributionCounters:
     (``BlockStored`` of other media), ``removed_blocks`` (Store ``BlockRemoved`` blocks sent for a re-check),
     ``cleared`` (``AllBlocksCleared`` events), ``dropped_messages`` (received but not attributed: the instance's
     queue was full, see ``agent.engines.vllm.inbox``), ``walk_steps`` (GPU blocks walked up to find parents: an
-    operation count).
+    operation count), ``root_hashes`` (context hashes tried for first blocks no GPU event names: an operation count,
+    at most ``MAX_ROOT_HASHES`` per message), ``roots_over_budget`` (first blocks left ``unverifiable`` because the
+    message's ``MAX_ROOT_HASHES`` were spent), ``roots_remembered`` (first blocks that failed before, answered from
+    the failed map without hashing).
     """
 
     messages: int = 0
@@ -153,6 +167,9 @@ class AttributionCounters:
     cleared: int = 0
     dropped_messages: int = 0
     walk_steps: int = 0
+    root_hashes: int = 0
+    roots_over_budget: int = 0
+    roots_remembered: int = 0
     by_group: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -307,8 +324,11 @@ class Attributor:
         #: Unix seconds of the newest decoded message (None before the first).
         self.last_message_at: float | None = None
         self.pending = PendingWrites() if grace is None else PendingWrites(grace=grace)
-        #: Work units done so far (blocks handled plus GPU blocks walked): the inbox's round budget reads it.
+        #: Work units done so far (blocks handled, GPU blocks walked, root contexts hashed): the inbox's round
+        #: budget reads it.
         self.work = 0
+        #: Root context hashes left to this message (``MAX_ROOT_HASHES``, refilled per message).
+        self._root_budget = MAX_ROOT_HASHES
         self.set_memory_bytes(memory_bytes)
         self._published: dict[str, Any] = {}
         if previous is not None:
@@ -401,12 +421,14 @@ class Attributor:
             if missed:
                 c.seq_gaps += missed
             c.seq_resets = self._seq.resets
+            self._root_budget = MAX_ROOT_HASHES
             self._apply_events(msg.batch.events)
             self._publish()
 
     def handle_events(self, events: Sequence[Any]) -> None:
         """Apply decoded events (no sequence accounting)."""
         with self._lock:
+            self._root_budget = MAX_ROOT_HASHES
             self._apply_events(events)
             self._publish()
 
@@ -548,14 +570,15 @@ class Attributor:
             return None
         return value[:-2], self._ctx_list[int.from_bytes(value[-2:], "big")]
 
-    def _fail_refs(self, refs: Sequence[Any], reason: str, *, count: bool) -> None:
-        failed = self._failed
-        for ref in refs:
-            failed[ref] = reason
-        extra = len(failed) - self.failed_cap
-        while extra > 0:
-            failed.popitem(last=False)
-            extra -= 1
+    def _fail_refs(self, refs: Sequence[Any], reason: str, *, count: bool, remember: bool = True) -> None:
+        if remember:
+            failed = self._failed
+            for ref in refs:
+                failed[ref] = reason
+            extra = len(failed) - self.failed_cap
+            while extra > 0:
+                failed.popitem(last=False)
+                extra -= 1
         if count:
             c = self.counters
             c.blocks_seen += len(refs)
@@ -588,7 +611,15 @@ class Attributor:
         parent_ref = head.parent_block_hash
         parent_full: bytes | None
         if parent_ref is None:
+            known_failure = self._failed.get(refs[0])
+            if known_failure in _HASHED_FAILURES:  # this root was hashed and failed before: not hashed again
+                self.counters.roots_remembered += 1
+                self._fail_refs(refs, str(known_failure), count=True)
+                return
             root = self._resolve_root(refs[0], toks[:bs], head.lora_name)
+            if root is _OVER_BUDGET:  # not tried: a later message may try it, so it is not remembered
+                self._fail_refs(refs, "unverifiable", count=True, remember=False)
+                return
             if isinstance(root, str):
                 self._fail_refs(refs, root, count=True)
                 return
@@ -645,7 +676,9 @@ class Attributor:
             self._fail_refs(rest, reason, count=True)
 
     def _resolve_root(self, ref: Any, first_toks: list[int], lora_name: str | None) -> tuple[_Ctx, bytes] | str:
-        """The (group, adapter) context and full digest of a request's first block, or the failure reason."""
+        """The (group, adapter) context and full digest of a request's first block, or the failure reason
+        (:data:`_OVER_BUDGET` when the message's ``MAX_ROOT_HASHES`` ran out before every context was tried).
+        Every hash is a work unit and counted in ``root_hashes``."""
         rec = self._gpu.get(ref)
         if rec is not None and rec.parent is None and rec.hashes[0] == ref:
             extra = rec.extra(0)
@@ -655,6 +688,8 @@ class Attributor:
             ctx = self._by_salt.get((first_block_salt(extra, rec.lora_name), adapter))
             if ctx is None:
                 return "unknown_adapter" if adapter not in self._adapters else "unknown_salt"
+            self.work += 1
+            self.counters.root_hashes += 1
             digest = ctx.hasher.block_hashes(first_toks)[0]
             return (ctx, digest) if _matches(digest, ref) else "hash_mismatch"
         candidates = self._root_order
@@ -662,10 +697,21 @@ class Attributor:
             candidates = [ctx for ctx in candidates if ctx.adapter == lora_name]
             if not candidates:
                 return "unknown_adapter"
-        for ctx in candidates:
-            digest = ctx.hasher.block_hashes(first_toks)[0]
-            if _matches(digest, ref):
-                return ctx, digest
+        budget = self._root_budget
+        tried = 0
+        try:
+            for ctx in candidates:
+                if tried >= budget:
+                    self.counters.roots_over_budget += 1
+                    return _OVER_BUDGET
+                tried += 1
+                digest = ctx.hasher.block_hashes(first_toks)[0]
+                if _matches(digest, ref):
+                    return ctx, digest
+        finally:
+            self._root_budget = budget - tried
+            self.work += tried
+            self.counters.root_hashes += tried
         return "unknown_salt"
 
     def _resolve_via_gpu(self, ref: Any) -> tuple[bytes, _Ctx] | str:
@@ -705,6 +751,8 @@ class Attributor:
             if first is None:
                 return self._fail_walk(chain, "unverifiable")
             resolved = self._resolve_root(cur, first, rec.lora_name)
+            if resolved is _OVER_BUDGET:  # cannot happen (a GPU event names this root), kept safe: not remembered
+                return "unverifiable"
             if isinstance(resolved, str):
                 return self._fail_walk(chain, resolved)
             ctx, full = resolved
@@ -804,6 +852,13 @@ class Attributor:
         return hit[1].group if hit is not None else None
 
 
+#: :meth:`Attributor._resolve_root`'s answer for a first block left untried (the message's root budget is spent).
+_OVER_BUDGET = "unverifiable (root budget spent)"
+#: Failures of a first block that hashing decided (the same block fails the same way again: remembered, not retried);
+#: ``unverifiable`` is not one of them (a later event of the block may carry its token ids).
+_HASHED_FAILURES = frozenset({"unknown_salt", "unknown_adapter", "hash_mismatch"})
+
+
 def _check_limits(msg: DecodedMessage) -> None:
     """Raise ``EventDecodeError`` for a message over ``MAX_MESSAGE_BLOCKS`` blocks or an event over
     ``MAX_EVENT_TOKENS`` token ids."""
@@ -828,4 +883,4 @@ def _matches(digest: bytes, ref: Any) -> bool:
 
 __all__ = ["AttributionCounters", "Attributor", "OUTCOMES", "DEFAULT_GPU_MEMO_BLOCKS", "DEFAULT_KNOWN_BLOCKS",
            "DEFAULT_MEMORY_BYTES", "MAX_EVENT_TOKENS", "MAX_GPU_WALK", "MAX_MESSAGE_BLOCKS", "MAX_MESSAGE_BYTES",
-           "MEMORY_SHARES", "instance_block_bytes"]
+           "MAX_ROOT_HASHES", "MEMORY_SHARES", "instance_block_bytes"]

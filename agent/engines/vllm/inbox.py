@@ -3,9 +3,11 @@
 The thread that receives messages (``agent.engines.vllm.observer``) only routes them here (:meth:`Inbox.put`, O(1));
 one attribution thread (:meth:`Inbox.start`) takes them in rounds: each round visits every instance with queued
 messages once and attributes its messages until that instance's work in the round reaches ``round_work``
-(``Attributor.work``: blocks handled plus GPU blocks walked) — at least one message, at most one message past the
-budget. So one instance's traffic, however heavy or hostile, delays another instance's messages by at most one
-round budget (and one bounded message, ``agent.engines.vllm.attribution.MAX_MESSAGE_BLOCKS``) per instance, and
+(``Attributor.work``: blocks handled, GPU blocks walked and candidate contexts hashed for first blocks no GPU event
+names) — at least one message, at most one message past the budget (whose root hashes are capped at
+``agent.engines.vllm.attribution.MAX_ROOT_HASHES``). So one instance's traffic, however heavy or hostile, delays
+another instance's messages by at most one round budget (and one bounded message,
+``agent.engines.vllm.attribution.MAX_MESSAGE_BLOCKS`` blocks and ``MAX_ROOT_HASHES`` root hashes) per instance, and
 receiving never waits for attribution.
 
 Memory: at most ``max_bytes`` of queued frames per instance and ``max_total_bytes`` over all; a message that does
@@ -25,7 +27,7 @@ from typing import Any
 
 log = logging.getLogger("kvpool.agent.engines.vllm")
 
-#: Work units (blocks handled + GPU blocks walked) one instance may use per round.
+#: Work units (blocks handled + GPU blocks walked + root contexts hashed) one instance may use per round.
 DEFAULT_ROUND_WORK = 4096
 #: Queued frame bytes per instance.
 DEFAULT_INSTANCE_QUEUE_BYTES = 16 << 20

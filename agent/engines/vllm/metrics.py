@@ -16,15 +16,29 @@ counter that went down (the engine restarted) counts its whole current value. :c
 the last scrape, the summed deltas since the tracker started, and scrape failures. Its first successful scrape is
 the baseline (not counted: an engine that already ran before the agent started) unless scrapes failed before it
 (the engine was not up yet when the tracker started: everything it counted happened since).
+
+Untrusted answers (issue 20 F4/F5): whoever listens on the port answers. :func:`fetch_text` bounds one scrape in
+total time (``SCRAPE_DEADLINE_S``, connect to last byte, not per socket operation) and size (``MAX_METRICS_BYTES``),
+and, given the instance's uid, reads nothing from a listener of another account: the kernel's socket table
+(``/proc/net/tcp``, ``tcp6``) names the uid of the server side of the very connection made (the listener's account;
+a port held by another account while the engine is down is refused). :meth:`MetricsTracker.update` refuses a scrape
+whose token counters grew by more than ``MAX_TOKENS_PER_S`` per second since the previous one (counted in
+``implausible``): what one scrape can credit is bounded.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
+import ipaddress
+import socket
+import struct
 import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +53,25 @@ _PER_OPERATION = {
     "vllm:mooncake_store_operation_bytes_total": "store_bytes",
     "vllm:mooncake_store_operation_failed_keys_total": "store_failed_keys",
 }
+
+
+#: Total seconds one scrape may take, from connect to the answer's last byte. vLLM answers ``/metrics`` in
+#: milliseconds; one thread scrapes every instance in turn, so this is the most one instance (a trickling engine or
+#: a process squatting its port) can delay the scrapes of the others.
+SCRAPE_DEADLINE_S = 2.0
+#: Largest ``/metrics`` answer read (bytes, headers included). vLLM 0.32's is about 100-300 KiB (histograms per
+#: engine and model); 4 MiB leaves room for many label sets while bounding the memory and parse CPU of one scrape.
+MAX_METRICS_BYTES = 4 << 20
+#: Most tokens an instance may look up per second (each token counter: ``prefix_cache_*``,
+#: ``external_prefix_cache_*``). A large GPU prefills on the order of 10^5 tokens/s and a lookup counts a prompt's
+#: tokens once per scheduling; 10^6/s per instance is far above it. A larger jump is refused (``implausible``).
+MAX_TOKENS_PER_S = 1_000_000
+#: Seconds of slack added to the time since the previous scrape for :data:`MAX_TOKENS_PER_S`.
+PLAUSIBLE_SLACK_S = 5.0
+
+_TOKEN_COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+                   "external_prefix_cache_hits")
+_RECV_BYTES = 64 << 10
 
 
 class MetricsError(RuntimeError):
@@ -168,21 +201,158 @@ def parse_metrics(text: str, *, scraped_at: float | None = None) -> EngineMetric
         found=frozenset(found), scraped_at=time.time() if scraped_at is None else scraped_at)
 
 
-def fetch_text(url: str, timeout: float = 2.0) -> str:
-    """GET ``url`` and return its body as text.
+def fetch_text(url: str, timeout: float = SCRAPE_DEADLINE_S, *, owner_uid: int | None = None,
+               max_bytes: int = MAX_METRICS_BYTES, proc_net: Path = Path("/proc/net")) -> str:
+    """GET ``url`` (``http://host:port/path``) and return its body as text, within ``timeout`` seconds in all and
+    ``max_bytes`` bytes (module docstring). With ``owner_uid``, the server side of the connection must belong to
+    that uid (:func:`server_uid`), else nothing is sent or read.
 
     Raises:
-        MetricsError: connection failure, timeout, or a non-200 status.
+        MetricsError: connection failure, deadline passed, answer too large, a listener of another account,
+            a non-200 status or a malformed answer.
     """
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise MetricsError(f"{url}: no complete answer within {timeout:g} s (the scrape's deadline): refused")
+        return remaining
+
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise MetricsError(f"{url}: not an http:// URL")
+    host, port = parts.hostname, parts.port or 80
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a node-local http URL
-            if resp.status != 200:
-                raise MetricsError(f"{url}: HTTP {resp.status}")
-            return resp.read().decode("utf-8", "replace")
+        sock = socket.create_connection((host, port), timeout=left())
     except MetricsError:
         raise
-    except Exception as exc:  # URLError, socket timeout, connection reset, ...
+    except OSError as exc:
         raise MetricsError(f"{url}: {exc}") from None
+    try:
+        if owner_uid is not None:
+            uid = server_uid(sock, proc_net)
+            if uid != owner_uid:
+                who = "no listener found in the socket table" if uid is None else f"the listener's uid is {uid}"
+                raise MetricsError(f"{url}: {who}, not the instance's account (uid {owner_uid}): another process "
+                                   "holds the port; scrape refused")
+        raw = _exchange(sock, url, host, port, path, max_bytes, left)
+    except MetricsError:
+        raise
+    except OSError as exc:  # reset, timeout (the deadline), ...
+        if isinstance(exc, TimeoutError | socket.timeout):
+            raise MetricsError(f"{url}: no complete answer within {timeout:g} s (the scrape's deadline): "
+                               "refused") from None
+        raise MetricsError(f"{url}: {exc}") from None
+    finally:
+        sock.close()
+    resp = http.client.HTTPResponse(_Replay(raw))  # type: ignore[arg-type]
+    try:
+        resp.begin()
+        if resp.status != 200:
+            raise MetricsError(f"{url}: HTTP {resp.status}")
+        return resp.read().decode("utf-8", "replace")
+    except MetricsError:
+        raise
+    except Exception as exc:  # malformed status line, headers, chunks; truncated body
+        raise MetricsError(f"{url}: malformed HTTP answer: {exc!r}"[:500]) from None
+
+
+class _Replay:
+    """A received answer, as the socket ``http.client.HTTPResponse`` parses."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def makefile(self, *_args: Any, **_kwargs: Any) -> io.BytesIO:
+        return io.BytesIO(self._raw)
+
+
+def _exchange(sock: socket.socket, url: str, host: str, port: int, path: str, max_bytes: int,
+              left: Callable[[], float]) -> bytes:
+    """Send the request and receive the answer: until the peer closes, the ``Content-Length`` is in or a chunked
+    body's last chunk; every operation within the deadline (``left``), at most ``max_bytes``."""
+    sock.settimeout(left())
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/plain\r\nConnection: close"
+                 "\r\n\r\n".encode("latin-1"))
+    buf = bytearray()
+    body_at = -1
+    length: int | None = None
+    chunked = False
+    while True:
+        sock.settimeout(left())
+        data = sock.recv(min(_RECV_BYTES, max_bytes + 1 - len(buf)))
+        if not data:
+            break
+        buf += data
+        if len(buf) > max_bytes:
+            raise MetricsError(f"{url}: answer over {max_bytes} bytes (MAX_METRICS_BYTES): refused")
+        if body_at < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                continue
+            body_at = end + 4
+            for line in bytes(buf[:end]).split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length" and value.strip().isdigit():
+                    length = int(value.strip())
+                elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                    chunked = True
+        if length is not None and not chunked and len(buf) - body_at >= length:
+            break
+        if chunked and buf.endswith(b"\r\n0\r\n\r\n"):
+            break
+    return bytes(buf)
+
+
+def _proc_addr(field_: str) -> tuple[str, int]:
+    """``ADDR:PORT`` of a ``/proc/net/tcp[6]`` row: the address in host byte order, 4 or 16 bytes, as text
+    (an IPv4-mapped IPv6 address as its IPv4 form)."""
+    addr_hex, _, port_hex = field_.partition(":")
+    raw = bytes.fromhex(addr_hex)
+    packed = b"".join(struct.pack("=I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    ip = ipaddress.ip_address(packed)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(port_hex, 16)
+
+
+def _norm(addr: Any) -> tuple[str, int]:
+    ip = ipaddress.ip_address(str(addr[0]).split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(addr[1])
+
+
+def server_uid(sock: socket.socket, proc_net: Path = Path("/proc/net")) -> int | None:
+    """The uid owning the server side of ``sock``'s connection (Linux: the kernel's ``/proc/net/tcp`` and ``tcp6``
+    rows; an accepted socket carries its listener's uid): the row whose local address is ``sock``'s peer and whose
+    remote address is ``sock``'s own; when that row is not listed (yet), the listening socket(s) on the peer's port
+    (all must be one uid). None when none is found or the table cannot be read."""
+    server, client = _norm(sock.getpeername()), _norm(sock.getsockname())
+    listeners: set[int] = set()
+    wildcard = {"0.0.0.0", "::"}
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 8:
+                continue
+            try:
+                local, remote = _proc_addr(cols[1]), _proc_addr(cols[2])
+                uid = int(cols[7])
+            except ValueError:
+                continue
+            if local == server and remote == client:
+                return uid
+            if cols[3] == "0A" and local[1] == server[1] and (local[0] == server[0] or local[0] in wildcard):
+                listeners.add(uid)
+    return listeners.pop() if len(listeners) == 1 else None
 
 
 class MetricsTracker:
@@ -190,29 +360,54 @@ class MetricsTracker:
 
     Args:
         url: the engine's metrics URL (``http://127.0.0.1:<port>/metrics``).
-        fetch: ``(url, timeout) -> text`` (default :func:`fetch_text`).
-        timeout: seconds per scrape.
+        fetch: ``(url, timeout) -> text`` (default :func:`fetch_text`, checking ``owner_uid``).
+        timeout: seconds per scrape, in all (``SCRAPE_DEADLINE_S``).
+        owner_uid: the instance's account: :func:`fetch_text` refuses a listener of another uid (None: no check;
+            the observer always passes one).
+        clock: monotonic seconds (tests), for :data:`MAX_TOKENS_PER_S`.
 
     Not thread-safe by itself (the observer calls it from one thread and reads :meth:`snapshot` under its lock).
     """
 
-    def __init__(self, url: str, *, fetch: Callable[[str, float], str] = fetch_text, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, *, fetch: Callable[[str, float], str] | None = None,
+                 timeout: float = SCRAPE_DEADLINE_S, owner_uid: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.url = url
-        self.fetch = fetch
+        self.owner_uid = owner_uid
+        self.fetch: Callable[[str, float], str] = fetch if fetch is not None else self._fetch_owned
         self.timeout = timeout
+        self.clock = clock
         self.last: EngineMetrics | None = None
         self.totals = EngineMetrics()
         self.scrapes = 0
         self.failures = 0
         self.resets = 0
+        self.implausible = 0
         self.last_error = ""
+        self._since = clock()  # when the counters were last known (the tracker's start, then each scrape taken)
+
+    def _fetch_owned(self, url: str, timeout: float) -> str:
+        return fetch_text(url, timeout, owner_uid=self.owner_uid)
 
     def update(self, metrics: EngineMetrics) -> EngineMetrics | None:
         """Take one scrape; returns its delta since the previous one. The first successful scrape is the baseline
         (None, nothing counted) unless earlier scrapes failed: then the engine came up after the tracker started
         and its whole counts are the delta."""
+        now = self.clock()
+        elapsed, self._since = max(0.0, now - self._since), now
         previous, self.last = self.last, metrics
         self.scrapes += 1
+        grown = metrics if previous is None else metrics.delta(previous)
+        allowed = MAX_TOKENS_PER_S * (elapsed + PLAUSIBLE_SLACK_S)
+        if (previous is not None or self.failures) and any(getattr(grown, n) > allowed for n in _TOKEN_COUNTERS):
+            # more tokens than the instance could have looked up since: refused, counted; the next scrape counts
+            # from this one
+            self.implausible += 1
+            self.failures += 1
+            worst = max(_TOKEN_COUNTERS, key=lambda n: getattr(grown, n))
+            self.last_error = (f"{self.url}: {worst} grew by {getattr(grown, worst):,.0f} tokens in {elapsed:.1f} s, "
+                               f"over {MAX_TOKENS_PER_S:,} tokens/s (MAX_TOKENS_PER_S): not counted")
+            return None
         if previous is None:
             if not self.failures:
                 return None
@@ -236,11 +431,14 @@ class MetricsTracker:
         return self.update(metrics)
 
     def snapshot(self) -> dict[str, Any]:
-        """``url``, ``scrapes``, ``failures``, ``resets``, ``last_error``, ``last`` (the latest scrape) and
-        ``totals`` (increases since the tracker started), JSON-ready."""
+        """``url``, ``scrapes``, ``failures``, ``resets``, ``implausible`` (scrapes refused for
+        :data:`MAX_TOKENS_PER_S`, also in ``failures``), ``last_error``, ``last`` (the latest scrape) and ``totals``
+        (increases since the tracker started), JSON-ready."""
         return {"url": self.url, "scrapes": self.scrapes, "failures": self.failures, "resets": self.resets,
+                "implausible": self.implausible,
                 "last_error": self.last_error, "last": self.last.as_dict() if self.last else None,
                 "totals": self.totals.as_dict()}
 
 
-__all__ = ["EngineMetrics", "MetricsError", "MetricsTracker", "fetch_text", "parse_metrics"]
+__all__ = ["MAX_METRICS_BYTES", "MAX_TOKENS_PER_S", "SCRAPE_DEADLINE_S", "EngineMetrics", "MetricsError",
+           "MetricsTracker", "fetch_text", "parse_metrics", "server_uid"]

@@ -43,7 +43,7 @@ import zmq
 from agent.engines.vllm.attribution import DEFAULT_MEMORY_BYTES, MAX_MESSAGE_BYTES, Attributor
 from agent.engines.vllm.events import MEDIUM_STORE, BlockStored, EventDecodeError, decode_message
 from agent.engines.vllm.inbox import Inbox
-from agent.engines.vllm.metrics import MetricsTracker, fetch_text, parse_metrics
+from agent.engines.vllm.metrics import SCRAPE_DEADLINE_S, MetricsError, MetricsTracker, parse_metrics
 from agent.engines.vllm.transport import (
     CONNECTED,
     REFUSED,
@@ -88,6 +88,12 @@ def default_source(instance: Any) -> EventSource:
     return launch_source(instance, None, os.geteuid())
 
 
+def _no_account(url: str, timeout: float) -> str:
+    """The scrape of an instance whose account is unknown here: refused (its listener's uid cannot be checked)."""
+    raise MetricsError(f"{url}: the instance has no account here, so whoever listens on its port cannot be checked: "
+                       "not scraped")
+
+
 def _instances(applied: Any) -> list[Any]:
     """Instances of a duck-typed ``AppliedConfig`` (``.document.instances``), ``ConfigDocument``
     (``.instances``) or a plain iterable of instances (None: none)."""
@@ -127,8 +133,10 @@ class EngineObserver:
             (default :func:`default_source`).
         metrics_interval: seconds between scrapes of each instance's ``/metrics`` (0: no scraping thread).
         metrics_host: host of the engines' HTTP servers.
-        metrics_timeout: seconds per scrape.
-        fetch: ``(url, timeout) -> text`` for scrapes (tests).
+        metrics_timeout: seconds per scrape, in all (``agent.engines.vllm.metrics.SCRAPE_DEADLINE_S``).
+        fetch: ``(url, timeout) -> text`` for scrapes (tests; default: ``fetch_text``, which reads nothing from a
+            listener whose uid is not the instance's account, the source's ``owner_uid``; an instance without a
+            known account is not scraped).
         topic_for: ``instance -> topic string`` its messages must carry (default: the instance id).
         attributor_options: keyword arguments for each :class:`Attributor` (``block_bytes``, ``store_media``,
             ``known_blocks``, ``gpu_memo_blocks``).
@@ -144,7 +152,7 @@ class EngineObserver:
 
     def __init__(self, ledger: Any = None, *, source_for: Callable[[Any], EventSource] = default_source,
                  metrics_interval: float = DEFAULT_METRICS_INTERVAL, metrics_host: str = "127.0.0.1",
-                 metrics_timeout: float = 2.0, fetch: Callable[[str, float], str] = fetch_text,
+                 metrics_timeout: float = SCRAPE_DEADLINE_S, fetch: Callable[[str, float], str] | None = None,
                  topic_for: Callable[[Any], str] = default_topic,
                  attributor_options: Mapping[str, Any] | None = None, rcvhwm: int = DEFAULT_RCVHWM,
                  poll_ms: int = 100, retry_initial: float = DEFAULT_RETRY_INITIAL,
@@ -237,9 +245,11 @@ class EngineObserver:
             trackers = {}
             for iid, att in attributors.items():
                 url = f"http://{self.metrics_host}:{att.instance.port}/metrics"
+                owner = links[iid].source.owner_uid
                 tracker = self._trackers.get(iid)
-                if tracker is None or tracker.url != url:
-                    tracker = MetricsTracker(url, fetch=self.fetch, timeout=self.metrics_timeout)
+                if tracker is None or tracker.url != url or tracker.owner_uid != owner:
+                    fetch = self.fetch if self.fetch is not None or owner is not None else _no_account
+                    tracker = MetricsTracker(url, fetch=fetch, timeout=self.metrics_timeout, owner_uid=owner)
                 trackers[iid] = tracker
             self._trackers = trackers
 

@@ -39,7 +39,9 @@ class EventSource:
     """Where one instance's engine publishes its KV events.
 
     ``socket_path``: the ipc socket (absolute; None when there is none to connect to); ``owner_uid``: the uid that
-    must own it (the instance's account); ``endpoint``: what the instance's launch renders (for reports);
+    must own it (the instance's account; set whenever the account is known, even when there is no socket to
+    observe: the observer also checks that the instance's ``/metrics`` listener belongs to it); ``endpoint``: what
+    the instance's launch renders (for reports);
     ``status``/``problem``: set (``INSECURE``, ``UNOBSERVED``) when the instance cannot be observed, "" otherwise.
     """
 
@@ -158,18 +160,20 @@ def launch_source(instance: object, instance_dir: Path | None, owner_uid: int | 
 
     launch = getattr(instance, "launch", None)
     endpoint = launch_events_endpoint(launch.argv) if launch is not None else None
+    uid = None if account_problem else owner_uid
     if endpoint is None:
-        return EventSource("", status=UNOBSERVED, problem="its launch renders no KV-event endpoint (no "
-                                                          "--kv-events-config): nothing to observe")
+        return EventSource("", owner_uid=uid, status=UNOBSERVED, problem="its launch renders no KV-event endpoint "
+                                                                         "(no --kv-events-config): nothing to observe")
     if not endpoint.startswith("ipc://"):
-        return EventSource(endpoint, status=INSECURE, problem=(
+        return EventSource(endpoint, owner_uid=uid, status=INSECURE, problem=(
             f"its launch publishes KV events at {endpoint}: any local process could bind that endpoint first "
             "and read every prompt's tokens, or publish as the instance; not observed (re-render the instance: "
             "the registry renders ipc://kv-events.sock in the instance directory)"))
     path = Path(endpoint[len("ipc://"):])
     if not path.is_absolute():
         if instance_dir is None:
-            return EventSource(endpoint, status=UNOBSERVED, problem="no instance directory to find its socket in")
+            return EventSource(endpoint, owner_uid=uid, status=UNOBSERVED,
+                               problem="no instance directory to find its socket in")
         path = Path(os.path.abspath(instance_dir / path))
     if account_problem:
         return EventSource(endpoint, path, None, status=UNOBSERVED, problem=account_problem)

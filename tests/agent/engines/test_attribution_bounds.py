@@ -143,3 +143,102 @@ def test_a_snapshot_never_takes_the_attribution_lock() -> None:
     att._lock = RefusingLock()  # type: ignore[assignment]
     snap = att.snapshot()
     assert snap["messages"] == 1 and snap["gpu_blocks"] == 4
+
+
+# --- issue 20 F3: first blocks that no GPU event names are hashed under every (salt, adapter) context ----------
+
+def fanout_instance(instance_id: str = "vllm-0", groups: int = 64, adapters: int = 16) -> Any:
+    """An instance with ``groups`` request groups (distinct salts) and ``adapters`` LoRA adapters:
+    ``groups * (adapters + 1)`` contexts (64 x 17 = 1,088 by default)."""
+    return instance(RUN, instance_id=instance_id,
+                    groups={"default": ""} | {f"g{i}": f"salt-{i}" for i in range(groups - 1)},
+                    adapters=[{"name": f"lora{i}", "path": f"/models/lora{i}"} for i in range(adapters)])
+
+
+def blind_roots(count: int, seq: int, rng: random.Random, topic: bytes = b"vllm-0") -> list[bytes]:
+    """One message of ``count`` single-block Store events, each a request's first block with a random hash."""
+    evs = [BlockStored(block_hashes=[rng.getrandbits(63)], parent_block_hash=None,
+                       token_ids=[rng.randrange(1024) for _ in range(BS)], block_size=BS, lora_id=None,
+                       medium="cpu", lora_name=None, group_idx=0) for _ in range(count)]
+    return encode_message(topic, seq, EventBatch(3.0, evs, 0))
+
+
+class CountingHashes:
+    """Counts the block hashes ``VllmBlockHasher.block_hashes`` computes (an operation count)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.count = 0
+        original = VllmBlockHasher.block_hashes
+
+        def counting(hasher: Any, token_ids: Any, parent: bytes | None = None) -> list[bytes]:
+            out = original(hasher, token_ids, parent)
+            self.count += len(out)
+            return out
+
+        monkeypatch.setattr(VllmBlockHasher, "block_hashes", counting)
+
+
+def test_blind_roots_hash_at_most_the_root_budget_per_message(monkeypatch: Any) -> None:
+    """The review's F3: 20 events of a 3 KiB message, each a first block with an unknown hash, were each hashed under
+    every context (here 1,088: 21,760 hashes; 332,800 with 256 groups x 64 adapters) for one work unit each. Now one
+    message hashes at most ``MAX_ROOT_HASHES``, every hash is a work unit, and the untried rest is counted."""
+    from agent.engines.vllm import attribution
+
+    monkeypatch.setattr(attribution, "MAX_ROOT_HASHES", 2000, raising=False)
+    hashes = CountingHashes(monkeypatch)
+    att = Attributor(fanout_instance(), None)
+    contexts = len(att._ctx_list)
+    assert contexts == 1088
+    work0 = att.work
+    att.handle_frames(blind_roots(20, 0, random.Random(1)))
+    c = att.counters
+    assert hashes.count <= 2000  # before: 21,760
+    assert c.root_hashes == hashes.count
+    assert att.work - work0 >= hashes.count  # the inbox's round budget sees the hashes
+    assert c.unknown_salt == 1 and c.roots_over_budget == 19 and c.unverifiable == 19  # 1,088 + 912 tried, then none
+    assert c.blocks_seen == 20
+    # the next message has a budget again: a real first block of the base model still resolves
+    m = meta(RUN)
+    toks = [random.Random(2).randrange(1024) for _ in range(BS)]
+    digest = VllmBlockHasher(m["hash_algo"], block_size=BS, seed=m["PYTHONHASHSEED"]).block_hashes(toks)[0]
+    ev = BlockStored(block_hashes=[external_hash(digest, True)], parent_block_hash=None, token_ids=toks,
+                     block_size=BS, lora_id=None, medium="cpu", lora_name=None, group_idx=0)
+    att.handle_frames(encode_message(b"vllm-0", 1, EventBatch(4.0, [ev], 0)))
+    assert c.attributed == 1
+
+
+def test_a_root_that_resolved_to_no_context_is_not_hashed_again(monkeypatch: Any) -> None:
+    hashes = CountingHashes(monkeypatch)
+    att = Attributor(fanout_instance(groups=8, adapters=2), None)  # 24 contexts
+    raw = blind_roots(1, 0, random.Random(3))
+    att.handle_frames(raw)
+    assert hashes.count == 24 and att.counters.unknown_salt == 1
+    for seq in range(1, 50):  # the same first block again and again
+        att.handle_frames([raw[0], seq.to_bytes(8, "big"), raw[2]])
+    assert hashes.count == 24  # before: 24 more per message
+    assert att.counters.unknown_salt == 50 and att.counters.roots_remembered == 49
+
+
+def test_blind_roots_of_one_instance_cannot_hold_a_round_for_long(monkeypatch: Any) -> None:
+    """One attribution thread serves every instance: within one round the hostile instance hashes at most its round
+    budget plus one message's ``MAX_ROOT_HASHES``, and the other instance's message is handled in that round."""
+    from agent.engines.vllm import attribution
+    from agent.engines.vllm.observer import EngineObserver
+    from tests.support.captures import frames, retopic
+
+    hashes = CountingHashes(monkeypatch)
+    obs = EngineObserver(None, metrics_interval=0, inbox_options={"round_work": 512})
+    obs.apply([fanout_instance("a"), instance(RUN, instance_id="b")])
+    obs.inbox.open()
+    rng = random.Random(4)
+    for seq in range(50):  # 50 messages x 20 blind roots x 1,088 contexts: 1,088,000 hashes before
+        raw = blind_roots(20, seq, rng, b"a")
+        assert obs.handle_instance_frames("a", raw)
+    for raw in retopic(frames(RUN), "b"):
+        assert obs.handle_instance_frames("b", raw)
+    before = hashes.count
+    obs.inbox.run_round()
+    # b's 8 messages hash fewer than 100 blocks; before: 1,088,000 hashes in this one round
+    assert hashes.count - before <= 512 + getattr(attribution, "MAX_ROOT_HASHES", 4096) + 100
+    assert obs.attributor("a").counters.root_hashes <= 512 + attribution.MAX_ROOT_HASHES
+    assert obs.inbox.queued("b") < 8 and obs.inbox.queued("a") > 0
