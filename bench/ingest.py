@@ -130,7 +130,8 @@ def make_reports(count: int, scopes: int, nodes: int = 200) -> list[dict]:
             scopes=[ScopeOccupancy(
                 tenant_id=f"tenant-{k % 5}", served_model_name="qwen3-8b", namespace=f"prod-{k // 5}",
                 request_group=f"group-{k}", blocks=1000 + k, bytes=(1000 + k) << 20, puts=5000 + i, gets=9000 + i,
-                hit_blocks=7000 + i, miss_blocks=2000 + k, evicted_blocks=k, orphaned_bytes=0,
+                hit_blocks=7000 + i, miss_blocks=2000 + k, evicted_blocks=3 * k, store_evicted_blocks=k,
+                budget_evicted_blocks=k, orphan_removed_blocks=k, orphaned_bytes=0,
                 in_flight_requests=k % 7) for k in range(scopes)],
         ).to_wire())
         reports[-1] = sign_message(reports[-1], f"bench-secret-{node:03d}")
@@ -159,7 +160,8 @@ def run_copy(reports: list[dict], batch: int) -> float:
 
     columns = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "blocks",
                "bytes", "max_bytes", "orphaned_bytes", "in_flight_requests", "puts", "gets", "hit_blocks",
-               "miss_blocks", "evicted_blocks", "samples")
+               "miss_blocks", "evicted_blocks", "store_evicted_blocks", "budget_evicted_blocks",
+               "orphan_removed_blocks", "samples")
     batches = []
     for i in range(0, len(reports), batch):
         rows = []
@@ -169,7 +171,8 @@ def run_copy(reports: list[dict], batch: int) -> float:
                 rows.append((0, ts, r["node"], row["tenant_id"], row["served_model_name"], row["namespace"],
                              row["request_group"], row["blocks"], row["bytes"], row["bytes"], row["orphaned_bytes"],
                              row["in_flight_requests"], row["puts"], row["gets"], row["hit_blocks"],
-                             row["miss_blocks"], row["evicted_blocks"], 1))
+                             row["miss_blocks"], row["evicted_blocks"], row["store_evicted_blocks"],
+                             row["budget_evicted_blocks"], row["orphan_removed_blocks"], 1))
         batches.append(rows)
     table = OccupancySample._meta.db_table
     connection.ensure_connection()

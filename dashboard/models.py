@@ -193,8 +193,10 @@ class OccupancySample(models.Model):
 
     Gauges (``blocks``, ``bytes``, ``orphaned_bytes``, ``in_flight_requests``) in raw rows are the reported
     values, in rollups the average over ``samples`` raw rows (``max_bytes`` keeps the peak). Counters (``puts``,
-    ``gets``, ``hit_blocks``, ``miss_blocks``, ``evicted_blocks``) are cumulative since ``started_at`` of the
-    agent; rollups keep the last value of the bucket. ``ts`` is the report's ``sent_at`` (raw) or the bucket
+    ``gets``, ``hit_blocks``, ``miss_blocks``, ``evicted_blocks`` and its causes ``store_evicted_blocks``,
+    ``budget_evicted_blocks``, ``orphan_removed_blocks``: ``agent.contract.messages.ScopeOccupancy``; 0 from agents
+    before the split) are cumulative since ``started_at`` of the agent; rollups keep the last value of the bucket.
+    ``ts`` is the report's ``sent_at`` (raw) or the bucket
     start (rollups).
     """
 
@@ -220,6 +222,9 @@ class OccupancySample(models.Model):
     hit_blocks = models.BigIntegerField(default=0)
     miss_blocks = models.BigIntegerField(default=0)
     evicted_blocks = models.BigIntegerField(default=0)
+    store_evicted_blocks = models.BigIntegerField(default=0)
+    budget_evicted_blocks = models.BigIntegerField(default=0)
+    orphan_removed_blocks = models.BigIntegerField(default=0)
     samples = models.PositiveIntegerField(default=1)
 
     class Meta:
@@ -229,7 +234,11 @@ class OccupancySample(models.Model):
         ]
 
     GAUGES = ("blocks", "bytes", "orphaned_bytes", "in_flight_requests")
-    COUNTERS = ("puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks")
+    COUNTERS = ("puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks", "store_evicted_blocks",
+                "budget_evicted_blocks", "orphan_removed_blocks")
+    #: ``evicted_blocks`` by cause: counter name -> the ``cause`` label (``/metrics``, the occupancy API and page).
+    EVICTION_CAUSES = {"store_evicted_blocks": "store", "budget_evicted_blocks": "budget",
+                       "orphan_removed_blocks": "orphan"}
 
     def __str__(self) -> str:
         return f"{self.node_name} {self.tenant_id} {self.get_level_display()} at {self.ts}"

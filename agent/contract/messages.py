@@ -394,6 +394,11 @@ class NodeSettings(BaseModel):
     * ``store_client_argv`` — that client's command line as ``tenants.rendering.render_store_client`` renders it
       (``mooncake_client --host=… --port=… --global_segment_size=…``; Mooncake 0.3.13.post1 flags); required in
       ``standalone-store`` mode, absent in ``embedded`` mode.
+    * ``master_metrics_urls`` — the Store masters' Prometheus endpoints (``http://host:metrics_port/metrics``,
+      Mooncake 0.3.13.post1's ``--metrics_port``; every master of an HA set), from the setting the dashboard's own
+      master probe reads (``KVPOOL_MASTER_ADMIN_URL``, or ``KVPOOL_MASTER_HA_ADMIN_URLS``). The agent polls their
+      eviction counters (``agent.datapath.eviction_signal``) to reconcile a tenant as soon as the master evicted;
+      empty (documents of dashboards before it): no polling, the periodic reconcile only.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -401,6 +406,7 @@ class NodeSettings(BaseModel):
     kv_events_port: Annotated[int, Field(ge=1, le=65535)]
     store_mode: Literal["embedded", "standalone-store"] = "embedded"
     store_client_argv: tuple[str, ...] | None = None
+    master_metrics_urls: tuple[Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2048)], ...] = ()
 
     @model_validator(mode="after")
     def _client_iff_standalone(self) -> NodeSettings:
@@ -554,7 +560,11 @@ class ScopeOccupancy(BaseModel):
 
     ``blocks``/``bytes``/``orphaned_bytes``/``in_flight_requests`` are gauges at ``Report.sent_at``;
     ``puts``/``gets``/``hit_blocks``/``miss_blocks``/``evicted_blocks`` are counters since the agent started
-    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them). ``request_group`` is a
+    (monotonic within one ``Report.started_at``; a new ``started_at`` restarts them). ``evicted_blocks`` by cause,
+    counters too: ``store_evicted_blocks`` (the Store's master evicted them), ``budget_evicted_blocks`` (the agent
+    removed them over a release's or request group's budget), ``orphan_removed_blocks`` (the agent removed them as
+    orphans: below a block that left the Store); ``evicted_blocks`` is their sum (agents before the split send only
+    it: the three read 0). Blocks a purge of the release removed count in none of them. ``request_group`` is a
     request group's name or ``""``, the release's row without a request group (``agent.contract.scope``); a row is
     never a whole release.
     """
@@ -574,6 +584,9 @@ class ScopeOccupancy(BaseModel):
     evicted_blocks: NonNegative = 0
     orphaned_bytes: NonNegative = 0
     in_flight_requests: NonNegative = 0
+    store_evicted_blocks: NonNegative = 0
+    budget_evicted_blocks: NonNegative = 0
+    orphan_removed_blocks: NonNegative = 0
 
     @property
     def scope(self) -> CacheScope:

@@ -29,7 +29,7 @@ from typing import Any, cast
 from agent.contract.scope import CacheScope
 from agent.datapath.eviction import EvictionPolicy, HitDensityPolicy
 from agent.datapath.keyspace import KeySpace
-from agent.datapath.ledger import BlockEntry, Ledger, ScopeTable
+from agent.datapath.ledger import BlockEntry, Ledger, RemovalCause, ScopeTable
 
 log = logging.getLogger("kvpool.agent.budget")
 
@@ -244,11 +244,12 @@ _HAS_LEASE = -706  # OBJECT_HAS_LEASE (Mooncake 0.3.13.post1): another client is
 _NOT_FOUND = -704  # OBJECT_NOT_FOUND: already gone (evicted by the master, or removed by someone else)
 
 
-def store_remover(store: Any, ledger: Ledger) -> RemoveFn:
+def store_remover(store: Any, ledger: Ledger, cause: RemovalCause = "budget") -> RemoveFn:
     """A :data:`RemoveFn` straight over a Store client (``agent.datapath.store.StoreClient``), for blocks no
     connector of this process wrote (a real engine's, see ``agent.node.engines``): ``batch_remove`` of exactly the
     blocks' keys (every object of a block in one call), **never** ``force=True``, then
-    ``ledger.record_removed`` of the blocks that went (already absent, -704, counts as gone). A block under a
+    ``ledger.record_removed`` of the blocks that went, booked under ``cause`` (``budget`` or ``orphan``,
+    ``agent.datapath.ledger.RemovalCause``; already absent, -704, counts as gone). A block under a
     read lease (-706) stays present in the ledger and is tried again at the next enforcement; any other negative
     code raises ``StoreError`` after the ledger recorded what did go."""
     from agent.datapath.errors import store_error
@@ -266,7 +267,7 @@ def store_remover(store: Any, ledger: Ledger) -> RemoveFn:
                 gone_blocks.add(n // per)
             elif code != _HAS_LEASE:
                 failures.append((key, code))
-        freed = ledger.record_removed(keyspace, [h for i, h in enumerate(block_hashes) if i in gone_blocks])
+        freed = ledger.record_removed(keyspace, [h for i, h in enumerate(block_hashes) if i in gone_blocks], cause)
         if failures:
             raise store_error("remove", failures, tenant_id=store.tenant_id)
         return freed

@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from agent.contract.scope import CacheScope
 from agent.datapath.errors import store_error
@@ -55,6 +55,11 @@ from agent.datapath.keyspace import KeySpace
 
 if TYPE_CHECKING:
     from agent.datapath.store import StoreClient
+
+
+#: Why the agent removed blocks (:meth:`Ledger.record_removed`): over a budget, or as orphans.
+RemovalCause = Literal["budget", "orphan"]
+REMOVAL_CAUSES: tuple[str, ...] = ("budget", "orphan")
 
 
 class Outcome(enum.Enum):
@@ -110,7 +115,8 @@ class BlockEntry:
 
 
 _COUNTERS = ("blocks", "bytes", "puts", "gets", "hit_blocks", "miss_blocks", "master_evicted_blocks",
-             "agent_evicted_blocks", "orphaned_blocks", "orphaned_bytes", "skipped_blocks", "failed_blocks",
+             "budget_evicted_blocks", "orphan_removed_blocks", "purged_blocks", "orphaned_blocks", "orphaned_bytes",
+             "skipped_blocks", "failed_blocks",
              "dropped_blocks")
 
 
@@ -134,7 +140,9 @@ class ScopeTable:
     hit_blocks: int
     miss_blocks: int
     master_evicted_blocks: int
-    agent_evicted_blocks: int
+    budget_evicted_blocks: int
+    orphan_removed_blocks: int
+    purged_blocks: int
     orphaned_blocks: int
     orphaned_bytes: int
     skipped_blocks: int
@@ -142,9 +150,16 @@ class ScopeTable:
     dropped_blocks: int
 
     @property
+    def agent_evicted_blocks(self) -> int:
+        """Owned blocks the agent removed: over a budget, as orphans, or by a purge of their release."""
+        return self.budget_evicted_blocks + self.orphan_removed_blocks + self.purged_blocks
+
+    @property
     def evicted_blocks(self) -> int:
-        """Owned blocks that left the store: evicted by the master or removed by the agent."""
-        return self.master_evicted_blocks + self.agent_evicted_blocks
+        """Owned blocks evicted: by the master (``master_evicted_blocks``), or removed by the agent over a budget
+        (``budget_evicted_blocks``) or as orphans (``orphan_removed_blocks``). A purge of the release
+        (``purged_blocks``) is an operator's removal, not an eviction: not counted here."""
+        return self.master_evicted_blocks + self.budget_evicted_blocks + self.orphan_removed_blocks
 
     # --- queries for eviction policies ---------------------------------------------------------------------
 
@@ -266,12 +281,15 @@ class ScopeTable:
             "blocks": self.blocks, "bytes": self.bytes, "puts": self.puts, "gets": self.gets,
             "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
             "evicted_blocks": self.evicted_blocks, "orphaned_bytes": self.orphaned_bytes,
+            "store_evicted_blocks": self.master_evicted_blocks, "budget_evicted_blocks": self.budget_evicted_blocks,
+            "orphan_removed_blocks": self.orphan_removed_blocks,
         }
         if detail:
             out.update({
                 "engine": self.engine, "orphaned_blocks": self.orphaned_blocks,
                 "master_evicted_blocks": self.master_evicted_blocks,
-                "agent_evicted_blocks": self.agent_evicted_blocks, "skipped_blocks": self.skipped_blocks,
+                "agent_evicted_blocks": self.agent_evicted_blocks, "purged_blocks": self.purged_blocks,
+                "skipped_blocks": self.skipped_blocks,
                 "failed_blocks": self.failed_blocks, "dropped_blocks": self.dropped_blocks,
                 "tracked_entries": len(self.entries),
             })
@@ -352,9 +370,10 @@ class Ledger:
         """One dict per scope, JSON-friendly, O(scopes).
 
         Fields (``agent.contract.messages.ScopeOccupancy``): tenant_id, served_model_name, namespace, request_group,
-        blocks, bytes, puts, gets, hit_blocks, miss_blocks, evicted_blocks, orphaned_bytes. ``detail=True`` adds
-        engine, orphaned_blocks, master_evicted_blocks, agent_evicted_blocks, skipped_blocks, failed_blocks,
-        dropped_blocks, tracked_entries.
+        blocks, bytes, puts, gets, hit_blocks, miss_blocks, evicted_blocks, orphaned_bytes, and evicted_blocks by
+        cause: store_evicted_blocks (the master's), budget_evicted_blocks, orphan_removed_blocks (the agent's).
+        ``detail=True`` adds engine, orphaned_blocks, master_evicted_blocks, agent_evicted_blocks, purged_blocks,
+        skipped_blocks, failed_blocks, dropped_blocks, tracked_entries.
         """
         with self.lock:
             return [t.row(detail=detail) for t in self._tables.values()]
@@ -532,8 +551,13 @@ class Ledger:
                 if e is not None:
                     e.last_access = now
 
-    def record_removed(self, ks: KeySpace, block_hashes: Sequence[bytes]) -> int:
-        """Record blocks the agent removed (its own eviction); returns how many counted blocks that freed."""
+    def record_removed(self, ks: KeySpace, block_hashes: Sequence[bytes], cause: RemovalCause = "budget") -> int:
+        """Record blocks the agent removed (its own eviction: ``cause`` ``budget``, over a budget, counted in
+        ``budget_evicted_blocks``, or ``orphan``, below a missing block, in ``orphan_removed_blocks``); returns how
+        many counted blocks that freed."""
+        if cause not in REMOVAL_CAUSES:
+            raise ValueError(f"cause must be one of {REMOVAL_CAUSES}, got {cause!r}")
+        counter = "orphan_removed_blocks" if cause == "orphan" else "budget_evicted_blocks"
         freed = 0
         with self.lock:
             t = self.table(ks)
@@ -542,7 +566,7 @@ class Ledger:
                 if e is None or not e.present:
                     continue
                 if e.owned:
-                    t.agent_evicted_blocks += 1
+                    setattr(t, counter, getattr(t, counter) + 1)
                     freed += 1
                 t.set_state(e, present=False)
                 t.prune(e.key)
@@ -564,7 +588,8 @@ class Ledger:
                        served_model_name: str | None = None) -> int:
         """Record that every block of a release namespace is gone (a purge removed its keys): every present block
         of ``engine``'s key spaces in the scopes of ``tenant_id`` and ``namespace`` (of ``served_model_name``
-        only, when given), as :meth:`record_removed` does. Returns how many entries were present."""
+        only, when given), as :meth:`record_removed` does, counted in ``purged_blocks`` (not an eviction). Returns
+        how many entries were present."""
         forgotten = 0
         with self.lock:
             for t in list(self._tables.values()):
@@ -577,7 +602,7 @@ class Ledger:
                     if t.entries.get(e.key) is not e or not e.present:  # pruned above with an earlier one
                         continue
                     if e.owned:
-                        t.agent_evicted_blocks += 1
+                        t.purged_blocks += 1
                     t.set_state(e, present=False)
                     t.prune(e.key)
                     forgotten += 1

@@ -22,6 +22,13 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    0.3.13.post1's ``batch_is_exist`` grants each existing object it checks a read lease (``--default_kv_lease_ttl``,
    10 s by default, measured), so no probe runs while a budget is still over: its leases would hold the very leaves
    the enforcer waits to remove.
+4. **eviction signal** — the master's eviction counters (``agent.datapath.eviction_signal.EvictionWatch`` over the
+   ``/metrics`` URLs of the applied document's ``NodeSettings.master_metrics_urls``: one small HTTP read, no lease)
+   are polled every ``poll_interval`` seconds (at a round: as often as the caller runs rounds); a tenant whose
+   counter grew (every tenant when only a global one grew, or the master restarted) gets a full reconcile at once,
+   not at the next interval, so the ledger follows the Store within seconds of an eviction round. Lease-aware:
+   only on a signal, and at most once per ``signal_gap`` seconds per tenant (a signal inside the gap waits for its
+   end). That reconcile stands for the round's scheduled reconcile or probe of that tenant.
 
 Store clients come from the caller (``store_for(tenant_id)``, one per tenant, None while it cannot be opened). A
 failing step is reported through ``on_problem(part, message)`` (``budget``, ``orphans``, ``store:<tenant>``) and
@@ -36,6 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from agent.contract.scope import NO_REQUEST_GROUP, CacheScope
+from agent.datapath.eviction_signal import EvictionWatch
 
 log = logging.getLogger("kvpool.agent.maintenance")
 
@@ -59,6 +67,9 @@ FOREIGN_PARENT_SAMPLE = 32
 FOREIGN_RECHECK_AFTER = 30.0
 #: Most leaf-first removal rounds per tenant and round when collecting orphans (a removal round frees one level).
 ORPHAN_ROUNDS = 256
+#: Least seconds between two reconciles of one tenant on an eviction signal (each leases the tenant's existing
+#: objects for ``--default_kv_lease_ttl``, 10 s).
+DEFAULT_SIGNAL_GAP = 3.0
 
 
 class Budget(NamedTuple):
@@ -111,9 +122,13 @@ class Maintenance:
             ``reconcile_sample`` None: every block).
         on_problem: ``(part, message or None)`` — a step failed (message) or works again (None).
         on_store_failure: ``tenant_id`` whose Store client raised (the caller may reopen it next round).
+        eviction_watch: the master's eviction counters (``agent.datapath.eviction_signal.EvictionWatch``; default
+            one without URLs, polling nothing, until :meth:`set_master_metrics`).
+        signal_gap: least seconds between two reconciles of a tenant on an eviction signal.
 
     Not thread-safe: one caller runs the rounds (the maintenance thread, or the simulator under its batch lock).
-    Counters: :attr:`removed_over_budget`, :attr:`removed_orphans` (blocks, since creation).
+    Counters: :attr:`removed_over_budget`, :attr:`removed_orphans` (blocks, since creation),
+    :attr:`signal_reconciles` (tenant reconciles run on an eviction signal).
     """
 
     def __init__(self, node: str, ledger: Any, budget: Any, store_for: Callable[[str], Any | None], *,
@@ -122,7 +137,9 @@ class Maintenance:
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
                  on_problem: Callable[[str, str | None], None] | None = None,
-                 on_store_failure: Callable[[str], None] | None = None) -> None:
+                 on_store_failure: Callable[[str], None] | None = None,
+                 eviction_watch: EvictionWatch | None = None,
+                 signal_gap: float = DEFAULT_SIGNAL_GAP) -> None:
         self.node = node
         self.ledger = ledger
         self.budget = budget
@@ -138,32 +155,76 @@ class Maintenance:
         self.last_foreign_check: float | None = None  # ... of the last check of foreign parents
         self.removed_over_budget = 0
         self.removed_orphans = 0
+        self.eviction_watch = eviction_watch if eviction_watch is not None else EvictionWatch()
+        self.signal_gap = signal_gap
+        self.signalled: set[str] = set()                  # tenants waiting for their reconcile on a signal
+        self._signal_reconciled: dict[str, float] = {}    # tenant -> time.monotonic() of its last one
+        self.signal_reconciles = 0
+
+    def set_master_metrics(self, urls: Iterable[str]) -> None:
+        """Poll the eviction counters at ``urls`` (the masters' ``/metrics``; none: no polling)."""
+        self.eviction_watch.set_urls(urls)
+        if not self.eviction_watch.active:
+            self.signalled.clear()
+            self._problem("master_metrics", None)
+
+    def signal_due(self, now: float) -> bool:
+        """Whether a round at ``now`` has eviction-signal work: a poll due, or a signalled tenant waiting."""
+        return self.eviction_watch.due(now) or bool(self.signalled)
 
     # --- a round ------------------------------------------------------------------------------------------
 
     def tick(self, budgets: list[Budget], tenants: Iterable[str], *, now: float | None = None,
              reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
-        """One round: budgets and orphans (unless ``enforce`` is False), then a reconcile when ``reconcile`` (None:
-        when ``reconcile_interval`` passed since the last one; ``full``: every block, not a sample), else a probe
-        when ``probe_interval`` passed and no budget is still over. Returns ``checked`` and ``missing`` blocks,
-        ``removed`` over budget and ``orphans_removed``."""
+        """One round: budgets and orphans (unless ``enforce`` is False), then the eviction signal (a full reconcile
+        of each tenant whose master eviction counter grew, at most once per ``signal_gap``), then a reconcile of the
+        other tenants when ``reconcile`` (None: when ``reconcile_interval`` passed since the last one; ``full``:
+        every block, not a sample), else a probe when ``probe_interval`` passed and no budget is still over.
+        Returns ``checked`` and ``missing`` blocks, ``removed`` over budget and ``orphans_removed``."""
         now = time.monotonic() if now is None else now
         tenants = sorted(set(tenants))
         if reconcile is None:
             reconcile = self.last_reconcile is None or now - self.last_reconcile >= self.reconcile_interval
         removed = self.enforce_budgets(budgets) if enforce else 0
         orphans = self.collect_orphans(tenants, now) if enforce else 0
-        checked = missing = 0
+        checked, missing, done = self._on_eviction_signal(tenants, now)
+        tenants = [t for t in tenants if t not in done]  # just checked every block of these
         if reconcile:
             self.last_reconcile = self.last_probe = now
-            checked, missing = self.reconcile(tenants, None if full else self.reconcile_sample)
+            scheduled = self.reconcile(tenants, None if full else self.reconcile_sample)
+            checked, missing = checked + scheduled[0], missing + scheduled[1]
         elif self.probe_interval > 0 and not self.over_budget(budgets) and (
                 self.last_probe is None or now - self.last_probe >= self.probe_interval):
             self.last_probe = now
-            checked, missing = self.reconcile(tenants, PROBE_SAMPLE)
+            probed = self.reconcile(tenants, PROBE_SAMPLE)
+            checked, missing = checked + probed[0], missing + probed[1]
         return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
 
     # --- the steps ----------------------------------------------------------------------------------------
+
+    def _on_eviction_signal(self, tenants: list[str], now: float) -> tuple[int, int, set[str]]:
+        """Poll the eviction counters when due; reconcile every block of each signalled tenant of ``tenants`` whose
+        last such reconcile is ``signal_gap`` old (the others wait). Returns ``(checked, missing, tenants
+        reconciled)``."""
+        watch = self.eviction_watch
+        if watch.due(now):
+            signal = watch.poll(now)
+            self._problem("master_metrics", f"reading the master's eviction counters: {watch.last_error}"
+                          if watch.last_error else None)
+            self.signalled.update(signal.affected(tenants))
+        self.signalled &= set(tenants)
+        ready = sorted(t for t in self.signalled
+                       if t not in self._signal_reconciled or now - self._signal_reconciled[t] >= self.signal_gap)
+        if not ready:
+            return 0, 0, set()
+        for tenant_id in ready:
+            self.signalled.discard(tenant_id)
+            self._signal_reconciled[tenant_id] = now
+        self.signal_reconciles += len(ready)
+        checked, missing = self.reconcile(ready, None)
+        log.info("node %s: the master evicted: reconciled tenant(s) %s (%d block(s) checked, %d gone)", self.node,
+                 ", ".join(ready), checked, missing)
+        return checked, missing, set(ready)
 
     def over_budget(self, budgets: Iterable[Budget]) -> bool:
         """Whether some budget is still passed (a removal was refused under a read lease)."""
@@ -196,7 +257,7 @@ class Maintenance:
 
     def collect_orphans(self, tenants: Iterable[str], now: float) -> int:
         """Remove this node's orphans from the Store, per tenant of ``tenants`` (module docstring, step 2);
-        returns blocks removed (the ledger forgets them: ``agent_evicted_blocks``)."""
+        returns blocks removed (the ledger forgets them: ``orphan_removed_blocks``)."""
         from agent.datapath.budget import store_remover
 
         check = self.last_foreign_check is None or now - self.last_foreign_check >= self.foreign_check_interval
@@ -216,7 +277,7 @@ class Maintenance:
                 if not self.ledger.orphan_leaves(tenant_id):
                     continue
                 self.ledger.confirm_cuts(store, tenant_id)
-                remove = store_remover(store, self.ledger)
+                remove = store_remover(store, self.ledger, "orphan")
                 for _ in range(ORPHAN_ROUNDS):
                     leaves = self.ledger.orphan_leaves(tenant_id)
                     freed = sum(remove(ks, hashes) for ks, hashes in leaves.items())
@@ -261,4 +322,4 @@ class Maintenance:
             log.error("node %s: %s", self.node, message)
 
 
-__all__ = ["BUDGET_LOW_WATER", "Budget", "Maintenance", "document_budgets"]
+__all__ = ["BUDGET_LOW_WATER", "DEFAULT_SIGNAL_GAP", "Budget", "Maintenance", "document_budgets"]

@@ -234,6 +234,10 @@ class NodeEngines:
                 return
             self._apply_store_client(document)
             self._apply_observer(document)
+        if self.maintenance is not None:  # under the round's lock (after the other: tick takes them in that order)
+            settings = document.node_settings
+            with self._tick_lock:
+                self.maintenance.set_master_metrics(settings.master_metrics_urls if settings is not None else ())
 
     def _write_dirs(self, document: ConfigDocument) -> None:
         from agent.node.instance_dirs import write_instance_dirs

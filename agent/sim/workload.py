@@ -416,6 +416,9 @@ class EngineSimulator:
         for spec in document.instances:
             instances[spec.instance_id] = self._bind(spec)
         self._applied = _Applied(document.version, document.store.model_dump(), instances, tuple(document.instances))
+        settings = getattr(document, "node_settings", None)
+        with self._batch_lock:  # the maintenance round runs under it
+            self.maintenance.set_master_metrics(settings.master_metrics_urls if settings is not None else ())
         self._prune(self._applied)
         overridden = [i for i in instances.values() if i.overridden]
         for inst in overridden:
@@ -755,8 +758,10 @@ class EngineSimulator:
         applied = self._applied
         if not self.reconcile_seconds or applied is None:
             return
+        now = time.monotonic()
         last = self.maintenance.last_probe or self.maintenance.last_reconcile
-        if last is not None and time.monotonic() - last < min(self.reconcile_seconds, self.maintenance.probe_interval):
+        if (last is not None and now - last < min(self.reconcile_seconds, self.maintenance.probe_interval)
+                and not self.maintenance.signal_due(now)):
             return
         tenants = {inst.tenant_id for inst in applied.instances.values()}
         tenants.update(t.scope.tenant_id for t in self.ledger.tables() if t.blocks > 0)
@@ -777,13 +782,19 @@ class EngineSimulator:
         finally:
             self._batch_lock.release()
 
+    def _maintenance_wait(self) -> float:
+        """Seconds until the next :meth:`maintain`: ``reconcile_seconds``, or the eviction counters' poll interval
+        while the applied document names the masters' metrics (``NodeSettings.master_metrics_urls``)."""
+        watch = self.maintenance.eviction_watch
+        return min(self.reconcile_seconds, watch.poll_interval) if watch.active else self.reconcile_seconds
+
     def start_maintenance(self) -> None:
         """Call :meth:`maintain` every ``reconcile_seconds`` from a daemon thread until :meth:`close`."""
         if not self.reconcile_seconds or self._maintenance is not None:
             return
 
         def loop() -> None:
-            while not self._closing.wait(self.reconcile_seconds):
+            while not self._closing.wait(self._maintenance_wait()):
                 try:
                     self.maintain()
                 except Exception:  # telemetry only: the next round retries

@@ -66,13 +66,30 @@ def _render_target():
 
 
 def _node_settings(node, target) -> NodeSettings:
-    """What the node's agent runs for its engines: the KV-events port, the store mode and, in standalone-store
-    mode, the ``mooncake_client`` command line (``tenants.rendering.render_store_client``)."""
+    """What the node's agent runs for its engines: the KV-events port, the store mode, in standalone-store
+    mode the ``mooncake_client`` command line (``tenants.rendering.render_store_client``), and the masters'
+    ``/metrics`` URLs whose eviction counters it polls (:func:`master_metrics_urls`)."""
     from tenants.rendering import render_store_client
 
     client = render_store_client(node, target)
     return NodeSettings(kv_events_port=node.kv_events_port, store_mode=node.store_mode,
-                        store_client_argv=tuple(client.argv) if client is not None else None)
+                        store_client_argv=tuple(client.argv) if client is not None else None,
+                        master_metrics_urls=master_metrics_urls(target))
+
+
+def master_metrics_urls(target) -> tuple[str, ...]:
+    """The ``/metrics`` URLs of the Store masters, read from the settings the dashboard's master probe reads
+    (``dashboard.master.health``): every master's admin URL in HA mode (``KVPOOL_MASTER_HA_ADMIN_URLS``; only the
+    leader evicts, a standby's counters stay), else the render target's ``admin_url`` (``KVPOOL_MASTER_ADMIN_URL``)."""
+    from tenants.masters import MasterTopology, ha_configured
+
+    admin_urls: tuple[str, ...] = (target.admin_url,)
+    if ha_configured():
+        try:
+            admin_urls = MasterTopology.from_settings().admin_urls
+        except ValueError:  # misconfigured HA: the configuration checks name it; the agent polls the one URL
+            pass
+    return tuple(url.rstrip("/") + "/metrics" for url in admin_urls if url)
 
 
 def _launch(assignment, target) -> LaunchSpec:

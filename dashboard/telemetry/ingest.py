@@ -175,7 +175,8 @@ def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
 
 _SAMPLE_COLUMNS = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group",
                    "blocks", "bytes", "max_bytes", "orphaned_bytes", "in_flight_requests", "puts", "gets",
-                   "hit_blocks", "miss_blocks", "evicted_blocks", "samples")
+                   "hit_blocks", "miss_blocks", "evicted_blocks", "store_evicted_blocks", "budget_evicted_blocks",
+                   "orphan_removed_blocks", "samples")
 
 
 def _insert_samples(rows: list[tuple]) -> None:
@@ -264,7 +265,8 @@ def _sample(level: str, report: Report, row: Any) -> tuple:
     """The ``_SAMPLE_COLUMNS`` tuple of one occupancy row of ``report``."""
     return (level, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
             row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes, row.in_flight_requests, row.puts,
-            row.gets, row.hit_blocks, row.miss_blocks, row.evicted_blocks, 1)
+            row.gets, row.hit_blocks, row.miss_blocks, row.evicted_blocks, row.store_evicted_blocks,
+            row.budget_evicted_blocks, row.orphan_removed_blocks, 1)
 
 
 @dataclass

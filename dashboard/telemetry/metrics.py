@@ -9,6 +9,10 @@ Families (labels):
       (tenant_id, served_model_name, namespace, request_group: the fields of ``agent.contract.scope.CacheScope``)
   ``kvpool_cache_scope_hit_ratio`` — hit_blocks / (hit_blocks + miss_blocks), counters since each agent started
   ``kvpool_cache_scope_{puts,gets,hit_blocks,miss_blocks,evicted_blocks}_total`` (same labels; counters)
+  ``kvpool_cache_scope_evicted_blocks_by_cause_total`` (same labels plus ``cause``: ``store`` — the Store's master
+      evicted them, ``budget`` — the agent removed them over a budget, ``orphan`` — the agent removed them as orphans;
+      counters; summed over ``cause`` they make ``evicted_blocks_total`` for agents that report the split, 0 from
+      agents before it)
   ``kvpool_tenant_occupancy_bytes`` / ``_blocks`` / ``kvpool_tenant_hit_ratio`` (tenant_id)
   ``kvpool_tenant_quota_bytes`` (tenant_id) — the registry's quota
   ``kvpool_master_tenant_quota_{requested,effective,charged}_bytes``, ``..._admission_closed``,
@@ -313,8 +317,14 @@ class KVPoolCollector:
             "in_flight_requests": GaugeMetricFamily("kvpool_cache_scope_in_flight_requests",
                                                     "Requests in flight in the cache scope", labels=SCOPE_LABELS),
         }
+        causes = OccupancySample.EVICTION_CAUSES
         counters = {name: CounterMetricFamily(f"kvpool_cache_scope_{name}", f"{name} since each agent started",
-                                              labels=SCOPE_LABELS) for name in OccupancySample.COUNTERS}
+                                              labels=SCOPE_LABELS)
+                    for name in OccupancySample.COUNTERS if name not in causes}
+        by_cause = CounterMetricFamily("kvpool_cache_scope_evicted_blocks_by_cause",
+                                       "evicted_blocks since each agent started, by cause: store (the master evicted "
+                                       "them), budget (the agent removed them over a budget), orphan (the agent "
+                                       "removed them as orphans)", labels=[*SCOPE_LABELS, "cause"])
         hit_ratio = GaugeMetricFamily("kvpool_cache_scope_hit_ratio", "hit_blocks / (hit_blocks + miss_blocks)",
                                       labels=SCOPE_LABELS)
         for key, values in sorted(per_scope.items()):
@@ -323,9 +333,12 @@ class KVPoolCollector:
                 family.add_metric(labels, values[name])
             for name, family in counters.items():
                 family.add_metric(labels, values[name])
+            for name, cause in causes.items():
+                by_cause.add_metric([*labels, cause], values[name])
             hit_ratio.add_metric(labels, _ratio(values["hit_blocks"], values["miss_blocks"]))
         yield from gauges.values()
         yield from counters.values()
+        yield by_cause
         yield hit_ratio
         t_bytes = GaugeMetricFamily("kvpool_tenant_occupancy_bytes", "Bytes cached for the tenant",
                                     labels=["tenant_id"])

@@ -3,7 +3,9 @@
 * ``occupancy_series(window, filters)`` — bytes per release namespace over time from ``OccupancySample``
   (raw rows and the 1-minute / 1-hour rollups together: each time is held by exactly one level, because a
   rollup deletes the rows it folds), bucketed for the chart, plus per-release summary numbers (latest,
-  average, peak bytes, hit ratio over the window, in-flight requests) and the hit ratio per bucket.
+  average, peak bytes, hit ratio over the window, in-flight requests, evicted blocks by cause) and per bucket the
+  hit ratio and the blocks evicted by cause (``store``: the master evicted them; ``budget``: the agent removed them
+  over a budget; ``orphan``: the agent removed them as orphans — ``OccupancySample.EVICTION_CAUSES``).
 * ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
 * ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
 
@@ -24,6 +26,10 @@ from django.utils import timezone
 
 from agent.contract.scope import CacheScope
 from dashboard.models import MasterQuotaSample, OccupancySample
+
+#: Eviction causes in display order (``cause`` label values), and the sample counter of each.
+EVICTION_CAUSES: tuple[str, ...] = tuple(OccupancySample.EVICTION_CAUSES.values())
+_CAUSE_COUNTERS: tuple[str, ...] = tuple(OccupancySample.EVICTION_CAUSES)
 
 #: Window name -> (length in seconds, bucket width in seconds). 15 minutes ... 30 days, 30-120 buckets each.
 WINDOWS: dict[str, tuple[int, int]] = {
@@ -106,6 +112,9 @@ class SeriesSummary:
     #: Hit / miss blocks counted in each bucket (the counters' increases ending in it), aligned with ``data``.
     hit_blocks_data: list[int] = field(default_factory=list)
     miss_blocks_data: list[int] = field(default_factory=list)
+    #: Blocks evicted during the window per cause (``EVICTION_CAUSES``), and per bucket (aligned with ``data``).
+    evicted_blocks: dict[str, int] = field(default_factory=dict)
+    evicted_blocks_data: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -130,6 +139,7 @@ class SeriesSummary:
             "peak_bytes": self.peak_bytes, "hit_blocks": self.hit_blocks, "miss_blocks": self.miss_blocks,
             "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
             "orphaned_bytes": self.orphaned_bytes, "hit_ratio_data": self.hit_ratio_data,
+            "evicted_blocks": self.evicted_blocks, "evicted_blocks_data": self.evicted_blocks_data,
         }
 
 
@@ -159,6 +169,11 @@ class OccupancySeries:
         misses = [sum(s.miss_blocks_data[i] for s in self.series) for i in range(len(self.buckets))]
         return _ratios(hits, misses)
 
+    def evictions(self) -> dict[str, list[int]]:
+        """Blocks evicted per cause (``EVICTION_CAUSES``) and bucket over every release shown."""
+        return {cause: [sum(s.evicted_blocks_data[cause][i] for s in self.series) for i in range(len(self.buckets))]
+                for cause in EVICTION_CAUSES}
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form served by the occupancy data endpoint."""
         return {
@@ -171,6 +186,7 @@ class OccupancySeries:
             "series": [s.as_dict() for s in self.series],
             "totals": self.totals(),
             "hit_ratios": self.hit_ratios(),
+            "evictions": self.evictions(),
         }
 
 
@@ -192,8 +208,8 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     its rows in that bucket (rollup rows weigh ``samples``); a release's value is the sum of those over nodes and
     request groups; ``None`` when no row of the release fell in the bucket. Hit and miss blocks count the
     increases of the agents' cumulative counters between consecutive rows (a decrease is an agent restart:
-    the new value counts from zero); an increase counts in the bucket of the row that ends it. Raises ``KeyError``
-    for an unknown window.
+    the new value counts from zero); an increase counts in the bucket of the row that ends it. Evicted blocks by
+    cause are counted the same way. Raises ``KeyError`` for an unknown window.
     """
     length, width = WINDOWS[window]
     filters = filters or OccupancyFilter()
@@ -205,19 +221,20 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         filters.apply(OccupancySample.objects.filter(ts__gte=start, ts__lte=end))
         .order_by("ts", "id")
         .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
-                     "samples", "hit_blocks", "miss_blocks", "in_flight_requests", "orphaned_bytes")
+                     "samples", "in_flight_requests", "orphaned_bytes", "hit_blocks", "miss_blocks",
+                     *_CAUSE_COUNTERS)
     )
     # (bucket, node, scope) -> [weighted bytes, samples]; the series are per whole release (scope.release_scope())
     cells: dict[tuple[int, str, CacheScope], list[int]] = defaultdict(lambda: [0, 0])
-    last_counters: dict[tuple[str, CacheScope], tuple[int, int]] = {}
-    hits: dict[CacheScope, list[int]] = defaultdict(lambda: [0, 0])
-    # release -> hit / miss blocks per bucket
-    hit_buckets: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * count)
-    miss_buckets: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * count)
+    last_counters: dict[tuple[str, CacheScope], tuple[int, ...]] = {}
+    # release -> increases of (hit, miss, *eviction causes) over the window, and per counter and bucket
+    totals: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * (2 + len(_CAUSE_COUNTERS)))
+    per_bucket: dict[CacheScope, list[list[int]]] = defaultdict(
+        lambda: [[0] * count for _ in range(2 + len(_CAUSE_COUNTERS))])
     in_flight: dict[tuple[str, CacheScope], int] = {}
     orphaned: dict[tuple[str, CacheScope], int] = {}
     keys: set[CacheScope] = set()
-    for ts, node, tenant_id, model, namespace, group, size, samples, hit, miss, flight, orphan in rows:
+    for ts, node, tenant_id, model, namespace, group, size, samples, flight, orphan, *counters in rows:
         scope = CacheScope(tenant_id, model, namespace, group)
         key = scope.release_scope()
         keys.add(key)
@@ -229,13 +246,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         counter_key = (node, scope)
         previous = last_counters.get(counter_key)
         if previous is not None:
-            hit_increase = hit - previous[0] if hit >= previous[0] else hit
-            miss_increase = miss - previous[1] if miss >= previous[1] else miss
-            hits[key][0] += hit_increase
-            hits[key][1] += miss_increase
-            hit_buckets[key][index] += hit_increase
-            miss_buckets[key][index] += miss_increase
-        last_counters[counter_key] = (hit, miss)
+            release_totals, release_buckets = totals[key], per_bucket[key]
+            for n, (value, before) in enumerate(zip(counters, previous, strict=True)):
+                increase = value - before if value >= before else value
+                release_totals[n] += increase
+                release_buckets[n][index] += increase
+        last_counters[counter_key] = tuple(counters)
         in_flight[counter_key] = flight
         orphaned[counter_key] = orphan
     sums: dict[CacheScope, list[int | None]] = {key: [None] * count for key in keys}
@@ -247,15 +263,18 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     for key in sorted(keys):
         data = sums[key]
         present = [value for value in data if value is not None]
+        release_totals, release_buckets = totals[key], per_bucket[key]
         summary = SeriesSummary(
             key=key, data=data,
             latest_bytes=next((value for value in reversed(data) if value is not None), None),
             average_bytes=round(sum(present) / len(present)) if present else None,
             peak_bytes=max(present) if present else None,
-            hit_blocks=hits[key][0], miss_blocks=hits[key][1],
+            hit_blocks=release_totals[0], miss_blocks=release_totals[1],
             in_flight_requests=sum(v for (_node, scope), v in in_flight.items() if scope.release_scope() == key),
             orphaned_bytes=sum(v for (_node, scope), v in orphaned.items() if scope.release_scope() == key),
-            hit_blocks_data=hit_buckets[key], miss_blocks_data=miss_buckets[key],
+            hit_blocks_data=release_buckets[0], miss_blocks_data=release_buckets[1],
+            evicted_blocks={cause: release_totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
+            evicted_blocks_data={cause: release_buckets[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
         )
         series.append(summary)
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,

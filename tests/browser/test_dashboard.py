@@ -126,6 +126,22 @@ def test_one_release_shows_its_quota_and_budget_lines_binary_ticks_and_hit_ratio
     shot(page, "occupancy-one-release")
 
 
+def test_the_evictions_chart_stacks_the_blocks_evicted_per_bucket_by_cause(page, shot):
+    deployment()
+    for i, seconds_ago in enumerate((600, 420, 240)):
+        report("production-2026-07", 10 * MB, seconds_ago=seconds_ago, store_evicted_blocks=10 * i,
+               budget_evicted_blocks=3 * i, orphan_removed_blocks=i, evicted_blocks=14 * i)
+    page.goto("/occupancy/?window=15m")
+    page.wait_for_function("() => document.getElementById('occupancy-chart-evictions').dataset.state === 'ready'")
+    state = page.evaluate("""() => { const c = Chart.getChart('occupancy-chart-evictions');
+        return {type: c.config.type, stacked: c.options.scales.y.stacked,
+                datasets: c.data.datasets.map(d => ({cause: d.kvpool.cause, data: d.data}))}; }""")
+    assert state["type"] == "bar" and state["stacked"] is True
+    sums = {d["cause"]: sum(v for v in d["data"] if v) for d in state["datasets"]}
+    assert sums == {"store": 20, "budget": 6, "orphan": 2}  # the increases after the first report
+    shot(page, "occupancy-evictions")
+
+
 def test_rolling_upgrade_walkthrough_with_purge(page, shot, monkeypatch):
     from dashboard.rollout import purge
 

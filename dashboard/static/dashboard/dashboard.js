@@ -5,7 +5,9 @@
  * plus a dashed horizontal line per payload.quota_lines entry (tenant quota, effective quota, release budget; each
  * its own stack, so it adds to nothing); the y axis ticks at round binary units (0, 2 MiB, 4 MiB, ...). A canvas
  * with the id "<canvas id>-hits", when present, gets the hit ratio per bucket (0..1) of each release from the same
- * payload. The Chart instance is kept in window.kvpoolCharts[canvas.id]
+ * payload; a canvas with the id "<canvas id>-evictions" the blocks evicted per bucket by cause (payload.evictions:
+ * store = the master evicted them, budget = the agent removed them over a budget, orphan = the agent removed them
+ * below a block gone), stacked bars. The Chart instance is kept in window.kvpoolCharts[canvas.id]
  * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
  * A <button data-copy="ID"> copies the text of the element with that id.
  */
@@ -124,6 +126,37 @@
     return chart;
   }
 
+  // Causes of evictions (payload.evictions keys) in stacking order, with their colours and legend labels.
+  var CAUSES = [{key: "store", label: "evicted by the Store's master", colour: "#b3261e"},
+                {key: "budget", label: "removed over a budget", colour: "#e07b39"},
+                {key: "orphan", label: "removed as orphans", colour: "#8a5cc2"}];
+
+  // Blocks evicted per bucket by cause over every release shown: stacked bars.
+  function drawEvictions(canvas, payload, labels) {
+    var evictions = payload.evictions || {};
+    var datasets = CAUSES.map(function (cause) {
+      return {label: cause.label, data: evictions[cause.key] || labels.map(function () { return 0; }),
+              backgroundColor: cause.colour, borderColor: cause.colour, stack: "evictions",
+              kvpool: {cause: cause.key}};
+    });
+    var existing = window.Chart.getChart(canvas);
+    if (existing) { existing.destroy(); }
+    var chart = new window.Chart(canvas, {
+      type: "bar", data: {labels: labels, datasets: datasets},
+      options: {
+        responsive: true, maintainAspectRatio: false, animation: false, interaction: {mode: "index", intersect: false},
+        scales: {
+          x: {stacked: true, ticks: {maxTicksLimit: 12, autoSkip: true}},
+          y: {stacked: true, min: 0, beginAtZero: true, ticks: {precision: 0}, title: {display: true, text: "blocks evicted"}}
+        },
+        plugins: {legend: {position: "bottom"}}
+      }
+    });
+    window.kvpoolCharts[canvas.id] = chart;
+    canvas.dataset.state = "ready";
+    return chart;
+  }
+
   function drawOccupancy(canvas, payload) {
     var datasets = payload.series.map(function (series, index) {
       var colour = PALETTE[index % PALETTE.length];
@@ -159,6 +192,8 @@
     if (empty) { empty.hidden = payload.series.length > 0; }
     var hits = document.getElementById(canvas.id + "-hits");
     if (hits) { drawHitRatio(hits, payload, labels); }
+    var evictions = document.getElementById(canvas.id + "-evictions");
+    if (evictions) { drawEvictions(evictions, payload, labels); }
     canvas.dataset.state = "ready";
     return chart;
   }

@@ -355,3 +355,30 @@ def test_the_daemon_applies_documents_through_the_engines_hook_and_reports_their
     finally:
         daemon.stop()
         engines.close()
+
+
+def test_both_paths_poll_the_masters_eviction_counters_the_document_names(tmp_path):
+    """``NodeSettings.master_metrics_urls`` reach the one maintenance policy on the real-engine path and in the
+    simulator (which then runs its rounds at the poll interval, not only every ``reconcile_seconds``)."""
+    from types import SimpleNamespace
+
+    from agent.sim.workload import EngineSimulator
+
+    (port,) = free_ports(1)
+    urls = ("http://127.0.0.1:9003/metrics",)
+    doc = document([instance(RUN, instance_id="7")], port,
+                   settings=NodeSettings(kv_events_port=port, master_metrics_urls=urls))
+    plain = NodeEngines("node-a", Ledger(), tmp_path / "a", interval=0, store_opener=Stores())
+    simulator = EngineSimulator("node-a", Ledger(), reconcile_seconds=30, open_on_apply=False)
+    try:
+        assert plain.maintenance is not None and not plain.maintenance.eviction_watch.active
+        plain.on_apply(doc)
+        assert plain.maintenance.eviction_watch.urls == urls
+        assert simulator._maintenance_wait() == 30
+        simulator.on_apply(SimpleNamespace(document=doc))
+        assert simulator.maintenance.eviction_watch.urls == urls and simulator._maintenance_wait() == 1.0
+        plain.on_apply(document([instance(RUN, instance_id="7")], port, version=2, settings=None))
+        assert not plain.maintenance.eviction_watch.active  # a document without them: the periodic reconcile only
+    finally:
+        plain.close()
+        simulator.close()

@@ -35,9 +35,19 @@ def test_documents_carry_launch_specs_and_node_settings():
         launch = LaunchSpec.from_dict(by_id[str(assignment.pk)]["launch"])
         assert launch == render_assignment(assignment, target).launch_spec()
     assert "--kv-events-config" in by_id[str(vllm.pk)]["launch"]["argv"]
-    assert content["node_settings"] == {"kv_events_port": 6001, "store_mode": "embedded", "store_client_argv": None}
+    assert content["node_settings"] == {"kv_events_port": 6001, "store_mode": "embedded", "store_client_argv": None,
+                                        "master_metrics_urls": [target.admin_url.rstrip("/") + "/metrics"]}
     document = parse_document({**content, "version": 1, "issued_at": "2026-12-01T00:00:00Z"})
     assert document.instances[0].launch is not None and document.node_settings.kv_events_port == 6001
+
+
+def test_documents_name_every_masters_metrics_in_ha_mode(settings):
+    settings.KVPOOL_MASTER_HA_ETCD_ENDPOINTS = "127.0.0.1:2379"
+    settings.KVPOOL_MASTER_HA_ADDRESSES = ["127.0.0.1:50051", "127.0.0.1:50052"]
+    settings.KVPOOL_MASTER_HA_ADMIN_URLS = ["http://127.0.0.1:9003", "http://127.0.0.1:9004/"]
+    node, _vllm, _sglang = _registry(with_sglang=False)
+    assert render_content(node)["node_settings"]["master_metrics_urls"] == [
+        "http://127.0.0.1:9003/metrics", "http://127.0.0.1:9004/metrics"]
 
 
 def test_standalone_store_nodes_carry_their_store_client_and_changes_make_a_new_version():
