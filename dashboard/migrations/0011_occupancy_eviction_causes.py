@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('dashboard', '0009_master_ha'),
+        ('dashboard', '0010_node_single_user'),
     ]
 
     operations = [
