@@ -73,6 +73,15 @@ APPLY_CONFIG_TASK = "agent.apply_config"
 INGEST_TASK = "dashboard.ingest"
 #: Queue of ``INGEST_TASK``: acks, reports and heartbeats of every node.
 INGEST_QUEUE = "dashboard.ingest"
+#: Agent → dashboard fields added after the first release of each message, per message part (``report_row``: a
+#: ``ScopeOccupancy``, ``heartbeat``): an agent sends one only when its applied document's ``dashboard_reads``
+#: names it (``ConfigDocument``), so a dashboard of an earlier release never meets a field it would refuse.
+NEWER_AGENT_FIELDS = {
+    "report_row": ("store_evicted_blocks", "budget_evicted_blocks", "orphan_removed_blocks"),
+    "heartbeat": ("single_user",),
+}
+#: What this release's dashboard reads of ``NEWER_AGENT_FIELDS`` (rendered into every document).
+DASHBOARD_READS = tuple(name for names in NEWER_AGENT_FIELDS.values() for name in names)
 
 
 def node_queue(node: str) -> str:
@@ -483,6 +492,11 @@ class ConfigDocument(Message):
     ``schema`` is ``DOCUMENT_SCHEMA_VERSION`` (2) as the dashboard writes it; schema 1 (no ``node_settings``, no
     instance ``launch``) is still read. ``node_settings`` (schema 2) says what the agent runs for the node's
     engines; ``None`` in a schema-1 document (then the agent starts no engine observer and no store client).
+
+    ``dashboard_reads``: the agent → dashboard fields of :data:`NEWER_AGENT_FIELDS` that the dashboard which
+    rendered the document reads (it renders ``DASHBOARD_READS``). The agent sends none of the others, so an agent
+    upgraded before its dashboard (the upgrade order: agents first, as they read documents of either release)
+    keeps being heard by a dashboard that refuses unknown fields. Empty from dashboards before it.
     """
 
     schema_version: ClassVar[int] = DOCUMENT_SCHEMA_VERSION
@@ -496,6 +510,7 @@ class ConfigDocument(Message):
     store: StoreEndpoints
     instances: list[InstanceSpec] = Field(default_factory=list)
     node_settings: NodeSettings | None = None
+    dashboard_reads: tuple[Annotated[str, Field(max_length=64)], ...] = Field(default=(), max_length=64)
     signature: str = ""
 
     @model_validator(mode="after")
@@ -712,9 +727,8 @@ class Heartbeat(AgentMessage):
 
     ``single_user``: the agent runs every engine instance as its own account (it is not privileged, or runs with
     ``--single-user``), so instances on the node are not kept from each other's files and sockets
-    (``agent.node.accounts``); a JSON boolean, false when absent (agents before it). Sent only when true, so a
-    dashboard of the previous release (it refuses unknown fields) keeps taking the heartbeats of the agents upgraded
-    before it: agents go first in an upgrade, as they read documents of either release.
+    (``agent.node.accounts``); a JSON boolean, false when absent (agents before it; an agent leaves it out for a
+    dashboard whose documents do not list it in ``dashboard_reads``).
     """
 
     kind: Literal["heartbeat"] = "heartbeat"
@@ -727,13 +741,6 @@ class Heartbeat(AgentMessage):
     outbox_pending: NonNegative = 0
     outbox_dropped: NonNegative = 0
     single_user: StrictBool = False
-
-    def to_wire(self) -> dict[str, Any]:
-        """As :meth:`AgentMessage.to_wire`, without ``single_user`` when it is false (class docstring)."""
-        wire = super().to_wire()
-        if not self.single_user:
-            wire.pop("single_user", None)
-        return wire
 
 
 IngestMessage = Annotated[Ack | Report | Heartbeat, Field(discriminator="kind")]

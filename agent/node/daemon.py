@@ -52,6 +52,7 @@ from typing import Any
 from agent.contract import sealing, signing
 from agent.contract.messages import (
     DOCUMENT_SCHEMAS,
+    NEWER_AGENT_FIELDS,
     Ack,
     ConfigDocument,
     Heartbeat,
@@ -421,14 +422,29 @@ class Daemon:
                     entries[item.scope] = item.model_dump()
         return [ScopeOccupancy.model_validate(entry).model_dump() for entry in entries.values()]
 
+    def _unread(self, part: str) -> frozenset[str]:
+        """The fields of ``part`` (``agent.contract.messages.NEWER_AGENT_FIELDS``) the dashboard that rendered the
+        applied document does not read (``ConfigDocument.dashboard_reads``): left out of what is sent."""
+        current = self.current
+        reads = set(current.document.dashboard_reads) if current is not None else set()
+        return frozenset(name for name in NEWER_AGENT_FIELDS[part] if name not in reads)
+
     def report_now(self) -> int:
         """Append one occupancy report to the outbox (with the ``report_fields`` source's fields); returns its
         sequence."""
         extra = dict(self._report_fields()) if self._report_fields is not None else {}
         scopes = self.occupancy()
-        return self.outbox.add(lambda sequence: Report(
-            node=self.node, sequence=sequence, sent_at=utcnow(), started_at=self.started_at,
-            applied_version=self.applied_version, scopes=scopes, **extra).to_wire())
+        unread = self._unread("report_row")
+
+        def build(sequence: int) -> dict[str, Any]:
+            wire = Report(node=self.node, sequence=sequence, sent_at=utcnow(), started_at=self.started_at,
+                          applied_version=self.applied_version, scopes=scopes, **extra).to_wire()
+            for row in wire["scopes"]:
+                for name in unread:
+                    row.pop(name, None)
+            return wire
+
+        return self.outbox.add(build)
 
     def heartbeat_now(self) -> bool:
         """Send one heartbeat directly (never buffered); returns whether the broker took it."""
@@ -436,6 +452,8 @@ class Daemon:
                               applied_version=self.applied_version, applied_digest=self.applied_digest,
                               hostname=socket.gethostname(), pid=os.getpid(), outbox_pending=len(self.outbox),
                               outbox_dropped=self.outbox.dropped, single_user=self.single_user).to_wire()
+        for name in self._unread("heartbeat"):
+            heartbeat.pop(name, None)
         return self._send([heartbeat])
 
     def _send(self, messages: list[dict[str, Any]]) -> bool:

@@ -37,6 +37,7 @@ from django.utils import timezone
 from agent.contract import signing
 from agent.contract.messages import (
     APPLY_CONFIG_TASK,
+    DASHBOARD_READS,
     DOCUMENT_SCHEMA_VERSION,
     InstanceSpec,
     KVLayout,
@@ -217,6 +218,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
                                        writers.get(a.release_id, 0), budgets).model_dump(mode="json"),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
             "node_settings": _node_settings(node, target).model_dump(mode="json"),
+            "dashboard_reads": list(DASHBOARD_READS),
         }
         for node in nodes
     }

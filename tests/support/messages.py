@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.contract import signing
 from agent.contract.messages import (
+    DASHBOARD_READS,
     Ack,
     ConfigDocument,
     Heartbeat,
@@ -88,7 +89,7 @@ def document(node: str = "node-a", version: int = 1, *, instances: list[Instance
         store=StoreEndpoints(master_server_address="127.0.0.1:50051",
                              metadata_server="http://127.0.0.1:8080/metadata",
                              global_segment_size=1 << 30, local_buffer_size=1 << 28),
-        instances=instances if instances is not None else [instance()],
+        instances=instances if instances is not None else [instance()], dashboard_reads=DASHBOARD_READS,
     ).to_wire()
     doc.pop("signature")
     return signing.signed(doc, secret) if secret is not None else doc

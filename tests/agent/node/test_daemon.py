@@ -386,10 +386,44 @@ def test_heartbeats_say_whether_the_agent_runs_single_user(tmp_path, broker, sin
     """Security review F6: a single-user agent (every instance as its own account) says so in each heartbeat."""
     d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, single_user=single_user)
     try:
+        d.handle_document(document(version=1))  # a dashboard of this release: it reads single_user
         assert d.heartbeat_now()
         (beat,) = [m for m in broker.messages() if m["kind"] == "heartbeat"]
-        assert beat.get("single_user", False) is single_user and parse_ingest(beat).single_user is single_user
-        assert ("single_user" in beat) is single_user  # absent when false: a previous dashboard takes it
+        assert beat["single_user"] is single_user and parse_ingest(beat).single_user is single_user
+    finally:
+        d.stop()
+
+
+def test_fields_the_dashboard_does_not_read_are_not_sent(tmp_path, broker):
+    """Upgrade order, agents first: a document of the previous dashboard release lists no ``dashboard_reads``, and
+    that dashboard refuses unknown fields, so the agent leaves this release's fields (eviction causes per row,
+    single_user) out of what it sends until a document of this release arrives."""
+    from agent.contract import signing
+    from agent.contract.messages import NEWER_AGENT_FIELDS
+
+    ledger = [{"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "prod-2026-07",
+               "request_group": "default", "blocks": 1, "bytes": 1024, "evicted_blocks": 3,
+               "store_evicted_blocks": 2, "budget_evicted_blocks": 1}]
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger,
+               single_user=True)
+    try:
+        old = document(version=1)
+        old.pop("dashboard_reads")
+        d.handle_document(signing.signed({k: v for k, v in old.items() if k != "signature"}, "s3cret"))
+        d.report_now()
+        d.heartbeat_now()
+        d.handle_document(document(version=2))
+        d.report_now()
+        d.heartbeat_now()
+        d.flush()
+        before, after = broker.messages("report")
+        beat_before, beat_after = [m for m in broker.messages() if m["kind"] == "heartbeat"]
+        row_fields = set(NEWER_AGENT_FIELDS["report_row"])
+        assert all(not row_fields & set(row) for row in before["scopes"]) and "single_user" not in beat_before
+        (row,) = [r for r in after["scopes"] if r["request_group"] == "default"]
+        assert (row["evicted_blocks"], row["store_evicted_blocks"], row["budget_evicted_blocks"]) == (3, 2, 1)
+        assert beat_after["single_user"] is True
+        assert parse_ingest(before).scopes[0].evicted_blocks == 3  # the sum still travels
     finally:
         d.stop()
 
