@@ -14,7 +14,8 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per tenant are checked (``Ledger.check_foreign_parents``; none
    again within ``FOREIGN_RECHECK_AFTER`` seconds, as each check leases an existing object), the cuts are
    re-checked (``Ledger.confirm_cuts``: a parent written again un-orphans its subtree) and the orphans are removed
-   leaves first, never forced;
+   leaves first, never forced. ``orphan_collection=False`` skips this step (orphans stay in the Store until the
+   master evicts them: what ``python -m bench.engine_pressure`` measures as ``prefix_keep_orphans``);
 3. **reconcile** — every ``reconcile_interval`` seconds the ledger's present blocks of each tenant are checked
    against the Store (``Ledger.reconcile``: a sample of ``reconcile_sample``, every block once a sample finds one
    gone), so master evictions leave the ledger; between reconciles a **probe** of ``PROBE_SAMPLE`` blocks per
@@ -108,6 +109,7 @@ class Maintenance:
         reconcile_interval / reconcile_sample / probe_interval / foreign_check_interval: as the module docstring
             says (``probe_interval`` <= 0: no probes; ``reconcile_interval`` <= 0: a reconcile every round;
             ``reconcile_sample`` None: every block).
+        orphan_collection: run step 2 of the module docstring (False: orphans are left to the master).
         on_problem: ``(part, message or None)`` — a step failed (message) or works again (None).
         on_store_failure: ``tenant_id`` whose Store client raised (the caller may reopen it next round).
 
@@ -120,6 +122,7 @@ class Maintenance:
                  reconcile_sample: int | None = DEFAULT_RECONCILE_SAMPLE,
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
+                 orphan_collection: bool = True,
                  on_problem: Callable[[str, str | None], None] | None = None,
                  on_store_failure: Callable[[str], None] | None = None) -> None:
         self.node = node
@@ -130,6 +133,7 @@ class Maintenance:
         self.reconcile_sample = reconcile_sample
         self.probe_interval = probe_interval
         self.foreign_check_interval = foreign_check_interval
+        self.orphan_collection = orphan_collection
         self._on_problem = on_problem
         self._on_store_failure = on_store_failure
         self.last_reconcile: float | None = None     # time.monotonic() of the last reconcile
@@ -151,7 +155,7 @@ class Maintenance:
         if reconcile is None:
             reconcile = self.last_reconcile is None or now - self.last_reconcile >= self.reconcile_interval
         removed = self.enforce_budgets(budgets) if enforce else 0
-        orphans = self.collect_orphans(tenants, now) if enforce else 0
+        orphans = self.collect_orphans(tenants, now) if enforce and self.orphan_collection else 0
         checked = missing = 0
         if reconcile:
             self.last_reconcile = self.last_probe = now
