@@ -39,7 +39,8 @@ reach 0.117, 1 conversation in 4 0.299), each request a token prompt by ``demo.e
 Arms (:data:`ARMS`): ``store`` — no budget, no orphan collection: the master alone evicts (at the tenant's
 effective quota, prefix-blind); ``prefix`` — a budget under the tenant's eviction point, removed by
 ``HitDensityPolicy`` (the agent's default), orphans collected; ``lru`` — the same with ``LeafLRUPolicy``;
-``prefix_keep_orphans`` — ``prefix`` without orphan collection. The budget is ``--budget-share`` (default 0.75) of
+``prefix_keep_orphans`` — ``prefix`` without orphan collection (the four run by default); ``prefix_inferred`` (only
+with ``--arms``) — ``prefix`` with ``hit-density-inferred``. The budget is ``--budget-share`` (default 0.75) of
 the tenant's eviction point (``tenants.room.eviction_points`` of the master's effective quota and capacity), split
 over the nodes (``dashboard.rollout.push.budget_share``): the agents trim at their 2 s maintenance tick down to
 0.9 of it, so the rest is the room the engines write into between ticks.
@@ -98,7 +99,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "prefix": {"budget": True, "policy": "hit-density", "keep_orphans": False},
     "lru": {"budget": True, "policy": "lru", "keep_orphans": False},
     "prefix_keep_orphans": {"budget": True, "policy": "hit-density", "keep_orphans": True},
+    # not run by default: the prefix-aware policy told that a store under a cached prefix read it (§7 of the doc)
+    "prefix_inferred": {"budget": True, "policy": "hit-density-inferred", "keep_orphans": False},
 }
+#: Arms run without ``--arms``.
+DEFAULT_ARMS = ("store", "prefix", "lru", "prefix_keep_orphans")
 #: Keys of every arm in the JSON (the issue's list; more follow).
 ARM_KEYS = ("hit_tokens", "lookup_tokens", "store_evictions", "orphans", "orphan_bytes", "ledger_error_max")
 
@@ -602,7 +607,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lease-ttl-ms", type=int, default=1000, help="master --default_kv_lease_ttl (default 1000)")
     parser.add_argument("--reconcile-interval", type=float, default=30.0,
                         help="agents' --reconcile-interval (default 30, the agent's default)")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"arms to run, in order (default {','.join(ARMS)})")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"arms to run, in order, among {', '.join(ARMS)} (default {','.join(DEFAULT_ARMS)})")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the logs after success")
     args = parser.parse_args(argv)
     args.requests = args.requests or (240 if args.quick else 720)

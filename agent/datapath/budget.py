@@ -44,9 +44,18 @@ MAX_ROUNDS = 16
 #: Waves of removals per :meth:`BudgetEnforcer.enforce` round (a plan of depth d needs d waves).
 MAX_WAVES = 4096
 
+def _hit_density_inferred() -> EvictionPolicy:
+    policy = HitDensityPolicy()
+    policy.infer_access = True
+    return policy
+
+
 #: Budget policies by name (the agent's ``--budget-policy``): ``hit-density`` (:class:`HitDensityPolicy`, the
-#: prefix-aware default) and ``lru`` (:class:`LeafLRUPolicy`: least recently used leaf first, the baseline).
-BUDGET_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {"hit-density": HitDensityPolicy, "lru": LeafLRUPolicy}
+#: prefix-aware default), ``hit-density-inferred`` (the same with ``infer_access``: a store under a present parent
+#: counts the prefix as read, docs/eviction.md §7, for scopes fed by engine KV events, which carry no reads) and
+#: ``lru`` (:class:`LeafLRUPolicy`: least recently used leaf first, the baseline).
+BUDGET_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
+    "hit-density": HitDensityPolicy, "hit-density-inferred": _hit_density_inferred, "lru": LeafLRUPolicy}
 #: The default of :data:`BUDGET_POLICIES` (``BudgetEnforcer``'s own default factory).
 DEFAULT_BUDGET_POLICY = "hit-density"
 

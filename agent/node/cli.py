@@ -99,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "which budget removals skip them: keep it well above that TTL)")
     run.add_argument("--metrics-interval", type=positive_float, default=5.0,
                      help="seconds between scrapes of each vLLM instance's /metrics (default 5)")
-    run.add_argument("--budget-policy", choices=["hit-density", "lru"], default="hit-density",
+    run.add_argument("--budget-policy", choices=["hit-density", "hit-density-inferred", "lru"],
+                     default="hit-density",
                      help="which blocks budgets remove first (real engines): hit-density, the prefix-aware policy "
-                          "(default), or lru, the least recently stored leaf (agent.datapath.budget.BUDGET_POLICIES)")
+                          "(default); hit-density-inferred, the same counting a store under a cached prefix as a "
+                          "read of it; or lru, the least recently stored leaf (agent.datapath.budget.BUDGET_POLICIES)")
     run.add_argument("--keep-orphans", action="store_true",
                      help="real engines: do not remove this node's orphaned blocks (blocks below one that left the "
                           "Store, which no lookup can reach); they stay until the master evicts them (default: the "

@@ -109,7 +109,7 @@ def _arm(hits: int) -> dict:
 
 def test_the_json_shape():
     result = bench.result_json({"bench": "engine_pressure"}, {name: _arm(h) for name, h in
-                                                            zip(bench.ARMS, (100, 150, 120, 140), strict=True)})
+                                                            zip(bench.DEFAULT_ARMS, (100, 150, 120, 140), strict=True)})
     assert list(result) == ["bench", "arms", "prefix_vs_store", "prefix_vs_lru"]
     assert set(result["arms"]) == {"store", "prefix", "lru", "prefix_keep_orphans"}
     assert all(set(bench.ARM_KEYS) <= set(arm) for arm in result["arms"].values())
@@ -121,7 +121,7 @@ def test_the_json_shape():
 
 def test_command_line():
     args = bench.parse_args(["--quick"])
-    assert (args.requests, args.nodes, args.quota_mib, args.arms) == (240, 1, 12, list(bench.ARMS))
+    assert (args.requests, args.nodes, args.quota_mib, args.arms) == (240, 1, 12, list(bench.DEFAULT_ARMS))
     args = bench.parse_args([])
     assert (args.requests, args.nodes, args.quota_mib, args.segment_mib) == (720, 2, 24, 16)
     assert bench.parse_args(["--arms", "store,prefix"]).arms == ["store", "prefix"]

@@ -111,7 +111,9 @@ def test_the_budget_policy_is_chosen_by_name():
 
     assert budget_policy_factory("lru") is LeafLRUPolicy and budget_policy_factory(DEFAULT_BUDGET_POLICY) is \
         HitDensityPolicy is BudgetEnforcer(Ledger()).policy_factory
-    with pytest.raises(ValueError, match="hit-density, lru"):
+    inferred = budget_policy_factory("hit-density-inferred")()
+    assert isinstance(inferred, HitDensityPolicy) and inferred.infer_access and not HitDensityPolicy().infer_access
+    with pytest.raises(ValueError, match="hit-density, hit-density-inferred, lru"):
         budget_policy_factory("belady")
     engines = NodeEngines("node-a", Ledger(), "/nonexistent", interval=0, budget_policy="lru",
                           orphan_collection=False)
