@@ -73,7 +73,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -117,12 +117,14 @@ def _say(message: str) -> None:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request of the replay: its trace line, conversation root, request group and token prompt."""
+    """One request of the replay: its trace line, conversation root, request group, token prompt and arrival in
+    the trace (seconds)."""
 
     line: int
     root: int
     group: str
     tokens: tuple[int, ...]
+    time_s: float = 0.0
 
 
 def sampled(root: int, sample: int) -> bool:
@@ -152,8 +154,17 @@ def plan_prompts(requests: Iterable[Any], count: int, *, sample: int = 1,
         if not sampled(root, sample):
             continue
         tokens = request_prompt(request, BLOCK, PROMPT_MAX_TOKENS, max_model_len=MAX_MODEL_LEN)
-        out.append(Prompt(request.line, root, group_of(root, groups), tuple(tokens)))
+        out.append(Prompt(request.line, root, group_of(root, groups), tuple(tokens), request.timestamp_s))
     return out
+
+
+def send_times(prompts: Sequence[Prompt], speed: float) -> list[float]:
+    """Seconds after the replay's start at which each prompt is due: its trace arrival, from the first one,
+    divided by ``speed`` (0: all at once, each sent as soon as the previous one answered)."""
+    if not prompts or speed <= 0:
+        return [0.0] * len(prompts)
+    first = prompts[0].time_s
+    return [(p.time_s - first) / speed for p in prompts]
 
 
 def replay_stats(prompts: Sequence[Prompt]) -> dict[str, int | float]:
@@ -308,7 +319,7 @@ class Sampler(threading.Thread):
         self.master = master
         self.state_dirs = list(state_dirs)
         self.samples: list[tuple[int, int]] = []  # (ledger bytes, Store bytes)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def sample(self) -> None:
         try:
@@ -320,11 +331,11 @@ class Sampler(threading.Thread):
             self.samples.append((sum(ledger), store))
 
     def run(self) -> None:
-        while not self._stop.wait(SAMPLE_SECONDS):
+        while not self._halt.wait(SAMPLE_SECONDS):
             self.sample()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(10)
 
 
@@ -512,7 +523,11 @@ class PressureBench:
                 sampler = Sampler(master, state_dirs)
                 sampler.start()
                 t0 = time.monotonic()
+                due = send_times(self.prompts, self.args.speed)
                 for index, prompt in enumerate(self.prompts):
+                    wait = t0 + due[index] - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
                     engine = engines[index % len(engines)]
                     engine.complete(list(prompt.tokens), max_tokens=1, cache_salt=self.salts[prompt.group],
                                     timeout=180)
@@ -561,12 +576,15 @@ class PressureBench:
                 figures["tenant_charged_end"] = int(master.tenant_quota(TENANT)["charged_bytes"])
                 figures["agent_cpu_s"] = round(sum(cpu_seconds(a.pid) for a in agents if a.pid), 1)
             finally:
-                if sampler is not None and sampler.is_alive():
-                    sampler.stop()
-                for engine in engines:
-                    engine.stop()
-                for service in agents:
-                    service.stop()
+                cleanup: list[Callable[[], Any]] = [engine.stop for engine in engines]
+                cleanup += [service.stop for service in agents]
+                if sampler is not None:
+                    cleanup.insert(0, sampler.stop)
+                for stop in cleanup:  # each one, whatever the others do
+                    try:
+                        stop()
+                    except Exception as exc:
+                        _say(f"{name}: cleanup step failed: {type(exc).__name__}: {exc}")
         removed = [log_counts(s.log_text()) for s in agents]
         figures["agent_budget_removed"] = sum(r[0] for r in removed)
         figures["agent_orphans_removed"] = sum(r[1] for r in removed)
@@ -598,6 +616,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trace", default=str(DEFAULT_TRACE), help="FAST'25 trace (JSON lines)")
     parser.add_argument("--requests", type=int, help="prompts per arm (default 720, quick 240)")
     parser.add_argument("--sample", type=int, default=4, help="keep 1 conversation in K (default 4)")
+    parser.add_argument("--speed", type=float, default=5.0,
+                        help="replay at this multiple of the trace's pace (default 5; 0: as fast as the engines "
+                             "answer, one request at a time)")
     parser.add_argument("--nodes", type=int, choices=[1, 2], help="nodes, one engine each (default 2, quick 1)")
     parser.add_argument("--segment-mib", type=int, default=16, help="each node's Store segment (default 16 MiB)")
     parser.add_argument("--quota-mib", type=int, help="the tenant's quota (default 12 MiB per node)")
@@ -637,7 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bench.prepare()
         stats = replay_stats(bench.prompts)
-        _say(f"replay: {stats['prompts']} prompts of conversation_trace.jsonl (1 conversation in {args.sample}), "
+        span = send_times(bench.prompts, args.speed)[-1] if bench.prompts else 0
+        stats["trace_span_s"] = round(bench.prompts[-1].time_s - bench.prompts[0].time_s, 1) if bench.prompts else 0
+        _say(f"replay: {stats['prompts']} prompts of conversation_trace.jsonl (1 conversation in {args.sample}; "
+             f"{stats['trace_span_s']} s of trace at {args.speed:g}x: {span:.0f} s), "
              f"{stats['blocks']} full blocks, {stats['unique_blocks']} distinct ({stats['unique_bytes'] >> 20} MiB), "
              f"infinite-cache hit ratio {stats['infinite_cache_hit_ratio']}; pool {args.nodes} x "
              f"{args.segment_mib} MiB, quota {args.quota_mib} MiB")
@@ -654,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
                 "nodes": args.nodes, "segment_bytes": args.segment_mib << 20, "quota_bytes": args.quota_mib << 20,
                 "budget_share": args.budget_share, "lease_ttl_ms": args.lease_ttl_ms,
                 "reconcile_interval_s": args.reconcile_interval, "engine_local_blocks": ENGINE_BLOCKS,
-                "sample": args.sample, "replay": stats, "wall_s": round(time.monotonic() - t0, 1)}
+                "sample": args.sample, "speed": args.speed, "replay": stats, "wall_s": round(time.monotonic() - t0, 1)}
     result = result_json(settings, arms)
     _say(f"prefix/store hit tokens {result['prefix_vs_store']}x (goal >= 1.2), prefix/lru {result['prefix_vs_lru']}x "
          f"(goal >= 1); {'logs kept in ' + str(workdir) if failed or args.keep_workdir else 'work directory removed'}")

@@ -136,3 +136,11 @@ def test_arms_match_the_agent_flags():
     assert all(arm["policy"] in BUDGET_POLICIES for arm in bench.ARMS.values())
     assert not bench.ARMS["store"]["budget"] and bench.ARMS["lru"]["policy"] == "lru"
     assert bench.ARMS["prefix_keep_orphans"]["keep_orphans"] and not bench.ARMS["prefix"]["keep_orphans"]
+
+
+def test_send_times_follow_the_trace_pace():
+    prompts = [bench.Prompt(i, 1, "g", (1,), t) for i, t in enumerate((100.0, 105.0, 130.0))]
+    assert bench.send_times(prompts, 5) == [0.0, 1.0, 6.0]
+    assert bench.send_times(prompts, 0) == [0.0, 0.0, 0.0] and bench.send_times([], 5) == []
+    trace = [_request(1, (0, 11)), _request(3, (0, 11, 12))]
+    assert [p.time_s for p in bench.plan_prompts(trace, 2)] == [1.0, 3.0]
