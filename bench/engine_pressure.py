@@ -251,7 +251,8 @@ def human_line(name: str, arm: Mapping[str, Any]) -> str:
             f"({arm['hit_tokens'] / lookup:.1%} of looked-up)" if lookup else f"{name}: no lookups") + (
         f", engine-local hits {arm['local_hit_tokens']}; master evictions {arm['store_evictions']} keys "
         f"({arm['store_evicted_bytes'] >> 10} KiB global), {arm['tenant_evict_bytes'] >> 10} KiB at the quota; "
-        f"agent budget removals {arm['agent_budget_removed']}, orphan removals {arm['agent_orphans_removed']}; "
+        f"agent budget removals {arm['agent_budget_removed']}, orphan removals {arm['agent_orphans_removed']}, "
+        f"unconfirmed writes {arm['agent_unconfirmed']}; "
         f"orphans at the end {arm['orphans']} ({arm['orphan_bytes'] >> 10} KiB; {arm['unreachable']} keys "
         f"unreachable in all) of {arm['keys_present']} keys present; ledger error max "
         f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}); "
@@ -283,13 +284,15 @@ def ledger_file_bytes(state_dir: Path) -> int:
         return -1
 
 
-def log_counts(text: str) -> tuple[int, int]:
-    """Blocks an agent log says it removed over budgets and as orphans (``agent.datapath.maintenance`` lines)."""
+def log_counts(text: str) -> tuple[int, int, int]:
+    """Blocks an agent log says it removed over budgets, removed as orphans (``agent.datapath.maintenance``) and
+    could not confirm (engine writes the Store did not hold at the check: ``agent.node.engines``)."""
     import re
 
     budget = sum(int(n) for n in re.findall(r"removed (\d+) block\(s\) of .* over its budget", text))
     orphaned = sum(int(n) for n in re.findall(r"removed (\d+) orphaned block\(s\)", text))
-    return budget, orphaned
+    unconfirmed = sum(int(n) for n in re.findall(r"reported (\d+) Store write\(s\) the Store does not hold", text))
+    return budget, orphaned, unconfirmed
 
 
 def store_exists(endpoints: Mapping[str, Any], tenant_id: str, keys: Sequence[str], workdir: Path) -> set[str]:
@@ -459,7 +462,7 @@ class PressureBench:
         figures: dict[str, Any] = {"policy": arm["policy"] if arm["budget"] else None,
                                    "orphan_collection": not arm["keep_orphans"]}
         with MasterProcess({TENANT: self.args.quota_mib << 20}, eviction_high_watermark_ratio=0.9,
-                           eviction_ratio=0.1, default_kv_lease_ttl=self.args.lease_ttl_ms,
+                           eviction_ratio=0.1, default_kv_lease_ttl=self.args.lease_ttl_ms or None,
                            workdir=base / "master") as master:
             try:
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DJANGO_"))}
@@ -588,6 +591,7 @@ class PressureBench:
         removed = [log_counts(s.log_text()) for s in agents]
         figures["agent_budget_removed"] = sum(r[0] for r in removed)
         figures["agent_orphans_removed"] = sum(r[1] for r in removed)
+        figures["agent_unconfirmed"] = sum(r[2] for r in removed)
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
 
@@ -625,7 +629,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-share", type=float, default=0.75,
                         help="budget of arms prefix/lru/prefix_keep_orphans as a share of the tenant's eviction "
                              "point (default 0.75)")
-    parser.add_argument("--lease-ttl-ms", type=int, default=1000, help="master --default_kv_lease_ttl (default 1000)")
+    parser.add_argument("--lease-ttl-ms", type=int, default=0,
+                        help="master --default_kv_lease_ttl in ms (default 0: the master's own default). With 1000 a "
+                             "Store load outlived its lease here (LEASE_EXPIRED) and vLLM 0.32's "
+                             "kv_load_failure_policy 'fail' ended the API server")
     parser.add_argument("--reconcile-interval", type=float, default=30.0,
                         help="agents' --reconcile-interval (default 30, the agent's default)")
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
