@@ -656,6 +656,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the bench (module docstring); human lines, then the JSON object as the last line."""
     args = parse_args(argv)
+    import signal
+
+    # SIGTERM unwinds like Ctrl-C, so every arm's engines, agents, master and Redis are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-pressure-"))
     bench = PressureBench(args, workdir)
     t0 = time.monotonic()
