@@ -251,7 +251,8 @@ def human_line(name: str, arm: Mapping[str, Any]) -> str:
             f"({arm['hit_tokens'] / lookup:.1%} of looked-up)" if lookup else f"{name}: no lookups") + (
         f", engine-local hits {arm['local_hit_tokens']}; master evictions {arm['store_evictions']} keys "
         f"({arm['store_evicted_bytes'] >> 10} KiB global), {arm['tenant_evict_bytes'] >> 10} KiB at the quota; "
-        f"agent budget removals {arm['agent_budget_removed']}, orphan removals {arm['agent_orphans_removed']}, "
+        f"agent budget removals {arm['agent_budget_removed']} ({arm['agent_budget_refused']} refused), "
+        f"orphan removals {arm['agent_orphans_removed']}, "
         f"unconfirmed writes {arm['agent_unconfirmed']}; "
         f"orphans at the end {arm['orphans']} ({arm['orphan_bytes'] >> 10} KiB; {arm['unreachable']} keys "
         f"unreachable in all) of {arm['keys_present']} keys present; ledger error max "
@@ -284,15 +285,17 @@ def ledger_file_bytes(state_dir: Path) -> int:
         return -1
 
 
-def log_counts(text: str) -> tuple[int, int, int]:
-    """Blocks an agent log says it removed over budgets, removed as orphans (``agent.datapath.maintenance``) and
-    could not confirm (engine writes the Store did not hold at the check: ``agent.node.engines``)."""
+def log_counts(text: str) -> tuple[int, int, int, int]:
+    """Blocks an agent log says it removed over budgets, removed as orphans (``agent.datapath.maintenance``),
+    could not confirm (engine writes the Store did not hold at the check: ``agent.node.engines``), and budget
+    removals the Store refused (read leases)."""
     import re
 
     budget = sum(int(n) for n in re.findall(r"removed (\d+) block\(s\) of .* over its budget", text))
     orphaned = sum(int(n) for n in re.findall(r"removed (\d+) orphaned block\(s\)", text))
     unconfirmed = sum(int(n) for n in re.findall(r"reported (\d+) Store write\(s\) the Store does not hold", text))
-    return budget, orphaned, unconfirmed
+    refused = sum(int(n) for n in re.findall(r"over its budget of \d+ bytes \((\d+) refused", text))
+    return budget, orphaned, unconfirmed, refused
 
 
 def store_exists(endpoints: Mapping[str, Any], tenant_id: str, keys: Sequence[str], workdir: Path) -> set[str]:
@@ -592,6 +595,7 @@ class PressureBench:
         figures["agent_budget_removed"] = sum(r[0] for r in removed)
         figures["agent_orphans_removed"] = sum(r[1] for r in removed)
         figures["agent_unconfirmed"] = sum(r[2] for r in removed)
+        figures["agent_budget_refused"] = sum(r[3] for r in removed)
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
 

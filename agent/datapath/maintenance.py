@@ -183,6 +183,7 @@ class Maintenance:
             store = self.store_for(item.tenant_id)
             if store is None:
                 continue
+            refused_before = self._refused()
             try:
                 keys = self.budget.enforce(item.scopes, item.node_budget_bytes, store_remover(store, self.ledger),
                                            low_water=BUDGET_LOW_WATER)
@@ -190,12 +191,17 @@ class Maintenance:
                 self._problem("budget", f"holding {item.label} under {item.node_budget_bytes} bytes failed: {exc}")
                 continue
             self._problem("budget", None)
-            if keys:
+            refused = self._refused() - refused_before
+            if keys or refused:
                 removed += len(keys)
-                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
-                         item.label, item.node_budget_bytes)
+                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes (%d refused: read leases)",
+                         self.node, len(keys), item.label, item.node_budget_bytes, refused)
         self.removed_over_budget += removed
         return removed
+
+    def _refused(self) -> int:
+        """Removals the Store refused so far, all scopes (``BudgetEnforcer.refused_blocks``; 0 for a fake)."""
+        return sum(getattr(self.budget, "refused_blocks", {}).values())
 
     def collect_orphans(self, tenants: Iterable[str], now: float) -> int:
         """Remove this node's orphans from the Store, per tenant of ``tenants`` (module docstring, step 2);

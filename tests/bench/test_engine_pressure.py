@@ -95,13 +95,13 @@ def test_ledger_error_and_cpu_seconds():
 
 def test_agent_log_counts():
     text = ("x INFO kvpool.agent.maintenance: node node-1: removed 12 block(s) of bench/tiny/tiny-2026-12 over its "
-            "budget of 9437184 bytes\n"
+            "budget of 9437184 bytes (5 refused: read leases)\n"
             "x INFO kvpool.agent.maintenance: node node-1: removed 3 block(s) of bench/tiny/tiny-2026-12 over its "
-            "budget of 9437184 bytes\n"
+            "budget of 9437184 bytes (0 refused: read leases)\n"
             "x INFO kvpool.agent.maintenance: node node-1: removed 4 orphaned block(s) (their parent left the Store)\n"
             "x WARNING kvpool.agent.engines: node node-1: instance 1 reported 7 Store write(s) the Store does not hold "
             "(forged events, writes the master dropped, or blocks evicted before the check)\n")
-    assert bench.log_counts(text) == (15, 4, 7)
+    assert bench.log_counts(text) == (15, 4, 7, 5)
 
 
 def _arm(hits: int) -> dict:
