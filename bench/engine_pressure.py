@@ -557,7 +557,7 @@ class PressureBench:
                 figures["lookup_tokens"] = grown("vllm:external_prefix_cache_queries_total")
                 figures["local_hit_tokens"] = grown("vllm:prefix_cache_hits_total")
                 figures["prompt_tokens"] = grown("vllm:prefix_cache_queries_total")
-                figures["load_failed_keys"] = grown("vllm:mooncake_store_operation_failed_keys_total")
+                figures["store_failed_keys"] = grown("vllm:mooncake_store_operation_failed_keys_total")
                 metrics = master.metrics()
                 figures["store_evictions"] = int(metrics.get("master_evicted_key_count", 0))
                 figures["store_evicted_bytes"] = int(metrics.get("master_evicted_size_bytes", 0))
