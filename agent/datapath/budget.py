@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from agent.contract.scope import CacheScope
-from agent.datapath.eviction import EvictionPolicy, HitDensityPolicy
+from agent.datapath.eviction import EvictionPolicy, HitDensityPolicy, LeafLRUPolicy
 from agent.datapath.keyspace import KeySpace
 from agent.datapath.ledger import BlockEntry, Ledger, RemovalCause, ScopeTable
 
@@ -43,6 +43,33 @@ MAX_ROUNDS = 16
 
 #: Waves of removals per :meth:`BudgetEnforcer.enforce` round (a plan of depth d needs d waves).
 MAX_WAVES = 4096
+
+def _hit_density_inferred() -> EvictionPolicy:
+    policy = HitDensityPolicy()
+    policy.infer_access = True
+    return policy
+
+
+#: Budget policies by name (the agent's ``--budget-policy``): ``hit-density`` (:class:`HitDensityPolicy`, the
+#: prefix-aware default), ``hit-density-inferred`` (the same with ``infer_access``: a store under a present parent
+#: counts the prefix as read, docs/eviction.md §7, for scopes fed by engine KV events, which carry no reads) and
+#: ``lru`` (:class:`LeafLRUPolicy`: least recently used leaf first, the baseline).
+BUDGET_POLICIES: dict[str, Callable[[], EvictionPolicy]] = {
+    "hit-density": HitDensityPolicy, "hit-density-inferred": _hit_density_inferred, "lru": LeafLRUPolicy}
+#: The default of :data:`BUDGET_POLICIES` (``BudgetEnforcer``'s own default factory).
+DEFAULT_BUDGET_POLICY = "hit-density"
+
+
+def budget_policy_factory(name: str) -> Callable[[], EvictionPolicy]:
+    """The policy factory of :data:`BUDGET_POLICIES` named ``name``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
+    try:
+        return BUDGET_POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown budget policy {name!r}: one of {', '.join(BUDGET_POLICIES)}") from None
 
 
 class BudgetEnforcer:
@@ -290,4 +317,5 @@ def _depth(table: ScopeTable, entry: BlockEntry) -> int:
     return depth
 
 
-__all__ = ["BudgetEnforcer", "RemoveFn", "connector_remover", "store_remover"]
+__all__ = ["BUDGET_POLICIES", "DEFAULT_BUDGET_POLICY", "BudgetEnforcer", "RemoveFn", "budget_policy_factory",
+           "connector_remover", "store_remover"]

@@ -14,7 +14,8 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    up to ``FOREIGN_PARENT_SAMPLE`` foreign parents per tenant are checked (``Ledger.check_foreign_parents``; none
    again within ``FOREIGN_RECHECK_AFTER`` seconds, as each check leases an existing object), the cuts are
    re-checked (``Ledger.confirm_cuts``: a parent written again un-orphans its subtree) and the orphans are removed
-   leaves first, never forced;
+   leaves first, never forced. ``orphan_collection=False`` skips this step (orphans stay in the Store until the
+   master evicts them: what ``python -m bench.engine_pressure`` measures as ``prefix_keep_orphans``);
 3. **reconcile** — every ``reconcile_interval`` seconds the ledger's present blocks of each tenant are checked
    against the Store (``Ledger.reconcile``: a sample of ``reconcile_sample``, every block once a sample finds one
    gone), so master evictions leave the ledger; between reconciles a **probe** of ``PROBE_SAMPLE`` blocks per
@@ -120,6 +121,7 @@ class Maintenance:
         reconcile_interval / reconcile_sample / probe_interval / foreign_check_interval: as the module docstring
             says (``probe_interval`` <= 0: no probes; ``reconcile_interval`` <= 0: a reconcile every round;
             ``reconcile_sample`` None: every block).
+        orphan_collection: run step 2 of the module docstring (False: orphans are left to the master).
         on_problem: ``(part, message or None)`` — a step failed (message) or works again (None).
         on_store_failure: ``tenant_id`` whose Store client raised (the caller may reopen it next round).
         eviction_watch: the master's eviction counters (``agent.datapath.eviction_signal.EvictionWatch``; default
@@ -136,6 +138,7 @@ class Maintenance:
                  reconcile_sample: int | None = DEFAULT_RECONCILE_SAMPLE,
                  probe_interval: float = DEFAULT_PROBE_INTERVAL,
                  foreign_check_interval: float = DEFAULT_FOREIGN_CHECK_INTERVAL,
+                 orphan_collection: bool = True,
                  on_problem: Callable[[str, str | None], None] | None = None,
                  on_store_failure: Callable[[str], None] | None = None,
                  eviction_watch: EvictionWatch | None = None,
@@ -148,6 +151,7 @@ class Maintenance:
         self.reconcile_sample = reconcile_sample
         self.probe_interval = probe_interval
         self.foreign_check_interval = foreign_check_interval
+        self.orphan_collection = orphan_collection
         self._on_problem = on_problem
         self._on_store_failure = on_store_failure
         self.last_reconcile: float | None = None     # time.monotonic() of the last reconcile
@@ -186,7 +190,7 @@ class Maintenance:
         if reconcile is None:
             reconcile = self.last_reconcile is None or now - self.last_reconcile >= self.reconcile_interval
         removed = self.enforce_budgets(budgets) if enforce else 0
-        orphans = self.collect_orphans(tenants, now) if enforce else 0
+        orphans = self.collect_orphans(tenants, now) if enforce and self.orphan_collection else 0
         checked, missing, done = self._on_eviction_signal(tenants, now)
         tenants = [t for t in tenants if t not in done]  # just checked every block of these
         if reconcile:
@@ -241,6 +245,7 @@ class Maintenance:
             store = self.store_for(item.tenant_id)
             if store is None:
                 continue
+            refused_before = self._refused()
             try:
                 keys = self.budget.enforce(item.scopes, item.node_budget_bytes, store_remover(store, self.ledger),
                                            low_water=BUDGET_LOW_WATER)
@@ -248,12 +253,17 @@ class Maintenance:
                 self._problem("budget", f"holding {item.label} under {item.node_budget_bytes} bytes failed: {exc}")
                 continue
             self._problem("budget", None)
-            if keys:
+            refused = self._refused() - refused_before
+            if keys or refused:
                 removed += len(keys)
-                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes", self.node, len(keys),
-                         item.label, item.node_budget_bytes)
+                log.info("node %s: removed %d block(s) of %s over its budget of %d bytes (%d refused: read leases)",
+                         self.node, len(keys), item.label, item.node_budget_bytes, refused)
         self.removed_over_budget += removed
         return removed
+
+    def _refused(self) -> int:
+        """Removals the Store refused so far, all scopes (``BudgetEnforcer.refused_blocks``; 0 for a fake)."""
+        return sum(getattr(self.budget, "refused_blocks", {}).values())
 
     def collect_orphans(self, tenants: Iterable[str], now: float) -> int:
         """Remove this node's orphans from the Store, per tenant of ``tenants`` (module docstring, step 2);

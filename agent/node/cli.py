@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "which budget removals skip them: keep it well above that TTL)")
     run.add_argument("--metrics-interval", type=positive_float, default=5.0,
                      help="seconds between scrapes of each vLLM instance's /metrics (default 5)")
+    run.add_argument("--budget-policy", choices=["hit-density", "hit-density-inferred", "lru"],
+                     default="hit-density",
+                     help="which blocks budgets remove first (real engines): hit-density, the prefix-aware policy "
+                          "(default); hit-density-inferred, the same counting a store under a cached prefix as a "
+                          "read of it; or lru, the least recently stored leaf (agent.datapath.budget.BUDGET_POLICIES)")
+    run.add_argument("--keep-orphans", action="store_true",
+                     help="real engines: do not remove this node's orphaned blocks (blocks below one that left the "
+                          "Store, which no lookup can reach); they stay until the master evicts them (default: the "
+                          "maintenance removes them)")
     run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
     run.add_argument("--outbox-max", type=positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
@@ -310,7 +319,8 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
     return NodeEngines(args.node, ledger, root, state_dir=state_dir, observe=observe,
                        reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
                        is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir,
-                       account_rules=EngineAccountRules(min_uid=args.min_engine_uid, max_uid=args.max_engine_uid))
+                       account_rules=EngineAccountRules(min_uid=args.min_engine_uid, max_uid=args.max_engine_uid),
+                       budget_policy=args.budget_policy, orphan_collection=not args.keep_orphans)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

@@ -153,6 +153,9 @@ class NodeEngines:
             None: none written).
         account_rules: which accounts may be an instance's (``agent.node.accounts.EngineAccountRules``; None:
             the defaults, login.defs' uid range; tests with throwaway system accounts pass their own minimum).
+        budget_policy: the eviction policy budgets remove by (``agent.datapath.budget.BUDGET_POLICIES``:
+            ``hit-density``, the default, or ``lru``).
+        orphan_collection: whether the maintenance removes this node's orphans (False: left to the master).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -169,7 +172,8 @@ class NodeEngines:
                  observer_options: Mapping[str, Any] | None = None,
                  segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
                  proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL,
-                 unit_dir: str | Path | None = None, account_rules: EngineAccountRules | None = None) -> None:
+                 unit_dir: str | Path | None = None, account_rules: EngineAccountRules | None = None,
+                 budget_policy: str = "hit-density", orphan_collection: bool = True) -> None:
         self.node = node
         self.account_rules = account_rules or EngineAccountRules()
         self.unit_dir = Path(unit_dir) if unit_dir is not None else None
@@ -186,13 +190,14 @@ class NodeEngines:
         #: The node-maintenance policy (``agent.datapath.maintenance``): budgets, orphans, reconcile, probes.
         self.maintenance: Maintenance | None = None
         if observe:
-            from agent.datapath.budget import BudgetEnforcer
+            from agent.datapath.budget import BudgetEnforcer, budget_policy_factory
 
-            self.budget = BudgetEnforcer(ledger)
+            self.budget = BudgetEnforcer(ledger, budget_policy_factory(budget_policy))
             self.maintenance = Maintenance(node, ledger, self.budget, self._store,
                                            reconcile_interval=reconcile_interval, reconcile_sample=reconcile_sample,
                                            probe_interval=probe_interval,
                                            foreign_check_interval=foreign_check_interval,
+                                           orphan_collection=orphan_collection,
                                            on_problem=self._problem, on_store_failure=self._close_store)
         self.document: ConfigDocument | None = None
         self.observer: Any = None       # agent.engines.vllm.observer.EngineObserver

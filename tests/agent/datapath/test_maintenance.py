@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from agent.contract.scope import CacheScope
 from agent.datapath.budget import BudgetEnforcer
 from agent.datapath.ledger import Ledger
@@ -87,3 +89,34 @@ def test_the_simulator_and_the_engine_path_run_this_policy():
 
     assert isinstance(EngineSimulator("node-a", Ledger()).maintenance, Maintenance)
     assert isinstance(NodeEngines("node-a", Ledger(), "/nonexistent", interval=0).maintenance, Maintenance)
+
+
+def test_orphan_collection_off_leaves_the_orphans_to_the_master():
+    store, ns, ledger, connector, enforcer = make()
+    hashes = put(connector, ns, list(range(1, 9)))
+    for key in ns.keys_for(hashes[3]):
+        del store.objects[key]
+    maintenance = _policy(ledger, store, enforcer, orphan_collection=False)
+    assert maintenance.tick([], ["alpha"], now=0.0, full=True)["missing"] == 1
+    for now in (1.0, 10.0, 100.0):  # past every foreign-check and orphan interval: still nothing removed
+        assert maintenance.tick([], ["alpha"], now=now)["orphans_removed"] == 0
+    assert maintenance.removed_orphans == 0
+    assert {k for h in hashes[:3] + hashes[4:] for k in ns.keys_for(h)} == set(store.objects)
+
+
+def test_the_budget_policy_is_chosen_by_name():
+    from agent.datapath.budget import BUDGET_POLICIES, DEFAULT_BUDGET_POLICY, budget_policy_factory
+    from agent.datapath.eviction import HitDensityPolicy, LeafLRUPolicy
+    from agent.node.engines import NodeEngines
+
+    assert budget_policy_factory("lru") is LeafLRUPolicy and budget_policy_factory(DEFAULT_BUDGET_POLICY) is \
+        HitDensityPolicy is BudgetEnforcer(Ledger()).policy_factory
+    inferred = budget_policy_factory("hit-density-inferred")()
+    assert isinstance(inferred, HitDensityPolicy) and inferred.infer_access and not HitDensityPolicy().infer_access
+    with pytest.raises(ValueError, match="hit-density, hit-density-inferred, lru"):
+        budget_policy_factory("belady")
+    engines = NodeEngines("node-a", Ledger(), "/nonexistent", interval=0, budget_policy="lru",
+                          orphan_collection=False)
+    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection is False
+    default = NodeEngines("node-a", Ledger(), "/nonexistent", interval=0)
+    assert default.budget.policy_factory is BUDGET_POLICIES["hit-density"] and default.maintenance.orphan_collection

@@ -33,3 +33,38 @@ def test_an_instance_root_that_is_a_file_is_refused(tmp_path):
                     "--instance-root", str(a_file), tmp_path=tmp_path)
     _refused(result, "--instance-root", "not a directory")
     assert a_file.read_text() == "keep me\n"
+
+
+def test_budget_policy_and_orphan_collection_flags():
+    from agent.datapath.budget import BUDGET_POLICIES, DEFAULT_BUDGET_POLICY
+
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    choices = next(a.choices for a in run._actions if a.dest == "budget_policy")
+    assert sorted(choices) == sorted(BUDGET_POLICIES)  # the flag offers exactly the policies the agent knows
+    args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER])
+    assert (args.budget_policy, args.keep_orphans) == (DEFAULT_BUDGET_POLICY, False)
+    args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--budget-policy", "lru",
+                                      "--keep-orphans"])
+    assert (args.budget_policy, args.keep_orphans) == ("lru", True)
+
+
+def test_the_flags_reach_the_node_maintenance(tmp_path):
+    import gc
+
+    from agent.datapath.eviction import LeafLRUPolicy
+    from agent.datapath.ledger import Ledger
+    from agent.node.cli import _engines
+
+    args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--budget-policy", "lru",
+                                      "--keep-orphans", "--instance-root", str(tmp_path / "instances")])
+    thresholds = gc.get_threshold()
+    try:
+        engines = _engines(args, Ledger(), tmp_path, observe=True)
+    finally:
+        gc.set_threshold(*thresholds)  # _engines tunes the collector of the agent's process
+    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection is False
+
+
+def test_an_unknown_budget_policy_is_refused(tmp_path):
+    result = _agent("--node", "n", "--broker", DEAD_BROKER, "--budget-policy", "fifo", tmp_path=tmp_path)
+    _refused(result, "--budget-policy")
