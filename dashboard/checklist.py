@@ -701,18 +701,22 @@ def check_nodes_reporting(now: datetime) -> CheckResult:
     states = {s.node_name: s for s in NodeState.objects.all()}
     problems: list[str] = []
     nodes = list(Node.objects.order_by("name").values_list("name", flat=True))
+    never = 0
     for name in nodes:
         state = states.get(name)
         if state is None or state.heartbeat_at is None:
-            continue  # never heard from: pd_identical says so
+            never += 1  # never heard from: not silent (nothing was lost); pd_identical fails for it
+            continue
         age = now - state.heartbeat_at
         if age > silence:
             problems.append(f"node {name}: no heartbeat for {int(age.total_seconds())} s (agent stopped, or the "
                             f"broker or the dashboard worker stalled; outbox had {state.outbox_pending} message(s) "
                             "pending)")
     passed = not problems
-    summary = (f"{len(nodes)} node(s), every agent heard from within "
-               f"{settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS} s" if passed else f"{len(problems)} silent node(s)")
+    heard = f"{len(nodes) - never} node(s) heard from within {settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS} s"
+    waiting = f"; {never} never heard from yet (no agent has started: see 'Prefill/decode values identical')" if never \
+        else ""
+    summary = f"{heard}{waiting}" if passed else f"{len(problems)} silent node(s)"
     return CheckResult("nodes_reporting", "Agents reporting", "", passed, summary, _capped(problems))
 
 

@@ -155,9 +155,10 @@ class Command(BaseCommand):
         if config is None:
             raise CommandError(
                 f"Node '{node.name}' is an embedded-store node: each engine mounts its own segment, so it runs no "
-                f"mooncake_client (its engines publish KV events to port {node.kv_events_port})."
+                "mooncake_client."
             )
-        comment = f"node {node.name}: kv_events_port={node.kv_events_port} (the agent's engine event socket)"
+        comment = (f"node {node.name} (KV events: one ipc://kv-events.sock per instance, in its directory; "
+                   "kv_events_port is not used)")
         if out is None:
             self.stdout.write(f"# mooncake_client of {comment}")
             self.stdout.write(config.shell_line)

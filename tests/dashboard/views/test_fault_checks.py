@@ -50,3 +50,12 @@ def test_deleted_nodes_are_neither_checked_nor_exported():
     node.delete()
     assert nodes_check().passed
     assert 'node="node-a"' not in render().decode()
+
+
+def test_a_node_never_heard_from_is_said_so_not_counted_as_heard():
+    """The summary used to say "every agent heard from" while no agent had ever contacted the dashboard."""
+    make_node("node-a")
+    make_node("node-b", hostname="10.0.0.2")
+    node_alive("node-a")
+    check = nodes_check()
+    assert check.passed and "1 node(s) heard from" in check.summary and "1 never heard from yet" in check.summary

@@ -28,7 +28,8 @@ def test_create_standalone_cpu_node(ui):
     node = Node.objects.get(name="cpu-a")
     assert (node.device, node.store_segment_bytes, node.store_client_port) == ("cpu", 256 << 20, 50100)
     page = ui.get(reverse("ui:node", args=[node.pk])).content.decode()
-    assert "tcp://127.0.0.1:6001" in page and "port 50100" in page and "CPU only" in page
+    assert "ipc://kv-events.sock" in page and "tcp://127.0.0.1:6001" not in page and "port 50100" in page
+    assert "CPU only" in page
 
 
 def test_edit_refusal_shows_the_model_message(ui):
