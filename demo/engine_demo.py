@@ -239,7 +239,31 @@ class EngineDemo(Demo):
             except EngineError as exc:
                 raise DemoError(str(exc)) from None
             self.say(f"vLLM instance {label} serves on {self.engines[label].base_url} (ready after {ready:.0f}s)")
+        self.wait_events_connected(labels)
         self.timings[f"engines {'+'.join(labels)} ready"] = time.monotonic() - started
+
+    def wait_events_connected(self, labels: Sequence[str], timeout: float = 180.0) -> None:
+        """Wait until the agents report each instance's KV-event socket ``connected`` (the API's
+        ``events_status``): vLLM binds it about a second before it serves, and a ZMQ subscriber gets nothing
+        published before it joined, so prompts sent earlier would store blocks no agent saw.
+
+        Raises:
+            DemoError: not connected within ``timeout`` seconds (the status and problem reported are named).
+        """
+        wanted = {str(self.dep.instances[label][2]): label for label in labels}
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sup.check_all()
+            rows = {str(row.get("instance_id")): row for row in self.engine_stats()}
+            waiting = [iid for iid in wanted if (rows.get(iid) or {}).get("events_status") != "connected"]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                row = rows.get(waiting[0]) or {}
+                raise DemoError(f"the agent never connected to the KV-event socket of instance {wanted[waiting[0]]} "
+                                f"(status {row.get('events_status') or 'not reported'}: "
+                                f"{row.get('events_problem') or 'no report yet'}); see the agent logs")
+            time.sleep(0.5)
 
     def stop_engine(self, label: str) -> None:
         """Stop instance ``label`` (its blocks stay: the nodes' mooncake_clients own the Store memory)."""

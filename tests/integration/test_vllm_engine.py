@@ -123,6 +123,10 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         engines.segment.wait_ready(30)
         engine = start_instance(directory, log_path=tmp_path / "vllm.log", engine_python=engine_python,
                                 timeout=300)
+        # vLLM binds its event socket about a second before it serves; the agent, retrying every <= 2 s, may connect
+        # after the first requests, and a ZMQ subscriber gets nothing published before it joined
+        _wait(lambda: engines.observer.status(str(assignment.pk))[0] == "connected", 60,
+              "the agent connected to the engine's event socket")
         engines.observer.scrape_metrics_now()  # the engine's counters before any request: the baseline
         prompts = _prompts()
         for name, (tokens, salt) in prompts.items():
