@@ -14,7 +14,7 @@ order against every arm):
   (``demo.engine.register_tiny_release``);
 * per arm: a multi-tenant ``mooncake_master`` (``agent.sim.master.MasterProcess``: the tenant's quota, eviction
   watermark 0.9, ratio 0.1, read leases of ``--lease-ttl-ms``); one real agent daemon per node
-  (``python -m agent run``, no ``--simulate-engines``; the arm's ``--budget-policy`` / ``--keep-orphans``); the
+  (``python -m agent run``, no ``--simulate-engines``; the arm's ``--budget-policy`` / ``--orphan-collection``); the
   dashboard's rendered config document (``dashboard.rollout.push``: ``ensure_version`` then ``send_many`` through
   Redis) with the arm's budget; each agent writes the instance directory and starts the node's
   ``mooncake_client``; the bench starts each vLLM instance from the directory its agent wrote
@@ -38,9 +38,11 @@ reach 0.117, 1 conversation in 4 0.299), each request a token prompt by ``demo.e
 
 Arms (:data:`ARMS`): ``store`` — no budget, no orphan collection: the master alone evicts (at the tenant's
 effective quota, prefix-blind); ``prefix`` — a budget under the tenant's eviction point, removed by
-``HitDensityPolicy`` (the agent's default), orphans collected; ``lru`` — the same with ``LeafLRUPolicy``;
-``prefix_keep_orphans`` — ``prefix`` without orphan collection (the four run by default); ``prefix_inferred`` (only
-with ``--arms``) — ``prefix`` with ``hit-density-inferred``. The budget is ``--budget-share`` (default 0.75) of
+``HitDensityPolicy`` (the agent's default), orphans collected under pressure (the agent's default rule,
+``agent.datapath.maintenance``); ``lru`` — the same with ``LeafLRUPolicy``; ``prefix_keep_orphans`` — ``prefix``
+without orphan collection; ``prefix_eager_orphans`` — ``prefix`` collecting orphans every round (the five run by
+default); ``prefix_inferred`` (only with ``--arms``) — ``prefix`` with ``hit-density-inferred``.
+The budget is ``--budget-share`` (default 0.75) of
 the tenant's eviction point (``tenants.room.eviction_points`` of the master's effective quota and capacity), split
 over the nodes (``dashboard.rollout.push.budget_share``): the agents trim at their 2 s maintenance tick down to
 0.9 of it, so the rest is the room the engines write into between ticks.
@@ -93,17 +95,18 @@ MAX_MODEL_LEN = 1024
 PROMPT_MAX_TOKENS = 8
 #: Seconds between samples of the ledger against the Store.
 SAMPLE_SECONDS = 2.0
-#: The arms: name -> (budget or not, agent --budget-policy, agent --keep-orphans).
+#: The arms: name -> (budget or not, agent --budget-policy, agent --orphan-collection).
 ARMS: dict[str, dict[str, Any]] = {
-    "store": {"budget": False, "policy": "hit-density", "keep_orphans": True},
-    "prefix": {"budget": True, "policy": "hit-density", "keep_orphans": False},
-    "lru": {"budget": True, "policy": "lru", "keep_orphans": False},
-    "prefix_keep_orphans": {"budget": True, "policy": "hit-density", "keep_orphans": True},
+    "store": {"budget": False, "policy": "hit-density", "orphans": "off"},
+    "prefix": {"budget": True, "policy": "hit-density", "orphans": "pressure"},
+    "lru": {"budget": True, "policy": "lru", "orphans": "pressure"},
+    "prefix_keep_orphans": {"budget": True, "policy": "hit-density", "orphans": "off"},
+    "prefix_eager_orphans": {"budget": True, "policy": "hit-density", "orphans": "eager"},
     # not run by default: the prefix-aware policy told that a store under a cached prefix read it (§7 of the doc)
-    "prefix_inferred": {"budget": True, "policy": "hit-density-inferred", "keep_orphans": False},
+    "prefix_inferred": {"budget": True, "policy": "hit-density-inferred", "orphans": "pressure"},
 }
 #: Arms run without ``--arms``.
-DEFAULT_ARMS = ("store", "prefix", "lru", "prefix_keep_orphans")
+DEFAULT_ARMS = ("store", "prefix", "lru", "prefix_keep_orphans", "prefix_eager_orphans")
 #: Keys of every arm in the JSON (the issue's list; more follow).
 ARM_KEYS = ("hit_tokens", "lookup_tokens", "store_evictions", "orphans", "orphan_bytes", "ledger_error_max")
 
@@ -463,7 +466,7 @@ class PressureBench:
         engines: list[Any] = []
         sampler = None
         figures: dict[str, Any] = {"policy": arm["policy"] if arm["budget"] else None,
-                                   "orphan_collection": not arm["keep_orphans"]}
+                                   "orphan_collection": arm["orphans"]}
         with MasterProcess({TENANT: self.args.quota_mib << 20}, eviction_high_watermark_ratio=0.9,
                            eviction_ratio=0.1, default_kv_lease_ttl=self.args.lease_ttl_ms or None,
                            workdir=base / "master") as master:
@@ -484,7 +487,7 @@ class PressureBench:
                             "--instance-root", str(base / "instances" / node.name),
                             "--report-interval", "5", "--pool", "solo",
                             "--reconcile-interval", f"{self.args.reconcile_interval:g}",
-                            "--budget-policy", arm["policy"]] + (["--keep-orphans"] if arm["keep_orphans"] else [])
+                            "--budget-policy", arm["policy"], "--orphan-collection", arm["orphans"]]
                     agents.append(Service(f"agent {node.name}", argv, env, base / f"agent-{node.name}.log").start())
                 for service in agents:
                     service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"{service.name} ready")
