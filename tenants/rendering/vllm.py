@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.contract.kv_events import KV_EVENTS_ENDPOINT
+from agent.contract.kv_events import KV_EVENTS_ENDPOINT, KV_EVENTS_REPLAY_ENDPOINT
 from tenants.choices import InstanceRole, NodeDevice, StoreMode
 from tenants.rendering.common import (
     compact_json,
@@ -72,6 +72,7 @@ def kv_events_config(node, topic: str) -> dict[str, Any]:
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": KV_EVENTS_ENDPOINT,
+        "replay_endpoint": KV_EVENTS_REPLAY_ENDPOINT,
         "topic": topic,
     }
 
