@@ -56,7 +56,10 @@ client of the tenant): a present key whose parent block's key is absent; ``unrea
 key below them), ``ledger_error_max`` (largest
 ``|ledger - Store| / Store`` of the samples taken every :data:`SAMPLE_SECONDS` during the run: the agents' ledgers
 from their ``ledger.sqlite3``, flushed every 0.1 s, against the tenant's ``charged_bytes`` from the master's admin
-API), the agents' CPU seconds (``/proc/<pid>/stat``), and the agents' budget and orphan removals (their log lines).
+API), ``ledger_settle_s`` (the longest time, over the master's eviction rounds seen by those samples, until the
+ledger matched the Store again within ``SETTLED_ERROR``: :func:`settle_times`; None when a round never settled or
+none was seen), the agents' CPU seconds (``/proc/<pid>/stat``), and the agents' budget and orphan removals (their
+log lines).
 
 Human lines, then one JSON object as the last stdout line: settings, ``arms.<name>`` and ``prefix_vs_store`` (hit
 tokens of ``prefix`` / ``store``), ``prefix_vs_lru``. The exit status is 1 when an arm failed to run.
@@ -225,6 +228,27 @@ def ledger_error(ledger_bytes: int, store_bytes: int) -> float:
     return abs(ledger_bytes - store_bytes) / max(store_bytes, BLOCK_BYTES)
 
 
+#: The ledger "matches" the Store when they differ by at most this share of the Store (or 4 blocks): engine writes
+#: keep arriving during a replay, and the ledger books each one at the next maintenance tick.
+SETTLED_ERROR = 0.05
+
+
+def settle_times(samples: Sequence[tuple[float, int, int, float]]) -> list[float | None]:
+    """For each master eviction round seen in ``samples`` (``(seconds, ledger bytes, Store bytes, bytes the master
+    evicted so far)``, in time order: a sample whose evicted bytes grew), the seconds from that sample until the first
+    one, that sample included, where the ledger matches the Store (``SETTLED_ERROR``); None for a round after which
+    it never did. The resolution is the sampling interval."""
+    out: list[float | None] = []
+    for i in range(1, len(samples)):
+        if samples[i][3] <= samples[i - 1][3]:
+            continue
+        start = samples[i][0]
+        settled = next((t for t, ledger, store, _ in samples[i:]
+                        if abs(ledger - store) <= max(4 * BLOCK_BYTES, SETTLED_ERROR * store)), None)
+        out.append(None if settled is None else round(settled - start, 1))
+    return out
+
+
 def labelled(metrics: Mapping[str, float], name: str, label: str | None = None) -> float:
     """Sum of the samples of ``name`` whose label set contains ``label`` (any when None)."""
     return sum(value for key, value in metrics.items()
@@ -259,7 +283,9 @@ def human_line(name: str, arm: Mapping[str, Any]) -> str:
         f"unconfirmed writes {arm['agent_unconfirmed']}; "
         f"orphans at the end {arm['orphans']} ({arm['orphan_bytes'] >> 10} KiB; {arm['unreachable']} keys "
         f"unreachable in all) of {arm['keys_present']} keys present; ledger error max "
-        f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}); "
+        f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}), settled within "
+        f"{arm.get('ledger_settle_s')} s of each of {arm.get('eviction_rounds_sampled')} master eviction round(s) "
+        f"({arm.get('ledger_unsettled_rounds')} never); "
         f"tenant peak {arm['tenant_charged_max'] >> 10} KiB of {arm['eviction_point_bytes'] >> 10} KiB eviction "
         f"point; agent CPU {arm['agent_cpu_s']} s; {arm['requests_per_s']} requests/s")
 
@@ -328,16 +354,22 @@ class Sampler(threading.Thread):
         self.master = master
         self.state_dirs = list(state_dirs)
         self.samples: list[tuple[int, int]] = []  # (ledger bytes, Store bytes)
+        #: (seconds, ledger bytes, Store bytes, bytes the master evicted so far) for :func:`settle_times`
+        self.timed: list[tuple[float, int, int, float]] = []
         self._halt = threading.Event()
 
     def sample(self) -> None:
         try:
             store = int(self.master.tenant_quota(TENANT)["charged_bytes"])
+            metrics = self.master.metrics()
         except Exception:  # the master is busy: skip this sample
             return
+        evicted = labelled(metrics, "mooncake_tenant_evict_bytes_total", f'tenant_id="{TENANT}"') + \
+            metrics.get("master_evicted_size_bytes", 0.0)
         ledger = [ledger_file_bytes(d) for d in self.state_dirs]
         if min(ledger) >= 0:
             self.samples.append((sum(ledger), store))
+            self.timed.append((time.monotonic(), sum(ledger), store, evicted))
 
     def run(self) -> None:
         while not self._halt.wait(SAMPLE_SECONDS):
@@ -581,6 +613,11 @@ class PressureBench:
                 figures["ledger_error_mean"] = round(sum(errors) / len(errors), 4) if errors else None
                 figures["ledger_error_max_bytes"] = max((abs(a - b) for a, b in samples), default=None)
                 figures["ledger_samples"] = len(samples)
+                settles = settle_times(sampler.timed)
+                figures["eviction_rounds_sampled"] = len(settles)
+                figures["ledger_settle_s"] = (None if not settles or None in settles
+                                              else max(t for t in settles if t is not None))
+                figures["ledger_unsettled_rounds"] = settles.count(None)
                 figures["tenant_charged_max"] = max((store for _, store in samples), default=0)
                 figures["tenant_charged_end"] = int(master.tenant_quota(TENANT)["charged_bytes"])
                 figures["agent_cpu_s"] = round(sum(cpu_seconds(a.pid) for a in agents if a.pid), 1)

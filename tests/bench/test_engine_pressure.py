@@ -151,3 +151,15 @@ def test_send_times_follow_the_trace_pace():
     assert bench.send_times(prompts, 0) == [0.0, 0.0, 0.0] and bench.send_times([], 5) == []
     trace = [_request(1, (0, 11)), _request(3, (0, 11, 12))]
     assert [p.time_s for p in bench.plan_prompts(trace, 2)] == [1.0, 3.0]
+
+
+def test_settle_times_measure_each_eviction_round_until_the_ledger_matches_the_store():
+    block = bench.BLOCK_BYTES
+    samples = [(0.0, 100 * block, 100 * block, 0.0),
+               (2.0, 100 * block, 80 * block, 20.0 * block),   # a round: the ledger still holds what went
+               (4.0, 90 * block, 80 * block, 20.0 * block),
+               (6.0, 81 * block, 80 * block, 20.0 * block),    # within 4 blocks: settled 4 s after
+               (8.0, 81 * block, 60 * block, 40.0 * block)]    # a second round, never settled
+    assert bench.settle_times(samples) == [4.0, None]
+    assert bench.settle_times(samples[:1]) == [] and bench.settle_times([]) == []
+    assert bench.settle_times([(0.0, 0, 0, 0.0), (2.0, 10 * block, 10 * block, 1.0)]) == [0.0]
