@@ -211,8 +211,10 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
     procs: list[subprocess.Popen] = []
     try:
         with private_database(server_url(database_url), prefix="kvpool_bench_push") as url:
+            # one tenant runs an instance on every node: lift the per-tenant instance cap to the fleet's size
+            limits = {"KVPOOL_MAX_INSTANCES_PER_TENANT": str(max(nodes, 256))}
             setup_django(url, CELERY_BROKER_URL=redis.url, KVPOOL_VAR_DIR=str(workdir / "var"),
-                         KVPOOL_MASTER_SYNC="false")
+                         KVPOOL_MASTER_SYNC="false", **limits)
             from django.db import transaction
             from django.db.models import Count, Min
 
@@ -244,7 +246,7 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
                 secrets_files[-1].write_text(json.dumps(dict(secrets[shard::agent_processes])))
 
             env = {"DATABASE_URL": url, "CELERY_BROKER_URL": redis.url, "KVPOOL_VAR_DIR": str(workdir / "var"),
-                   "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings"}
+                   "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings", **limits}
             dash_log, agents_log = workdir / "dashboard.log", workdir / "agents.log"
             procs.append(_spawn([sys.executable, "-m", "celery", "-A", "dashboard.celery", "worker", "-Q",
                                  "dashboard.ingest,dashboard.control", "--pool", "threads", "-c", "2",
