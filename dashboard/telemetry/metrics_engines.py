@@ -50,7 +50,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
 def trouble(row) -> int:
     """How many kinds of trouble the ``InstanceStats`` row shows (0: none): blocks of unregistered request groups or
     adapters, hash mismatches, unconfirmed writes, lost or malformed KV events, an untrusted KV-event socket or
-    messages under another topic, writes under another namespace."""
+    messages under another topic, writes under another namespace, failed scrapes of the engine's ``/metrics`` (what
+    the ``deploy/prometheus`` engine alerts look at)."""
     return sum((
         row.unknown_salt + row.unknown_adapter > 0,
         row.hash_mismatch > 0,
@@ -58,6 +59,7 @@ def trouble(row) -> int:
         row.seq_gaps + row.decode_errors > 0,
         row.events_untrusted or row.topic_mismatch > 0,
         any(int(keys) > 0 for keys in (row.unknown_namespace_keys or {}).values()),
+        row.metrics_errors > 0,
     ))
 
 

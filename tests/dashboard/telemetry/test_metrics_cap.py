@@ -184,3 +184,25 @@ def test_nodes_in_trouble_rank_first_and_the_flags_of_the_rest_sum_into_other(se
 def test_split_keeps_the_first_entities_in_rank_order():
     assert split([3, 2, 1], 2).kept == [3, 2] and split([3, 2, 1], 2).folded == [1]
     assert split([3, 2, 1], 0).folded == [] and split([3, 2, 1], 3).folded == []
+
+
+def test_a_nodes_older_report_sent_at_another_nodes_newest_time_does_not_count(settings):
+    settings.KVPOOL_METRICS_MAX_SERIES = 0
+    make_tenant("acme")
+    now = timezone.now()
+    older, newer = now - timedelta(seconds=20), now - timedelta(seconds=10)
+    store_report("node-a", 1, older, [(scope("acme", "g0"), 1000)])  # node-b's newest report has this time
+    store_report("node-a", 2, newer, [(scope("acme", "g0"), 300)])
+    store_report("node-b", 1, older, [(scope("acme", "g0"), 20)])
+    assert samples()["kvpool_cache_scope_occupancy_bytes"] == {key(**scope("acme", "g0")): 320}
+
+
+def test_render_writes_what_generate_latest_writes(ten_scopes, settings):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dashboard.telemetry.metrics import KVPoolCollector
+
+    settings.KVPOOL_METRICS_MAX_SERIES = 3
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(KVPoolCollector())
+    assert render() == generate_latest(registry)
