@@ -6,7 +6,8 @@
   (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
   ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
-  request groups with salts, budgets — this node's share of each (``budget_share``) of the release's effective
+  request groups with salts, budgets — this node's share of each (``budget_shares.ShareBook``: demand-weighted
+  when several nodes write the release, else ``budget_share``) of the release's effective
   budget, its own or the implicit one (``dashboard.master.room``) — and its ``launch``:
   ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
   dashboard never sends what the agent would refuse as ``invalid``.
@@ -50,6 +51,7 @@ from agent.contract.messages import (
 )
 from agent.contract.sealing import seal
 from dashboard.models import ConfigVersion, NodeState
+from dashboard.rollout.budget_shares import ShareBook
 
 if TYPE_CHECKING:
     from tenants.models import RequestGroup
@@ -143,19 +145,25 @@ def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], i
 
 
 def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1,
-              all_writers: int = 1, budgets: dict | None = None) -> InstanceSpec:
+              all_writers: int = 1, budgets: dict | None = None, shares: ShareBook | None = None) -> InstanceSpec:
     """The instance's spec; ``node_budget_bytes`` is the node's share of the release's effective budget: its own,
     or the implicit one of a live release without a budget (``dashboard.master.room.effective_budget``; ``budgets``
     from ``release_budgets``, read now when not given). ``groups`` are the tenant's ``tenants.models.RequestGroup``
-    rows; each becomes a ``RequestGroupSpec`` with the node's share of the group's ``budget_bytes``."""
+    rows; each becomes a ``RequestGroupSpec`` with the node's share of the group's ``budget_bytes``. Shares come from
+    ``shares`` (demand-weighted, ``dashboard.rollout.budget_shares``), else ``budget_share``."""
     from dashboard.master.room import effective_budget
 
     release = assignment.release
     model = release.model
     tenant = model.tenant
+
+    def share(budget: int | None, group: str | None = None) -> int | None:
+        if shares is None:
+            return budget_share(budget, node_writers, all_writers)
+        return shares.share(assignment.node_id, release.pk, group, budget)
+
     group_specs = [RequestGroupSpec(name=g.name, cache_salt=g.cache_salt,
-                                    node_budget_bytes=budget_share(g.budget_bytes, node_writers, all_writers))
-                   for g in groups]
+                                    node_budget_bytes=share(g.budget_bytes, g.name)) for g in groups]
     return InstanceSpec(
         instance_id=str(assignment.pk),
         engine=release.engine,
@@ -185,7 +193,7 @@ def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1,
             dcp_rank=assignment.dcp_rank, dcp_size=assignment.dcp_size,
         ),
         request_groups=group_specs,
-        node_budget_bytes=budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
+        node_budget_bytes=share(effective_budget(release, budgets).budget_bytes),
     )
 
 
@@ -207,6 +215,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(group)
     writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
+    shares = ShareBook.load(writers_on_node, by_node)
     budgets = _release_budgets() if any(by_node.values()) else {}
     target = _render_target()
     store = target.store_endpoints().model_dump(mode="json")
@@ -215,7 +224,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
             "instances": [{**_instance(a, groups[a.release.model.tenant_id],
                                        writers_on_node.get((node.pk, a.release_id), 0),
-                                       writers.get(a.release_id, 0), budgets).model_dump(mode="json"),
+                                       writers.get(a.release_id, 0), budgets, shares).model_dump(mode="json"),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
             "node_settings": _node_settings(node, target).model_dump(mode="json"),
             "dashboard_reads": list(DASHBOARD_READS),
