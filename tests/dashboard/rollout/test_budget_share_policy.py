@@ -19,8 +19,8 @@ def test_a_node_trimmed_at_its_share_gets_what_the_other_does_not_use() -> None:
         "a": NodeDemand(writers=1, used_bytes=450_000, silent=False, trimmed=True, current=500_000),
         "b": NodeDemand(writers=1, used_bytes=100_000, silent=False, current=500_000)})
     assert sum(shares.values()) == BUDGET
-    assert shares["b"] == 125_000            # what it holds plus 25 % headroom: it gives the rest back
-    assert shares["a"] == BUDGET - 125_000
+    assert shares["b"] == 115_000            # what it holds plus 15 % headroom: it gives the rest back
+    assert shares["a"] == BUDGET - 115_000
 
 
 def test_two_pressed_nodes_split_in_proportion_to_what_they_hold_and_shares_always_sum_to_the_budget() -> None:
@@ -52,9 +52,9 @@ def test_hysteresis_keeps_the_current_shares_until_one_moves_by_more_than_ten_pe
             "a": NodeDemand(writers=1, used_bytes=560_000, silent=False, trimmed=True, current=current["a"]),
             "b": NodeDemand(writers=1, used_bytes=used_b, silent=False, current=current["b"])})
 
-    assert plan(300_000) == current          # b would get 375,000: 6 % less, not worth a new document
-    moved = plan(200_000)                    # b would get 250,000: 37 % less
-    assert moved == {"a": 750_000, "b": 250_000}
+    assert plan(330_000) == current          # b would get 379,500: 5 % less, not worth a new document
+    moved = plan(200_000)                    # b would get 230,000: 42 % less
+    assert moved == {"a": 770_000, "b": 230_000}
     # the current shares no longer fit a lowered budget: always re-planned
     assert sum(plan_shares(800_000, {
         "a": NodeDemand(writers=1, used_bytes=560_000, silent=False, trimmed=True, current=current["a"]),
@@ -86,7 +86,7 @@ def test_a_node_that_stops_writing_gives_back_what_it_does_not_hold() -> None:
     stopped = plan_shares(BUDGET, {
         "a": NodeDemand(writers=1, used_bytes=460_000, silent=False, trimmed=True, current=current["a"]),
         "b": NodeDemand(writers=1, used_bytes=200_000, silent=False, trimmed=False, current=current["b"])})
-    assert stopped == {"a": 750_000, "b": 250_000}
+    assert stopped == {"a": 770_000, "b": 230_000}
 
 
 def test_nobody_pressed_returns_the_rest_to_the_reporting_nodes() -> None:
