@@ -173,6 +173,7 @@ class ShareBook:
     held: Mapping[tuple[str, tuple[str, str, str], str], _Held] = field(default_factory=dict)
     documents: Mapping[tuple[str, tuple[str, str, str], str | None], int] = field(default_factory=dict)
     _plans: dict[tuple[BudgetKey, int], dict[int, int]] = field(default_factory=dict)
+    _writers: dict[int, dict[int, int]] = field(default_factory=dict)  # release id -> node id -> writers
 
     @classmethod
     def load(cls, writers_on_node: Mapping[tuple[int, int], int], rendered: Iterable[int],
@@ -232,7 +233,11 @@ class ShareBook:
         this release (bytes; None = no budget stays None)."""
         if budget is None:
             return None
-        writers = {n: w for (n, r), w in self.writers_on_node.items() if r == release_id and w > 0}
+        if not self._writers:
+            for (n, r), w in self.writers_on_node.items():
+                if w > 0:
+                    self._writers.setdefault(r, {})[n] = w
+        writers = self._writers.get(release_id, {})
         if node_id not in writers:
             return 0
         if release_id not in self.releases:
