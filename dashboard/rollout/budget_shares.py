@@ -181,8 +181,8 @@ class ShareBook:
         """Read what plans need for the releases of ``writers_on_node`` ((node id, release id) -> writer instances,
         every node) that have writers on two or more nodes: node names, the releases' cache-scope identities, the
         nodes' raw occupancy samples of those releases (``WINDOW_SECONDS``, a silent node's newest within
-        ``SILENT_LOOKBACK_SECONDS``) and the shares in the nodes' current documents. ``rendered``: ids of the nodes
-        being rendered."""
+        ``SILENT_LOOKBACK_SECONDS``) and, when some node reported, the shares in the nodes' current documents.
+        ``rendered``: ids of the nodes being rendered."""
         from django.utils import timezone
 
         from dashboard.models import ConfigVersion, NodeState, OccupancySample
@@ -218,6 +218,9 @@ class ShareBook:
                                 ts__lt=now - timedelta(seconds=WINDOW_SECONDS))
             for row in older.order_by("ts").values_list(*fields):
                 _add(held, scopes, row, trimming=False)
+        if not held:  # nobody reported within the lookback: the writer split, no documents read
+            book.releases = {}
+            return book
         book.held = held
         desired = dict(NodeState.objects.filter(node_name__in=names).values_list("node_name", "desired_version"))
         versions = ConfigVersion.objects.filter(node_name__in=list(desired), version__in=set(desired.values()))

@@ -156,3 +156,17 @@ def test_a_silent_node_keeps_what_it_last_held(two_writers) -> None:
     sample("node-b", "", 300_000, 0, 900)                  # its last report, 15 minutes ago
     shares = shares_of(nodes)
     assert shares["node-b"][0] == 300_000 and shares["node-a"][0] == 700_000
+
+
+def test_without_reports_the_writer_split_is_rendered_without_reading_documents(two_writers) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    nodes, _ = two_writers
+    shares_of(nodes)
+    with CaptureQueriesContext(connection) as queries:
+        contents = render_contents(nodes)
+    sql = [q["sql"].lower() for q in queries.captured_queries]
+    assert not any("dashboard_configversion" in q for q in sql)       # the writer split needs no documents
+    assert sum("dashboard_occupancysample" in q for q in sql) == 2    # the window, then the silent nodes' lookback
+    assert contents["node-a"]["instances"][0]["node_budget_bytes"] == 500_000
