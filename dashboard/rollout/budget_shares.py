@@ -267,7 +267,10 @@ class ShareBook:
         # never less than their floors (current documents of a larger, former budget are about to be re-rendered:
         # every change of a budget re-renders all nodes of its release)
         others = [n for n in writers if n not in self.rendered]
-        held = sum(demand[n].current if demand[n].current is not None else plan[n] for n in others)
+        held = 0
+        for n in others:
+            current = demand[n].current
+            held += current if current is not None else plan[n]
         if held > budget:
             held = sum(plan[n] for n in others)
         rendered = [n for n in writers if n in self.rendered]
