@@ -7,14 +7,17 @@ unused. Here the split follows demand:
 
 * **inputs** per node of a budget (:class:`NodeDemand`): its writer instances, the bytes it holds of the budget's cache
   scopes (its newest raw ``OccupancySample``), whether it reported within ``WINDOW_SECONDS``, whether its agent
-  trimmed the budget's scopes in that window (``budget_evicted_blocks`` grew) and its share in its current document;
-* **policy** (:func:`plan_shares`, pure): a node trimmed at its share, or holding at least ``PRESSED`` of it, is
-  *pressed*; every other node gets what it holds plus ``HEADROOM`` (it gives the rest back), a silent node what it
-  last held (its unused share is lent, the blocks it holds stay counted); the pressed nodes split what is left in
-  proportion to what they hold. Every node keeps a floor (``FLOOR_FRACTION`` of its writer-proportional share), the
-  shares sum to exactly the budget, and a plan replaces the current shares only when one of them moves by more than
-  ``HYSTERESIS`` (or the current ones no longer fit the budget), so documents are not re-pushed for noise. Nobody
-  reporting: the writer split.
+  trimmed the budget's scopes in that window (``budget_evicted_blocks`` grew), whether it wrote in it (``puts``
+  grew) and its share in its current document;
+* **policy** (:func:`plan_shares`, pure): a node trimmed at its share, or writing and holding at least ``PRESSED``
+  of it, is *pressed*; every other node gets what it holds plus ``HEADROOM`` (it gives the rest back; no headroom
+  once it stopped writing: its ``puts`` did not grow in the window), a silent node what it last held (its unused
+  share is lent, the blocks it holds stay counted); the pressed nodes split what is left in proportion to what they
+  hold.
+  Every node keeps a floor (``FLOOR_FRACTION`` of its writer-proportional share), the shares sum to exactly the
+  budget, and a plan replaces the current shares only when one of them moves by more than ``HYSTERESIS`` (or the
+  current ones no longer fit the budget), so documents are not re-pushed for noise. Nobody reporting: the writer
+  split.
 * **where it runs**: ``dashboard.rollout.push.render_contents`` asks a :class:`ShareBook` (loaded once per render;
   only budgets with writers on two or more nodes read samples) instead of the static split. The periodic reconcile
   (``dashboard.reconcile_configs``, every ``KVPOOL_RECONCILE_SECONDS``) re-renders every node, so shares follow
@@ -61,8 +64,8 @@ class NodeDemand:
 
     ``writers``: its writer instances of the release; ``used_bytes``: what it holds of the budget's scopes (its
     newest report; None: never reported); ``silent``: no report within ``WINDOW_SECONDS``; ``trimmed``: its agent
-    removed blocks of the budget's scopes over a budget within the window; ``current``: its share in its current
-    document (None: none yet).
+    removed blocks of the budget's scopes over a budget within the window; ``writing``: it stored blocks of them
+    within the window; ``current``: its share in its current document (None: none yet).
     """
 
     writers: int
@@ -70,6 +73,7 @@ class NodeDemand:
     silent: bool = True
     trimmed: bool = False
     current: int | None = None
+    writing: bool = True
 
 
 def _split(total: int, weights: Mapping[Any, float]) -> dict[Any, int]:
@@ -110,10 +114,10 @@ def plan_shares(budget: int, demand: Mapping[str, NodeDemand]) -> dict[str, int]
         used = d.used_bytes or 0
         if d.silent:  # keeps what it last held (still in the Store), never more than it had; the rest is lent
             fixed[n] = max(floors[n], min(used, current[n]))
-        elif d.trimmed or used >= PRESSED * current[n]:
+        elif d.trimmed or (d.writing and used >= PRESSED * current[n]):  # one that stopped writing needs no more
             pressed[n] = float(max(used, floors[n], 1))
         else:
-            fixed[n] = max(floors[n], math.ceil(used * (1 + HEADROOM)))
+            fixed[n] = max(floors[n], math.ceil(used * (1 + HEADROOM)) if d.writing else used)
     _fit(fixed, floors, budget - sum(floors[n] for n in pressed))
     rest = budget - sum(fixed.values())
     if pressed:
@@ -156,7 +160,9 @@ class _Held:
     bytes: int
     recent: bool = True
     trimmed: bool = False
+    wrote: bool = False
     last_evicted: int = 0
+    last_puts: int = 0
 
 
 @dataclass
@@ -204,7 +210,7 @@ class ShareBook:
         names = list(book.node_names.values())
         scopes = set(book.releases.values())
         fields = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group", "ts", "bytes",
-                  "budget_evicted_blocks")
+                  "budget_evicted_blocks", "puts")
         base = OccupancySample.objects.filter(
             level=OccupancySample.Level.RAW, node_name__in=names, tenant_id__in={s[0] for s in scopes},
             namespace__in={s[2] for s in scopes})
@@ -261,7 +267,8 @@ class ShareBook:
             recent = [h for h in rows if h.recent]
             demand[node_id] = NodeDemand(
                 writers=w, used_bytes=sum(h.bytes for h in rows) if rows else None, silent=not recent,
-                trimmed=any(h.trimmed for h in recent), current=self.documents.get((name, scope, group)))
+                trimmed=any(h.trimmed for h in recent), current=self.documents.get((name, scope, group)),
+                writing=any(h.wrote for h in recent))
         plan = {int(n): s for n, s in plan_shares(budget, {str(n): d for n, d in demand.items()}).items()}
         # nodes not rendered now keep their current documents: the rendered ones get at most what those leave, but
         # never less than their floors (current documents of a larger, former budget are about to be re-rendered:
@@ -285,16 +292,18 @@ class ShareBook:
 
 def _add(held: dict, scopes: set[tuple[str, str, str]], row: tuple, *, trimming: bool) -> None:
     """Fold one sample row (ascending ``ts``) into ``held``: newest bytes per (node, release scope, group); for rows
-    of the window (``trimming``), whether ``budget_evicted_blocks`` grew between two samples."""
-    node, tenant, model, namespace, group, ts, size, evicted = row
+    of the window (``trimming``), whether ``budget_evicted_blocks`` and ``puts`` grew between two samples (a single
+    sample in the window says neither: not trimmed, not writing)."""
+    node, tenant, model, namespace, group, ts, size, evicted, puts = row
     scope = (tenant, model, namespace)
     if scope not in scopes:
         return
     key = (node, scope, group)
     before = held.get(key)
-    grew = before is not None and trimming and evicted > before.last_evicted
-    held[key] = _Held(ts=ts, bytes=int(size), recent=trimming, trimmed=bool(before and before.trimmed) or grew,
-                      last_evicted=int(evicted))
+    trimmed = before is not None and trimming and (before.trimmed or evicted > before.last_evicted)
+    wrote = before is not None and trimming and (before.wrote or puts > before.last_puts)
+    held[key] = _Held(ts=ts, bytes=int(size), recent=trimming, trimmed=trimmed, wrote=wrote,
+                      last_evicted=int(evicted), last_puts=int(puts))
 
 
 def _document_shares(out: dict, node: str, document: Any, scopes: set[tuple[str, str, str]]) -> None:

@@ -43,11 +43,12 @@ def document(node: str, master, version: int, shares: dict[str, int]) -> SimpleN
         "instances": instances}))
 
 
-def held(sim: EngineSimulator, namespace: str) -> tuple[int, int, int, int]:
-    """(bytes, budget-evicted blocks, orphaned bytes, orphan-removed blocks) of the release on the node."""
+def held(sim: EngineSimulator, namespace: str) -> tuple[int, int, int, int, int]:
+    """(bytes, budget-evicted blocks, orphaned bytes, orphan-removed blocks, puts) of the release on the node."""
     rows = [r for r in sim.snapshot() if r["tenant_id"] == "acme" and r["namespace"] == namespace]
     return (sum(r["bytes"] for r in rows), sum(r.get("budget_evicted_blocks", 0) for r in rows),
-            sum(r.get("orphaned_bytes", 0) for r in rows), sum(r.get("orphan_removed_blocks", 0) for r in rows))
+            sum(r.get("orphaned_bytes", 0) for r in rows), sum(r.get("orphan_removed_blocks", 0) for r in rows),
+            sum(r.get("puts", 0) for r in rows))
 
 
 @pytest.fixture
@@ -71,6 +72,7 @@ def test_a_release_written_unevenly_by_two_nodes_ends_within_ten_percent_of_its_
     for node, sim in sims.sims.items():
         sim.on_apply(document(node, sims.master, version, {DEMAND: shares[node], STATIC: static[node]}))
     trims = {node: 0 for node in NODES}
+    puts = {node: 0 for node in NODES}
     moved = 0
     for round_ in range(6):
         work = {"node-a": busy[round_ * 8:(round_ + 1) * 8], "node-b": light[round_:round_ + 1]}
@@ -81,13 +83,13 @@ def test_a_release_written_unevenly_by_two_nodes_ends_within_ten_percent_of_its_
             if items:
                 result = sim.run_batch(WorkloadBatch(node=node, batch_id=round_, items=items).to_wire())
                 assert result["failed_requests"] == 0, result["errors"]
-        # the dashboard's plan from what the nodes report (held bytes, budget trims since the last report)
+        # the dashboard's plan from what the nodes report (held bytes, budget trims and writes since the last report)
         demand = {}
         for node, sim in sims.sims.items():
-            size, evicted, _, _ = held(sim, DEMAND)
+            size, evicted, _, _, stored = held(sim, DEMAND)
             demand[node] = NodeDemand(writers=1, used_bytes=size, silent=False, trimmed=evicted > trims[node],
-                                      current=shares[node])
-            trims[node] = evicted
+                                      writing=stored > puts[node], current=shares[node])
+            trims[node], puts[node] = evicted, stored
         planned = plan_shares(BUDGET, demand)
         assert sum(planned.values()) == BUDGET
         if planned != shares:

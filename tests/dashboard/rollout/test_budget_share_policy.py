@@ -86,7 +86,15 @@ def test_a_node_that_stops_writing_gives_back_what_it_does_not_hold() -> None:
     stopped = plan_shares(BUDGET, {
         "a": NodeDemand(writers=1, used_bytes=460_000, silent=False, trimmed=True, current=current["a"]),
         "b": NodeDemand(writers=1, used_bytes=200_000, silent=False, trimmed=False, current=current["b"])})
-    assert stopped == {"a": 770_000, "b": 230_000}
+    assert stopped == {"a": 770_000, "b": 230_000}     # still writing a little: 15 % headroom
+    idle = plan_shares(BUDGET, {
+        "a": NodeDemand(writers=1, used_bytes=460_000, silent=False, trimmed=True, current=current["a"]),
+        "b": NodeDemand(writers=1, used_bytes=200_000, silent=False, writing=False, current=current["b"])})
+    assert idle == {"a": 800_000, "b": 200_000}        # no writes in the window: exactly what it holds
+    # and holding all of its share without writing does not make it ask for more (no flapping)
+    assert plan_shares(BUDGET, {
+        "a": NodeDemand(writers=1, used_bytes=760_000, silent=False, trimmed=True, current=800_000),
+        "b": NodeDemand(writers=1, used_bytes=200_000, silent=False, writing=False, current=200_000)}) == idle
 
 
 def test_nobody_pressed_returns_the_rest_to_the_reporting_nodes() -> None:

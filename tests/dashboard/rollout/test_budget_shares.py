@@ -78,7 +78,8 @@ def test_a_new_writer_instance_re_renders_every_node_of_the_release(three_nodes,
 # --- demand-weighted shares (issue 18 item 6: cross-node budgets without waste) --------------------------------
 
 
-def sample(node: str, group: str, size: int, trims: int, age: float, namespace: str = "prod-2026-07") -> None:
+def sample(node: str, group: str, size: int, trims: int, age: float, namespace: str = "prod-2026-07",
+           puts: int = 0) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -87,7 +88,7 @@ def sample(node: str, group: str, size: int, trims: int, age: float, namespace: 
 
     OccupancySample.objects.create(ts=timezone.now() - timedelta(seconds=age), node_name=node, tenant_id="acme",
                                    served_model_name="qwen3-8b", namespace=namespace, request_group=group,
-                                   bytes=size, budget_evicted_blocks=trims)
+                                   bytes=size, budget_evicted_blocks=trims, puts=puts)
 
 
 @pytest.fixture
@@ -115,16 +116,16 @@ def test_uneven_traffic_moves_the_unused_share_to_the_node_trimmed_at_its_share(
     nodes, _ = two_writers
     assert shares_of(nodes) == {"node-a": (500_000, 200_000), "node-b": (500_000, 200_000)}  # nobody reported
     # node-a is trimmed at its share (its budget evictions grow), node-b holds little
-    for age, trims in ((90, 10), (30, 25)):
-        sample("node-a", "app-a", 180_000, trims, age)
-        sample("node-a", "", 270_000, trims, age)
-        sample("node-b", "app-a", 40_000, 0, age)
-        sample("node-b", "", 20_000, 0, age)
+    for age, trims, puts in ((90, 10, 3), (30, 25, 5)):
+        sample("node-a", "app-a", 180_000, trims, age, puts=puts)
+        sample("node-a", "", 270_000, trims, age, puts=puts)
+        sample("node-b", "app-a", 40_000, 0, age, puts=puts)   # node-b writes a little
+        sample("node-b", "", 20_000, 0, age, puts=puts)
     shares = shares_of(nodes)
     assert shares["node-b"] == (69_000, 46_000)            # what it holds (60,000 / 40,000) plus 15 % headroom
     assert shares["node-a"] == (931_000, 354_000)          # the rest: the shares sum to each budget
     # the next reconcile with about the same reports: no new version (hysteresis)
-    sample("node-b", "app-a", 42_000, 0, 5)
+    sample("node-b", "app-a", 42_000, 0, 5, puts=6)
     from dashboard.rollout.push import ensure_versions
 
     again = ensure_versions(nodes)
@@ -143,9 +144,13 @@ def test_a_node_rendered_alone_grows_only_into_what_the_other_documents_leave(tw
         sample("node-b", "", 60_000, 0, age)
     # node-a alone: node-b's document still holds 500,000, so node-a stays at 500,000
     assert render_contents([nodes[0]])["node-a"]["instances"][0]["node_budget_bytes"] == 500_000
-    ensure_versions([nodes[1]])                             # node-b gives back first ...
+    ensure_versions([nodes[1]])                  # node-b (no longer writing) gives back what it does not hold
     # ... then node-a grows into it; the documents never sum above the budget
-    assert render_contents([nodes[0]])["node-a"]["instances"][0]["node_budget_bytes"] == 931_000
+    assert render_contents([nodes[0]])["node-a"]["instances"][0]["node_budget_bytes"] == 940_000
+    # and stays there: node-b, holding exactly its share but writing nothing, needs no more
+    ensure_versions(nodes)
+    assert not any(item.created for item in ensure_versions(nodes).values())
+    assert render_contents([nodes[1]])["node-b"]["instances"][0]["node_budget_bytes"] == 60_000
 
 
 def test_a_silent_node_keeps_what_it_last_held(two_writers) -> None:
