@@ -6,7 +6,8 @@
   (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
   ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
-  request groups with salts, budgets — this node's share of each (``budget_share``) of the release's effective
+  request groups with salts, budgets — this node's share of each (``budget_shares.ShareBook``: demand-weighted
+  when several nodes write the release, else ``budget_share``) of the release's effective
   budget, its own or the implicit one (``dashboard.master.room``) — and its ``launch``:
   ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
   dashboard never sends what the agent would refuse as ``invalid``.
@@ -45,11 +46,11 @@ from agent.contract.messages import (
     LoraAdapterSpec,
     NodeSettings,
     Ranks,
-    RequestGroupSpec,
     node_queue,
 )
 from agent.contract.sealing import seal_bytes
 from dashboard.models import ConfigVersion, NodeState
+from dashboard.rollout.budget_shares import ShareBook
 
 if TYPE_CHECKING:
     from tenants.models import RequestGroup
@@ -142,13 +143,9 @@ def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], i
     return per_release, per_node
 
 
-def _release_fields(release, groups: Iterable[RequestGroup], node_writers: int, all_writers: int,
-                    budgets: dict | None) -> dict[str, Any]:
-    """The members of an ``InstanceSpec`` (JSON form) that every instance of ``release`` on a node with
-    ``node_writers`` of its ``all_writers`` writers shares: tenant, served model, release, KV layout, hash,
-    request groups and budgets (see :func:`_instance`)."""
-    from dashboard.master.room import effective_budget
-
+def _release_fields(release) -> dict[str, Any]:
+    """The members of an ``InstanceSpec`` (JSON form) that every instance of ``release`` shares: tenant, served
+    model, release, KV layout and hash (see :func:`_instance`; the budgets are each node's own)."""
     model = release.model
     tenant = model.tenant
     kv_layout = KVLayout(
@@ -172,11 +169,25 @@ def _release_fields(release, groups: Iterable[RequestGroup], node_writers: int, 
         "kv_layout": kv_layout.model_dump(mode="json"),
         "hash_algo": release.hash_algo,
         "hash_seed": release.hash_seed,
-        "request_groups": [
-            RequestGroupSpec(name=g.name, cache_salt=g.cache_salt,
-                             node_budget_bytes=budget_share(g.budget_bytes, node_writers, all_writers)
-                             ).model_dump(mode="json") for g in groups],
-        "node_budget_bytes": budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
+    }
+
+
+def _budget_fields(assignment, groups: Iterable[RequestGroup], budget: int | None, node_writers: int,
+                   all_writers: int, shares: ShareBook | None) -> dict[str, Any]:
+    """The node's shares of the release's effective ``budget`` and of each request group's budget, as the
+    ``request_groups`` and ``node_budget_bytes`` members of an ``InstanceSpec`` (JSON form): demand-weighted from
+    ``shares`` (``dashboard.rollout.budget_shares``), else by writer counts (``budget_share``)."""
+    release_id = assignment.release_id
+
+    def share(value: int | None, group: str | None = None) -> int | None:
+        if shares is None:
+            return budget_share(value, node_writers, all_writers)
+        return shares.share(assignment.node_id, release_id, group, value)
+
+    return {
+        "request_groups": [{"name": g.name, "cache_salt": g.cache_salt,  # RequestGroupSpec's fields, in its order
+                            "node_budget_bytes": share(g.budget_bytes, g.name)} for g in groups],
+        "node_budget_bytes": share(budget),
     }
 
 
@@ -195,19 +206,32 @@ def _assignment_fields(assignment) -> dict[str, Any]:
 
 
 def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1, all_writers: int = 1,
-              budgets: dict | None = None, shared: dict | None = None) -> dict[str, Any]:
+              budgets: dict | None = None, shared: dict | None = None,
+              shares: ShareBook | None = None) -> dict[str, Any]:
     """The instance's spec in JSON form (an ``InstanceSpec`` without its ``launch``); ``node_budget_bytes`` is the
     node's share of the release's effective budget: its own, or the implicit one of a live release without a
     budget (``dashboard.master.room.effective_budget``; ``budgets`` from ``release_budgets``, read now when not
     given). ``groups`` are the tenant's ``tenants.models.RequestGroup`` rows; each becomes a ``RequestGroupSpec``
-    with the node's share of the group's ``budget_bytes``. ``shared`` (a dict the caller keeps for one render)
-    holds the release-level members already rendered, by release and writer counts: rendered once for the many
-    nodes that share them."""
-    key = (assignment.release_id, node_writers, all_writers)
+    with the node's share of the group's ``budget_bytes``. Shares come from ``shares`` (demand-weighted,
+    ``dashboard.rollout.budget_shares``), else ``budget_share``. ``shared`` (a dict the caller keeps for one render)
+    holds what many nodes share, rendered once: the release-level members and effective budget per release, and
+    the writer-count budget members per release and writer counts."""
+    from dashboard.master.room import effective_budget
+
     shared = {} if shared is None else shared
-    if key not in shared:
-        shared[key] = _release_fields(assignment.release, groups, node_writers, all_writers, budgets)
-    return {**shared[key], **_assignment_fields(assignment)}
+    release_id = assignment.release_id
+    if release_id not in shared:
+        release = assignment.release
+        shared[release_id] = (_release_fields(release), effective_budget(release, budgets).budget_bytes)
+    fields, budget = shared[release_id]
+    if shares is None:
+        key = (release_id, node_writers, all_writers)
+        if key not in shared:
+            shared[key] = _budget_fields(assignment, groups, budget, node_writers, all_writers, None)
+        budget_members = shared[key]
+    else:
+        budget_members = _budget_fields(assignment, groups, budget, node_writers, all_writers, shares)
+    return {**fields, **budget_members, **_assignment_fields(assignment)}
 
 
 def render_contents(nodes) -> dict[str, dict[str, Any]]:
@@ -228,6 +252,7 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(group)
     writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
+    shares = ShareBook.load(writers_on_node, by_node)
     budgets = _release_budgets() if any(by_node.values()) else {}
     target = _render_target()
     store = target.store_endpoints().model_dump(mode="json")
@@ -235,13 +260,13 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     # What many nodes share is rendered once (``_instance``'s ``shared``): the release-level members of an instance,
     # per release and writer counts. The assignment's own members and its launch are rendered per instance; the
     # whole document is validated by ensure_versions.
-    shared: dict[tuple[int, int, int], dict[str, Any]] = {}
+    shared: dict[Any, Any] = {}
     return {
         node.name: {
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
             "instances": [{**_instance(a, groups[a.release.model.tenant_id],
                                        writers_on_node.get((node.pk, a.release_id), 0),
-                                       writers.get(a.release_id, 0), budgets, shared),
+                                       writers.get(a.release_id, 0), budgets, shared, shares),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
             "node_settings": _node_settings(node, target, metrics_urls).model_dump(mode="json"),
             "dashboard_reads": list(DASHBOARD_READS),
