@@ -41,6 +41,7 @@ from dashboard.models import (
     OccupancySample,
     Report,
 )
+from dashboard.telemetry import vendor_sql
 
 log = logging.getLogger("kvpool.dashboard.rollup")
 
@@ -56,6 +57,7 @@ _KEY = OccupancySample.KEY
 _GAUGES = OccupancySample.GAUGES
 _LARGEST = ("max_bytes", *OccupancySample.COUNTERS)  # merged by taking the largest value
 _COLUMNS = (*_KEY, *_GAUGES, *_LARGEST, "samples")
+_BUCKET_SECONDS = {Level.MINUTE: 60, Level.HOUR: 3600}
 
 
 def floor_minute(ts: datetime) -> datetime:
@@ -74,48 +76,32 @@ def _floor_seconds(ts: datetime, seconds: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
 
 
-def _bucket_sql(vendor: str, target: int) -> str:
-    """SQL of the start of the ``target`` level's bucket holding column ``ts`` (the one per-vendor spelling)."""
-    unit = {Level.MINUTE: "minute", Level.HOUR: "hour"}[target]
-    if vendor == "postgresql":
-        return f"date_trunc('{unit}', ts, 'UTC')"
-    if vendor == "sqlite":  # Django stores UTC text 'YYYY-MM-DD HH:MM:SS[.ffffff]'
-        return "strftime('%%Y-%%m-%%d %%H:%%M:00', ts)" if unit == "minute" else "strftime('%%Y-%%m-%%d %%H:00:00', ts)"
-    raise NotImplementedError(f"rollup: no bucket expression for the {vendor} backend")
-
-
-def _average_sql(vendor: str, total: str, weight: str) -> str:
-    """SQL of ``total / weight`` rounded half up (non-negative integers; 0 when ``weight`` is 0)."""
-    if vendor == "postgresql":  # numeric: exact, no bigint overflow of the weighted sums
-        return f"coalesce(round(({total}) / nullif({weight}, 0)), 0)"
-    half_up = f"({total}) / ({weight}) + (2 * (({total}) %% ({weight})) >= {weight})"  # %%: a literal % (params)
-    return f"CASE WHEN {weight} > 0 THEN {half_up} ELSE 0 END"
-
-
 def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
     """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` folding the rows of ``source_sql`` (a FROM item with the
     sample columns and ``ts``) into ``target`` level rows, merged with the existing ones; params: target level."""
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
-    weighted = "::numeric" if vendor == "postgresql" else ""
     agg = ", ".join([
         *_KEY,
-        *(f"sum({name}{weighted} * samples) AS {name}" for name in _GAUGES),
+        *(f"sum({vendor_sql.weighted(vendor, name, 'samples')}) AS {name}" for name in _GAUGES),
         *(f"max({name}) AS {name}" for name in _LARGEST),
         "sum(samples) AS samples",
     ])
     weight = "a.samples + coalesce(o.samples, 0)"
     values = ", ".join([
         *(f"a.{name}" for name in _KEY),
-        *(_average_sql(vendor, f"a.{name} + coalesce(o.{name}{weighted} * o.samples, 0)", weight) for name in _GAUGES),
+        *(vendor_sql.half_up_average(
+            vendor, f"a.{name} + coalesce({vendor_sql.weighted(vendor, f'o.{name}', 'o.samples')}, 0)", weight)
+          for name in _GAUGES),
         *(f"CASE WHEN o.{name} > a.{name} THEN o.{name} ELSE a.{name} END" for name in _LARGEST),
         weight,
     ])
     join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts", *(f"o.{name} = a.{name}" for name in _KEY)])
+    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
     return (
         f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
         f"SELECT %(target)s, a.ts, {values} "
-        f"FROM (SELECT {_bucket_sql(vendor, target)} AS ts, {agg} FROM {source_sql} "
-        f"GROUP BY {_bucket_sql(vendor, target)}, {', '.join(_KEY)}) a LEFT JOIN {table} o ON {join} "
+        f"FROM (SELECT {bucket} AS ts, {agg} FROM {source_sql} "
+        f"GROUP BY {bucket}, {', '.join(_KEY)}) a LEFT JOIN {table} o ON {join} "
         f"WHERE true ON CONFLICT (level, ts, {', '.join(_KEY)}) WHERE level > 0 DO UPDATE SET "
         + ", ".join(f"{name} = excluded.{name}" for name in (*_GAUGES, *_LARGEST, "samples"))
     )
