@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -214,6 +214,7 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     increases of ``_COUNTERS``), kind 1 per release (``a`` = in-flight requests, ``b`` = orphaned bytes of each
     node's and scope's last row, summed)."""
     pair, release = ", ".join(_PAIR), ", ".join(_RELEASE)
+    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in _PAIR)
     index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
     lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
     # an increase of a cumulative counter; a decrease is an agent restart (the new value counts from zero)
@@ -229,7 +230,7 @@ def _series_sql(vendor: str, base_sql: str) -> str:
                    in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}, {lags},
                    LEAD(id) OVER w IS NULL AS is_last
             FROM ({base_sql}) base
-            WINDOW w AS (PARTITION BY {pair} ORDER BY ts, id)
+            WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
         ), deltas AS (
             SELECT {pair}, idx, bytes, weight, in_flight_requests, orphaned_bytes, is_last, {increases} FROM rows
         ), cells AS (
@@ -268,7 +269,9 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
                                                         ts__gte=start, ts__lte=end))
     base_sql, base_params = base.values("id", "ts", *_PAIR, "bytes", "samples", "in_flight_requests",
                                         "orphaned_bytes", *_COUNTERS).query.sql_with_params()
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
+        for statement in vendor_sql.analytic_settings(connection.vendor):
+            cursor.execute(statement)
         cursor.execute(_series_sql(connection.vendor, base_sql),
                        [int(start.timestamp()), width, count - 1, *base_params])
         rows = cursor.fetchall()

@@ -52,3 +52,17 @@ def least(vendor: str, first: str, second: str) -> str:
     """The smaller of two non-NULL values."""
     _check(vendor)
     return f"least({first}, {second})" if vendor == "postgresql" else f"min({first}, {second})"
+
+
+def analytic_settings(vendor: str) -> list[str]:
+    """Statements to run first in the transaction of one large read (a chart's aggregation): on PostgreSQL no JIT
+    (its compilation took seconds per chart query, more than the query) and room to sort in memory."""
+    _check(vendor)
+    return ["SET LOCAL jit = off", "SET LOCAL work_mem = '64MB'"] if vendor == "postgresql" else []
+
+
+def bytewise(vendor: str, column: str) -> str:
+    """Text ``column`` compared byte by byte, for sorts that only group equal values (PostgreSQL: ``COLLATE "C"``;
+    a linguistic collation made the chart's window sort several times slower)."""
+    _check(vendor)
+    return f'{column} COLLATE "C"' if vendor == "postgresql" else column
