@@ -4,7 +4,6 @@ database size per day of history.
 
     python -m bench.occupancy_chart [--nodes N] [--scopes S] [--per-node K] [--days D] [--repeats R] [--windows W,...]
                                     [--filters F,...] [--database-url URL] [--reuse NAME] [--explain FILE]
-                                    [--database-url URL] [--reuse NAME] [--explain FILE]
 
 History: ``bench.fleet_history.load_history`` (1-hour rows, 1-minute rows for the last
 ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``, raw rows for the last ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) for ``N`` nodes

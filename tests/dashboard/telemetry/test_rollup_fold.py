@@ -188,3 +188,17 @@ def test_rollup_keys_are_unique_and_raw_keys_may_repeat():
     OccupancySample.objects.create(level=Level.MINUTE, **row)
     with pytest.raises(IntegrityError), transaction.atomic():
         OccupancySample.objects.create(level=Level.MINUTE, **row)
+
+
+def test_retention_bounds_the_table(horizons):
+    """Rows of every level older than the retention are gone after one run (folded up, then deleted); newer ones
+    stay, at most one per level, bucket, node and scope."""
+    rng = random.Random(9)
+    old = _random_samples(rng, T0 - timedelta(days=40), 3600, 50)
+    recent = _random_samples(rng, T0, 600, 50)
+    _store(old + recent)
+    counts = rollup(now=T0 + timedelta(days=1))
+    assert counts["hour_deleted"] > 0
+    assert not OccupancySample.objects.filter(ts__lt=T0).exists()
+    assert OccupancySample.objects.filter(level=Level.HOUR).count() == len(
+        {(s["node_name"], *(s[name] for name in OccupancySample.KEY[1:])) for s in recent})
