@@ -17,6 +17,7 @@ Sizes are bytes, times timezone-aware UTC.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -269,8 +270,10 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
                                                         ts__gte=start, ts__lte=end))
     base_sql, base_params = base.values("id", "ts", *_PAIR, "bytes", "samples", "in_flight_requests",
                                         "orphaned_bytes", *_COUNTERS).query.sql_with_params()
-    with transaction.atomic(), connection.cursor() as cursor:
-        for statement in vendor_sql.analytic_settings(connection.vendor):
+    settings_sql = vendor_sql.analytic_settings(connection.vendor)
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
             cursor.execute(statement)
         cursor.execute(_series_sql(connection.vendor, base_sql),
                        [int(start.timestamp()), width, count - 1, *base_params])
