@@ -118,6 +118,16 @@ def paginate(request: HttpRequest, queryset: QuerySet, *, sorts: Mapping[str, Se
     return Listing(page=page, sort=sort, q=q, prefix=prefix, sorts=tuple(sorts), params=request.GET, q_param=q_param)
 
 
+def paginate_lines(request: HttpRequest, lines: Sequence[str], *, per_page: int = PER_PAGE) -> Listing:
+    """The ``Listing`` of text lines (a check's details): those containing every word of ``?q=``
+    (case-insensitive), ``?page=`` of them, in their order (no sort keys)."""
+    q = search_text(request.GET.get("q"))
+    words = q.lower().split()[:MAX_SEARCH_TERMS]
+    shown = [line for line in lines if all(word in line.lower() for word in words)]
+    page = Paginator(shown, per_page).get_page(request.GET.get("page"))
+    return Listing(page=page, sort="", q=q, prefix="", sorts=(), params=request.GET, q_param="q")
+
+
 def count_of(rows: type[Model] | QuerySet, link: str) -> Coalesce:
     """An annotation counting the rows of ``rows`` (a model, or a queryset such as the rows a user may see) whose
     ``link`` points at the outer row: a correlated subquery, so several counts on one list do not multiply each
