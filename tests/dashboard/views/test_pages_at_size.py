@@ -1,21 +1,25 @@
 """The pages at fleet size, tested with small numbers (issue 17): the number of queries of each page does not grow
-with the number of rows (no query per row), lists are paginated, sortable and searchable, and the overview shows
-top-N lists with a link to the full list."""
+with the number of rows (no query per row), lists are paginated, sortable and searchable, the overview shows top-N
+lists with a link to the full list, and a check failing for many nodes is summarized. The registries are fleet-shaped
+(``bench.fleet_registry``) with heartbeats and occupancy (``tests.support.fleet``)."""
 from __future__ import annotations
 
 import re
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from tests.support.fleet import build_fleet
+from bench.fleet_registry import build_fleet
+from tenants.models import Node, Release, Tenant
+from tests.support.fleet import fleet_telemetry
 
 pytestmark = pytest.mark.django_db
 
-SMALL = {"tenants": 2, "releases_per_model": 2, "groups_per_tenant": 3, "nodes": 3, "instances_per_node": 2}
-LARGE = {"tenants": 5, "releases_per_model": 4, "groups_per_tenant": 9, "nodes": 9, "instances_per_node": 3}
+SMALL = {"nodes": 3, "tenants": 2, "models": 2, "releases": 4, "scopes": 8, "scopes_per_node": 4}
+LARGE = {"nodes": 9, "tenants": 5, "models": 5, "releases": 15, "scopes": 45, "scopes_per_node": 9}
+PAGES = ("overview", "occupancy", "registry", "checks", "tenant", "model", "release", "node")
 
 
 def queries(client, url: str, params: dict | None = None) -> int:
@@ -25,67 +29,83 @@ def queries(client, url: str, params: dict | None = None) -> int:
     return len(captured)
 
 
-def page_urls(fleet) -> dict[str, str]:
-    tenant, release, node = fleet.tenants[0], fleet.releases[0], fleet.nodes[0]
-    return {
-        "overview": reverse("ui:overview"), "occupancy": reverse("ui:occupancy") + "?window=15m",
-        "registry": reverse("ui:registry"), "checks": reverse("ui:checks"),
-        "tenant": reverse("ui:tenant", args=[tenant.pk]), "model": reverse("ui:model", args=[release.model.pk]),
-        "release": reverse("ui:release", args=[release.pk]), "node": reverse("ui:node", args=[node.pk]),
-    }
+def page_url(name: str) -> str:
+    """The page ``name`` of the fleet in the database (a detail page: of its first object)."""
+    release = Release.objects.select_related("model").order_by("namespace").first()
+    detail = {"tenant": Tenant.objects.order_by("tenant_id").first(), "model": release.model, "release": release,
+              "node": Node.objects.order_by("name").first()}
+    if name in detail:
+        return reverse(f"ui:{name}", args=[detail[name].pk])
+    return reverse(f"ui:{name}") + ("?window=15m" if name == "occupancy" else "")
 
 
-@pytest.mark.parametrize("name", ["overview", "occupancy", "registry", "checks", "tenant", "model", "release", "node"])
-def test_query_count_of_a_page_does_not_grow_with_the_rows(ui, name):
-    small = page_urls(build_fleet(**SMALL))
-    queries(ui, small[name])  # warm the per-process caches (content types, settings)
-    before = queries(ui, small[name])
-    large = page_urls(build_fleet(**LARGE, tag="x"))  # added to the small one: every index list grows
-    after = queries(ui, large[name])
-    assert after == before, f"{name}: {before} queries with the small fleet, {after} with the large one"
+class _Undo(Exception):
+    pass
+
+
+def page_queries(client, shape: dict) -> dict[str, int]:
+    """Queries of every page of ``PAGES`` with a fleet of ``shape`` (heartbeats, occupancy), rolled back after."""
+    counts: dict[str, int] = {}
+    try:
+        with transaction.atomic():
+            fleet_telemetry(build_fleet(**shape), silent=1)
+            for name in PAGES:
+                queries(client, page_url(name))  # warm the per-process caches (content types, settings)
+                counts[name] = queries(client, page_url(name))
+            raise _Undo
+    except _Undo:
+        pass
+    return counts
+
+
+def test_query_count_of_every_page_does_not_grow_with_the_rows(ui):
+    small, large = page_queries(ui, SMALL), page_queries(ui, LARGE)
+    assert large == small, {name: (small[name], large[name]) for name in PAGES if small[name] != large[name]}
 
 
 def test_registry_lists_are_paginated_sorted_and_searched(ui):
-    build_fleet(tenants=2, groups_per_tenant=30, nodes=30, instances_per_node=1)
+    fleet = build_fleet(nodes=30, tenants=2, models=2, releases=2, scopes=60, scopes_per_node=30)
     html = ui.get(reverse("ui:registry")).content.decode()
     assert html.count('<tr data-node="') == 25 and 'data-pager="nodes_" data-page="1" data-pages="2"' in html
     assert html.count('<tr data-group="') == 25 and 'data-count="60"' in html
-    page2 = ui.get(reverse("ui:registry"), {"nodes_page": 2}).content.decode()
-    assert re.findall(r'<tr data-node="([^"]+)"', page2) == [f"node-{n:03d}" for n in range(25, 30)]
-    # the other lists keep their first page; the pager links keep the other lists' parameters
-    assert 'href="?nodes_page=2&amp;groups_page=2"' in page2
+    page2 = ui.get(reverse("ui:registry"), {"nodes_page": 2, "groups_page": 2}).content.decode()
+    assert re.findall(r'<tr data-node="([^"]+)"', page2) == fleet.node_names[25:]
+    # each list's pager keeps the other lists' parameters
+    assert 'href="?nodes_page=2&amp;groups_page=3"' in page2
     descending = ui.get(reverse("ui:registry"), {"nodes_sort": "-name"}).content.decode()
-    assert re.findall(r'<tr data-node="([^"]+)"', descending)[:2] == ["node-029", "node-028"]
+    assert re.findall(r'<tr data-node="([^"]+)"', descending)[:2] == fleet.node_names[:-3:-1]
     assert 'data-sort-key="name" data-sort="descending"' in descending
     unknown = ui.get(reverse("ui:registry"), {"nodes_sort": "signing_secret"}).content.decode()
-    assert re.findall(r'<tr data-node="([^"]+)"', unknown)[0] == "node-000"  # not a sort key: the default
-    found = ui.get(reverse("ui:registry"), {"q": "g017"}).content.decode()
-    assert re.findall(r'<tr data-group="([^"]+)"', found) == ["t00-g017", "t01-g017"]
+    assert re.findall(r'<tr data-node="([^"]+)"', unknown)[0] == fleet.node_names[0]  # not a sort key: the default
+    found = ui.get(reverse("ui:registry"), {"q": "app-017"}).content.decode()
+    assert re.findall(r'<tr data-group="([^"]+)"', found) == ["app-017", "app-017"]  # one per tenant
     assert '<tr data-node="' not in found and "No node matches." in found
 
 
-def test_detail_page_lists_are_paginated_and_searched(ui):
-    fleet = build_fleet(tenants=1, releases_per_model=3, groups_per_tenant=40, nodes=2, instances_per_node=30)
-    tenant_url = reverse("ui:tenant", args=[fleet.tenants[0].pk])
+def test_detail_page_lists_are_paginated_sorted_and_searched(ui):
+    fleet = build_fleet(nodes=12, tenants=1, models=1, releases=12, scopes=480, scopes_per_node=480)
+    tenant_url = reverse("ui:tenant", args=[Tenant.objects.get().pk])
     html = ui.get(tenant_url, {"groups_page": 2}).content.decode()
     assert 'data-pager="groups_" data-page="2" data-pages="2" data-count="40"' in html
-    html = ui.get(tenant_url, {"groups_q": "g03"}).content.decode()
+    html = ui.get(tenant_url, {"groups_q": "app-03"}).content.decode()
     assert 'data-pager="groups_" data-page="1" data-pages="1" data-count="10"' in html
-    node_html = ui.get(reverse("ui:node", args=[fleet.nodes[0].pk]), {"sort": "-port"}).content.decode()
-    assert re.findall(r'<tr data-instance="\d+"><td>(\d+)</td>', node_html)[:2] == ["8029", "8028"]
-    release_html = ui.get(reverse("ui:release", args=[fleet.releases[0].pk])).content.decode()
-    assert 'data-pager="instances_" data-page="1" data-pages="2" data-count="20"' in release_html
+    node = Node.objects.get(name=fleet.node_names[0])
+    node_html = ui.get(reverse("ui:node", args=[node.pk]), {"sort": "-port"}).content.decode()
+    assert re.findall(r'<tr data-instance="\d+"><td>(\d+)</td>', node_html)[:2] == ["8011", "8010"]
+    release = Release.objects.order_by("namespace").first()
+    release_html = ui.get(reverse("ui:release", args=[release.pk])).content.decode()
+    assert 'data-pager="instances_" data-page="1" data-pages="2" data-count="12"' in release_html
 
 
 def test_the_overview_shows_the_top_nodes_and_links_the_full_list(ui):
     from dashboard.views.overview import OVERVIEW_ROWS
 
-    build_fleet(tenants=1, nodes=OVERVIEW_ROWS + 5, instances_per_node=1, silent_nodes=3)
+    fleet = build_fleet(nodes=OVERVIEW_ROWS + 5, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
+    fleet_telemetry(fleet, silent=3, samples=False)
     html = ui.get(reverse("ui:overview")).content.decode()
     nodes = re.findall(r'<tr data-node="([^"]+)"', html)
     assert len(nodes) == OVERVIEW_ROWS
-    silent = [f"node-{n:03d}" for n in range(OVERVIEW_ROWS + 2, OVERVIEW_ROWS + 5)]
-    assert nodes[:3] == silent  # nodes in trouble first
+    assert nodes[:3] == fleet.node_names[-3:]  # nodes in trouble first
     assert f"{OVERVIEW_ROWS + 5} nodes" in html and "3 silent" in html
     assert f'href="{reverse("ui:registry")}#nodes"' in html
 
@@ -95,7 +115,8 @@ def test_a_check_failing_for_many_nodes_shows_a_count_the_first_lines_and_a_link
     from dashboard.views.checks import DETAILS_PER_PAGE
 
     silent = DETAILS_PER_PAGE + 7
-    build_fleet(tenants=1, nodes=silent + 2, instances_per_node=1, silent_nodes=silent, samples=False)
+    fleet = build_fleet(nodes=silent + 2, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
+    fleet_telemetry(fleet, alive=2, silent=silent, samples=False)
     html = ui.get(reverse("ui:checks")).content.decode()
     card = html[html.index('data-check="nodes_reporting"'):]
     card = card[:card.index("</li>\n")]
@@ -109,8 +130,9 @@ def test_a_check_failing_for_many_nodes_shows_a_count_the_first_lines_and_a_link
     url = reverse("ui:check", args=["nodes_reporting"])
     last = ui.get(url, {"page": 2}).content.decode()
     assert last.count("<li>node ") == 7 and f'data-pages="2" data-count="{silent}"' in last
-    found = ui.get(url, {"q": "node-003:"}).content.decode()
-    assert found.count("<li>node ") == 1 and "node node-003: no heartbeat" in found
+    name = fleet.node_names[5]
+    found = ui.get(url, {"q": f"{name}:"}).content.decode()
+    assert found.count("<li>node ") == 1 and f"node {name}: no heartbeat" in found
     assert ui.get(reverse("ui:check", args=["no_such_check"])).status_code == 404
 
 
