@@ -749,6 +749,31 @@ def run_checks(now: datetime | None = None) -> list[CheckResult]:
     return [check(now) for check in CHECKS]
 
 
+#: Seconds the overview reuses a checklist run (its flags and "check failed" warnings): the checklist reads every
+#: node, instance and recent sample, seconds of work at fleet size. The checks page and its JSON always run it
+#: afresh, and store their run for the overview.
+CHECKS_CACHE_SECONDS = 30
+_CACHE_KEY = "kvpool:checklist"
+
+
+def recent_checks(max_age: int = CHECKS_CACHE_SECONDS) -> list[CheckResult]:
+    """``run_checks()`` as run at most ``max_age`` seconds ago (this process's cache), else run now."""
+    from django.core.cache import cache
+
+    checks = cache.get(_CACHE_KEY)
+    if checks is None:
+        checks = remember_checks(run_checks(), max_age)
+    return checks
+
+
+def remember_checks(checks: list[CheckResult], max_age: int = CHECKS_CACHE_SECONDS) -> list[CheckResult]:
+    """Keep ``checks`` (a fresh ``run_checks()``) for ``recent_checks``; returns them."""
+    from django.core.cache import cache
+
+    cache.set(_CACHE_KEY, checks, max_age)
+    return checks
+
+
 def run_check(key: str, now: datetime | None = None) -> CheckResult | None:
     """Run the one check whose result has ``key`` (``None`` for an unknown key): the checks' keys are their
     function names without ``check_``."""

@@ -254,6 +254,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         last_counters[counter_key] = tuple(counters)
         in_flight[counter_key] = flight
         orphaned[counter_key] = orphan
+    flight_by_release: dict[CacheScope, int] = defaultdict(int)  # summed once, not once per series
+    orphaned_by_release: dict[CacheScope, int] = defaultdict(int)
+    for (_node, scope), value in in_flight.items():
+        flight_by_release[scope.release_scope()] += value
+    for (_node, scope), value in orphaned.items():
+        orphaned_by_release[scope.release_scope()] += value
     sums: dict[CacheScope, list[int | None]] = {key: [None] * count for key in keys}
     for (index, _node, scope), (weighted, samples) in cells.items():
         key = scope.release_scope()
@@ -270,8 +276,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             average_bytes=round(sum(present) / len(present)) if present else None,
             peak_bytes=max(present) if present else None,
             hit_blocks=release_totals[0], miss_blocks=release_totals[1],
-            in_flight_requests=sum(v for (_node, scope), v in in_flight.items() if scope.release_scope() == key),
-            orphaned_bytes=sum(v for (_node, scope), v in orphaned.items() if scope.release_scope() == key),
+            in_flight_requests=flight_by_release[key], orphaned_bytes=orphaned_by_release[key],
             hit_blocks_data=release_buckets[0], miss_blocks_data=release_buckets[1],
             evicted_blocks={cause: release_totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
             evicted_blocks_data={cause: release_buckets[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},

@@ -18,9 +18,11 @@ ALIVE, SILENT = 20, 30
 
 
 @pytest.fixture
-def fleet():
+def fleet(settings):
     """The small fleet, nodes' heartbeats (``ALIVE`` now, ``SILENT`` an hour ago) and one occupancy sample per
-    instance of the heartbeating nodes."""
+    instance of the heartbeating nodes. A node is silent after 30 minutes here, so that the heartbeats of "now" stay
+    fresh however slowly a loaded machine walks the pages."""
+    settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS = 1800
     fleet = build_fleet(nodes=60, tenants=4, models=8, releases=40, scopes=300, scopes_per_node=16)
     fleet_telemetry(fleet, alive=ALIVE, silent=SILENT)
     return fleet

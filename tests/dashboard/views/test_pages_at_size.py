@@ -5,13 +5,16 @@ lists with a link to the full list, and a check failing for many nodes is summar
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from bench.fleet_registry import build_fleet
+from dashboard.models import NodeState
 from tenants.models import Node, Release, Tenant
 from tests.support.fleet import fleet_telemetry
 
@@ -20,6 +23,13 @@ pytestmark = pytest.mark.django_db
 SMALL = {"nodes": 3, "tenants": 2, "models": 2, "releases": 4, "scopes": 8, "scopes_per_node": 4}
 LARGE = {"nodes": 9, "tenants": 5, "models": 5, "releases": 15, "scopes": 45, "scopes_per_node": 9}
 PAGES = ("overview", "occupancy", "registry", "checks", "tenant", "model", "release", "node")
+
+
+@pytest.fixture(autouse=True)
+def _slow_silence(settings):
+    """A node is silent after 30 minutes here (the fleets' silent nodes went quiet an hour ago), so that heartbeats
+    of "now" stay fresh on a loaded machine."""
+    settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS = 1800
 
 
 def queries(client, url: str, params: dict | None = None) -> int:
@@ -45,6 +55,9 @@ class _Undo(Exception):
 
 def page_queries(client, shape: dict) -> dict[str, int]:
     """Queries of every page of ``PAGES`` with a fleet of ``shape`` (heartbeats, occupancy), rolled back after."""
+    from django.core.cache import cache
+
+    cache.clear()  # the overview's checklist run of another fleet
     counts: dict[str, int] = {}
     try:
         with transaction.atomic():
@@ -139,3 +152,20 @@ def test_a_check_failing_for_many_nodes_shows_a_count_the_first_lines_and_a_link
 def test_the_check_page_is_for_platform_admins(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("nobody"))
     assert client.get(reverse("ui:check", args=["nodes_reporting"])).status_code == 403
+
+
+def test_the_overview_reuses_a_recent_checklist_run_and_the_checks_page_runs_it_afresh(ui):
+    from dashboard.checklist import recent_checks
+
+    fleet = build_fleet(nodes=3, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
+    fleet_telemetry(fleet, samples=False)
+    first = recent_checks()
+    with CaptureQueriesContext(connection) as captured:
+        assert recent_checks() == first  # no second run: no query
+    assert len(captured) == 0
+    html = ui.get(reverse("ui:overview")).content.decode()
+    assert "check failed: Agents reporting" not in html
+    NodeState.objects.filter(node_name=fleet.node_names[0]).update(heartbeat_at=timezone.now() - timedelta(hours=2))
+    assert "check failed: Agents reporting" not in ui.get(reverse("ui:overview")).content.decode()  # the recent run
+    assert 'data-check="nodes_reporting" data-status="fail"' in ui.get(reverse("ui:checks")).content.decode()
+    assert "check failed: Agents reporting" in ui.get(reverse("ui:overview")).content.decode()  # the page's run
