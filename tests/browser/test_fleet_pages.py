@@ -10,7 +10,7 @@ import re
 import pytest
 
 from bench.fleet_registry import build_fleet
-from tests.support.fleet import fleet_telemetry
+from bench.pages import add_telemetry
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 #: Nodes whose agent heartbeats now; the next SILENT ones went silent an hour ago; the rest never reported.
@@ -24,7 +24,7 @@ def fleet(settings):
     fresh however slowly a loaded machine walks the pages."""
     settings.KVPOOL_HEARTBEAT_SILENCE_SECONDS = 1800
     fleet = build_fleet(nodes=60, tenants=4, models=8, releases=40, scopes=300, scopes_per_node=16)
-    fleet_telemetry(fleet, alive=ALIVE, silent=SILENT)
+    add_telemetry(fleet, alive=ALIVE, silent=SILENT)
     return fleet
 
 

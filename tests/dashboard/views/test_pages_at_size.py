@@ -1,7 +1,7 @@
 """The pages at fleet size, tested with small numbers (issue 17): the number of queries of each page does not grow
 with the number of rows (no query per row), lists are paginated, sortable and searchable, the overview shows top-N
 lists with a link to the full list, and a check failing for many nodes is summarized. The registries are fleet-shaped
-(``bench.fleet_registry``) with heartbeats and occupancy (``tests.support.fleet``)."""
+(``bench.fleet_registry``) with heartbeats and occupancy (``bench.pages.add_telemetry``)."""
 from __future__ import annotations
 
 import re
@@ -14,9 +14,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from bench.fleet_registry import build_fleet
+from bench.pages import add_telemetry
 from dashboard.models import NodeState
 from tenants.models import Node, Release, Tenant
-from tests.support.fleet import fleet_telemetry
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +61,7 @@ def page_queries(client, shape: dict) -> dict[str, int]:
     counts: dict[str, int] = {}
     try:
         with transaction.atomic():
-            fleet_telemetry(build_fleet(**shape), silent=1)
+            add_telemetry(build_fleet(**shape), silent=1)
             for name in PAGES:
                 queries(client, page_url(name))  # warm the per-process caches (content types, settings)
                 counts[name] = queries(client, page_url(name))
@@ -114,7 +114,7 @@ def test_the_overview_shows_the_top_nodes_and_links_the_full_list(ui):
     from dashboard.views.overview import OVERVIEW_ROWS
 
     fleet = build_fleet(nodes=OVERVIEW_ROWS + 5, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
-    fleet_telemetry(fleet, silent=3, samples=False)
+    add_telemetry(fleet, silent=3, reports=0)
     html = ui.get(reverse("ui:overview")).content.decode()
     nodes = re.findall(r'<tr data-node="([^"]+)"', html)
     assert len(nodes) == OVERVIEW_ROWS
@@ -129,7 +129,7 @@ def test_a_check_failing_for_many_nodes_shows_a_count_the_first_lines_and_a_link
 
     silent = DETAILS_PER_PAGE + 7
     fleet = build_fleet(nodes=silent + 2, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
-    fleet_telemetry(fleet, alive=2, silent=silent, samples=False)
+    add_telemetry(fleet, alive=2, silent=silent, reports=0)
     html = ui.get(reverse("ui:checks")).content.decode()
     card = html[html.index('data-check="nodes_reporting"'):]
     card = card[:card.index("</li>\n")]
@@ -158,7 +158,7 @@ def test_the_overview_reuses_a_recent_checklist_run_and_the_checks_page_runs_it_
     from dashboard.checklist import recent_checks
 
     fleet = build_fleet(nodes=3, tenants=1, models=1, releases=1, scopes=1, scopes_per_node=1)
-    fleet_telemetry(fleet, samples=False)
+    add_telemetry(fleet, reports=0)
     first = recent_checks()
     with CaptureQueriesContext(connection) as captured:
         assert recent_checks() == first  # no second run: no query
