@@ -234,9 +234,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     in_flight: dict[tuple[str, CacheScope], int] = {}
     orphaned: dict[tuple[str, CacheScope], int] = {}
     keys: set[CacheScope] = set()
+    release_of: dict[CacheScope, CacheScope] = {}  # scope -> scope.release_scope(), built once per scope
     for ts, node, tenant_id, model, namespace, group, size, samples, flight, orphan, *counters in rows:
         scope = CacheScope(tenant_id, model, namespace, group)
-        key = scope.release_scope()
+        key = release_of.get(scope)
+        if key is None:
+            key = release_of[scope] = scope.release_scope()
         keys.add(key)
         index = min(int((ts - start).total_seconds() // width), count - 1)
         weight = max(samples, 1)
@@ -257,12 +260,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     flight_by_release: dict[CacheScope, int] = defaultdict(int)  # summed once, not once per series
     orphaned_by_release: dict[CacheScope, int] = defaultdict(int)
     for (_node, scope), value in in_flight.items():
-        flight_by_release[scope.release_scope()] += value
+        flight_by_release[release_of[scope]] += value
     for (_node, scope), value in orphaned.items():
-        orphaned_by_release[scope.release_scope()] += value
+        orphaned_by_release[release_of[scope]] += value
     sums: dict[CacheScope, list[int | None]] = {key: [None] * count for key in keys}
     for (index, _node, scope), (weighted, samples) in cells.items():
-        key = scope.release_scope()
+        key = release_of[scope]
         current = sums[key][index] or 0
         sums[key][index] = current + round(weighted / samples)
     series = []

@@ -33,6 +33,10 @@ from dashboard.views.base import (
     window_param,
 )
 
+#: Most release namespaces the page's "Chart data" table tabulates (a column each); beyond it (a fleet's thousands)
+#: the table is left out and links the same numbers as JSON (``occupancy/data.json``).
+DATA_TABLE_MAX_SERIES = 40
+
 
 @login_required
 def occupancy_page(request: HttpRequest) -> HttpResponse:
@@ -50,14 +54,16 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
     series = occupancy_series(window, filters)
     params = {"window": window, **filters.as_params()}
     ratios = series.hit_ratios()
-    rows = [
+    tabulated = len(series.series) <= DATA_TABLE_MAX_SERIES
+    rows = [] if not tabulated else [
         {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total,
          "hit_ratio": ratios[index], "hit_percent": None if ratios[index] is None else round(100 * ratios[index])}
         for index, (bucket, total) in enumerate(zip(series.buckets, series.totals())) if total is not None
     ]
     context = {
         "series": series, "filters": filters, "window": window,
-        "windows": WINDOW_LABELS, "rows": rows, "error": error,
+        "windows": WINDOW_LABELS, "rows": rows, "tabulated": tabulated, "table_max": DATA_TABLE_MAX_SERIES,
+        "error": error,
         "quota_lines": quota_lines(filters, [s.key for s in series.series]),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }

@@ -169,3 +169,15 @@ def test_the_overview_reuses_a_recent_checklist_run_and_the_checks_page_runs_it_
     assert "check failed: Agents reporting" not in ui.get(reverse("ui:overview")).content.decode()  # the recent run
     assert 'data-check="nodes_reporting" data-status="fail"' in ui.get(reverse("ui:checks")).content.decode()
     assert "check failed: Agents reporting" in ui.get(reverse("ui:overview")).content.decode()  # the page's run
+
+
+def test_the_occupancy_page_leaves_out_the_data_table_of_a_fleets_namespaces_and_links_the_json(ui, monkeypatch):
+    from dashboard.views import occupancy
+
+    monkeypatch.setattr(occupancy, "DATA_TABLE_MAX_SERIES", 3)
+    add_telemetry(build_fleet(nodes=4, tenants=2, models=2, releases=4, scopes=8, scopes_per_node=4))
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
+    assert 'id="occupancy-data-json"' in html and 'id="occupancy-data"' not in html
+    assert html.count('<tr data-namespace="') == 4  # the per-namespace table still lists every one
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant_id": "fleet-t000"}).content.decode()
+    assert 'id="occupancy-data"' in html and 'id="occupancy-data-json"' not in html
