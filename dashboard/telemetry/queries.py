@@ -360,6 +360,26 @@ def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
     return dict(totals)
 
 
+def tenant_bytes_now(*, now: datetime | None = None, max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[str, int]:
+    """``tenant_bytes(current_occupancy())`` summed in the database: per tenant_id, the bytes of each node's newest
+    raw sample of each release (every request group's row at that time), one query whatever the fleet (the
+    overview's figure; ``current_occupancy`` builds every release's entry in Python)."""
+    from django.db import connections, router
+
+    now = now or timezone.now()
+    base = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
+                                          ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now)
+    release = ("node_name", "tenant_id", "served_model_name", "namespace")
+    newest_sql, newest_params = base.order_by().values(*release).annotate(newest=Max("ts")).query.sql_with_params()
+    rows_sql, rows_params = base.order_by().values(*release, "ts", "bytes").query.sql_with_params()
+    on = " AND ".join(f"s.{name} = n.{name}" for name in release)
+    sql = (f"SELECT s.tenant_id, SUM(s.bytes) FROM ({rows_sql}) s JOIN ({newest_sql}) n ON {on} AND s.ts = n.newest "
+           "GROUP BY s.tenant_id")
+    with connections[router.db_for_read(OccupancySample)].cursor() as cursor:
+        cursor.execute(sql, (*rows_params, *newest_params))
+        return {tenant_id: int(total) for tenant_id, total in cursor.fetchall()}
+
+
 def latest_master_quotas() -> dict[str, MasterQuotaSample]:
     """tenant_id -> the newest ``MasterQuotaSample`` (the master's requested/effective/charged bytes)."""
     newest = dict(MasterQuotaSample.objects.values("tenant_id").annotate(ts=Max("ts")).values_list("tenant_id", "ts"))

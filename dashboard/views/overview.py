@@ -27,9 +27,8 @@ from dashboard.rollout.push import drift
 from dashboard.rollout.upgrade import tenant_quota
 from dashboard.telemetry.agent_auth import NODE_TROUBLE, ROW_REASONS, recent_node_refusals
 from dashboard.telemetry.queries import (
-    current_occupancy,
     latest_master_quotas,
-    tenant_bytes,
+    tenant_bytes_now,
 )
 from tenants import budgets
 from tenants.access import is_platform_admin, scope, visible_tenants
@@ -178,7 +177,7 @@ def tenant_rows(user=None, pool=None) -> list[dict]:
     """Per tenant ``user`` may see (every tenant without a user): registry quota, master read-back, agent-reported
     occupancy, budgets, and its room under the master's eviction points (``room``: ``tenants.room.TenantRoom``)."""
     samples = latest_master_quotas()
-    occupancy = tenant_bytes(current_occupancy())
+    occupancy = tenant_bytes_now()
     pool = pool if pool is not None else current_pool_room()
     rows = []
     tenants = visible_tenants(user) if user is not None else Tenant.objects.all()

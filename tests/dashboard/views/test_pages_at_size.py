@@ -181,3 +181,18 @@ def test_the_occupancy_page_leaves_out_the_data_table_of_a_fleets_namespaces_and
     assert html.count('<tr data-namespace="') == 4  # the per-namespace table still lists every one
     html = ui.get(reverse("ui:occupancy"), {"window": "15m", "tenant_id": "fleet-t000"}).content.decode()
     assert 'id="occupancy-data"' in html and 'id="occupancy-data-json"' not in html
+
+
+def test_tenant_bytes_now_sums_in_sql_what_current_occupancy_sums_in_python():
+    from dashboard.telemetry.queries import current_occupancy, tenant_bytes, tenant_bytes_now
+    from tests.support.rows import sample
+
+    fleet = build_fleet(nodes=6, tenants=3, models=3, releases=6, scopes=18, scopes_per_node=6)
+    add_telemetry(fleet, silent=1, reports=3, per_scope=True)
+    now = timezone.now()
+    sample(ts=now - timedelta(seconds=5), node=fleet.node_names[0], tenant_id="fleet-t000", model="model-0000",
+           namespace="rel-00000", group="app-001", size=7 << 20)  # a newer report of one scope only
+    sample(ts=now - timedelta(hours=2), node=fleet.node_names[1], tenant_id="fleet-t001", model="model-0001",
+           namespace="rel-00001", size=1 << 30)  # too old to count
+    expected = tenant_bytes(current_occupancy())
+    assert tenant_bytes_now() == expected and len(expected) == 3 and all(expected.values())
