@@ -93,8 +93,11 @@ REPORTED_NAMES_WINDOW_SECONDS = 3600
 #: Config versions younger than this many days are searched for renamed instances, reused namespaces and
 #: changed salts (older ones are mostly gone anyway: the rollup keeps each node's newest version only).
 CONFIG_HISTORY_DAYS = 30
-#: At most this many detail lines per check (the rest is counted).
-MAX_DETAILS = 50
+#: Detail lines kept per check (the rest is counted in one last line): bounds memory, not what a page shows.
+MAX_DETAILS = 10_000
+#: Detail lines of a check in ``CheckResult.as_dict`` and on the checks page; the check's own page
+#: (``/checks/<key>/``) pages through all of them.
+SHOWN_DETAILS = 10
 
 
 @dataclass
@@ -108,9 +111,22 @@ class CheckResult:
     summary: str
     details: list[str] = field(default_factory=list)
 
+    @property
+    def shown_details(self) -> list[str]:
+        """The first ``SHOWN_DETAILS`` detail lines (at 1,000 nodes a check failing for 400 of them lists the
+        first ones; ``details_total`` counts them all)."""
+        return self.details[:SHOWN_DETAILS]
+
+    @property
+    def details_total(self) -> int:
+        """How many detail lines the check has."""
+        return len(self.details)
+
     def as_dict(self) -> dict[str, Any]:
+        """JSON of the check: ``details`` are the first ``SHOWN_DETAILS`` lines, ``details_total`` counts all."""
         return {"key": self.key, "title": self.title, "seed": self.seed, "passed": self.passed,
-                "status": "pass" if self.passed else "fail", "summary": self.summary, "details": self.details}
+                "status": "pass" if self.passed else "fail", "summary": self.summary,
+                "details": self.shown_details, "details_total": self.details_total}
 
 
 def _capped(lines: list[str]) -> list[str]:
@@ -731,3 +747,35 @@ def run_checks(now: datetime | None = None) -> list[CheckResult]:
     """Run every check in the seed's order."""
     now = now or timezone.now()
     return [check(now) for check in CHECKS]
+
+
+#: Seconds the overview reuses a checklist run (its flags and "check failed" warnings): the checklist reads every
+#: node, instance and recent sample, seconds of work at fleet size. The checks page and its JSON always run it
+#: afresh, and store their run for the overview.
+CHECKS_CACHE_SECONDS = 30
+_CACHE_KEY = "kvpool:checklist"
+
+
+def recent_checks(max_age: int = CHECKS_CACHE_SECONDS) -> list[CheckResult]:
+    """``run_checks()`` as run at most ``max_age`` seconds ago (this process's cache), else run now."""
+    from django.core.cache import cache
+
+    checks = cache.get(_CACHE_KEY)
+    if checks is None:
+        checks = remember_checks(run_checks(), max_age)
+    return checks
+
+
+def remember_checks(checks: list[CheckResult], max_age: int = CHECKS_CACHE_SECONDS) -> list[CheckResult]:
+    """Keep ``checks`` (a fresh ``run_checks()``) for ``recent_checks``; returns them."""
+    from django.core.cache import cache
+
+    cache.set(_CACHE_KEY, checks, max_age)
+    return checks
+
+
+def run_check(key: str, now: datetime | None = None) -> CheckResult | None:
+    """Run the one check whose result has ``key`` (``None`` for an unknown key): the checks' keys are their
+    function names without ``check_``."""
+    check = next((check for check in CHECKS if check.__name__ == f"check_{key}"), None)
+    return check(now or timezone.now()) if check is not None else None

@@ -16,6 +16,7 @@ urlpatterns = [
     path("chargeback/", chargeback.chargeback_page, name="chargeback"),
     path("checks/", checks.checks_page, name="checks"),
     path("checks/data.json", checks.checks_data, name="checks-data"),
+    path("checks/<slug:key>/", checks.check_page, name="check"),
     path("audit/", audit.audit_log, name="audit"),
     path("registry/", registry.registry_index, name="registry"),
     path("tenants/<id:pk>/", registry.tenant_detail, name="tenant"),

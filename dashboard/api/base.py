@@ -17,7 +17,7 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.validators import UniqueTogetherValidator, UniqueValidator
 
 from dashboard.api.fields import ByteSizeSerializerField
-from dashboard.api.filtersets import StrictOrderingFilter
+from dashboard.api.filtersets import BoundedSearchFilter, StrictOrderingFilter
 from dashboard.api.permissions import RegistryModelPermissions, check_object_write
 from tenants.access import scope
 from tenants.fields import ByteSizeField
@@ -166,12 +166,14 @@ class RegistryViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ModelView
     Reads for any authenticated user, scoped to the user's tenants (``TenantScopedMixin``); writes with the
     model's add/change/delete permission in the object's tenant (``RegistryModelPermissions``), checked again on
     the object as it would be saved, so that nothing is created in or moved into a tenant the user may not write;
-    an invalid filter or ``ordering`` value is a 400 naming the parameter; deletes run in a transaction and a
+    ``?search=`` looks for words in the view's ``search_fields`` (``BoundedSearchFilter``); an invalid filter,
+    ``search`` or ``ordering`` value is a 400 naming the parameter; pages keep a stable order (primary key
+    last); deletes run in a transaction and a
     refused delete answers 409 with the reason; ids in the path follow ``ObjectIdLookupMixin``.
     """
 
     permission_classes = [RegistryModelPermissions]
-    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
+    filter_backends = [DjangoFilterBackend, BoundedSearchFilter, StrictOrderingFilter]
 
     def perform_create(self, serializer):
         model = serializer.Meta.model

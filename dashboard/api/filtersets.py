@@ -13,7 +13,7 @@ import django_filters as filters
 from django_filters.fields import MultipleChoiceField
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
-from rest_framework.filters import OrderingFilter
+from rest_framework.filters import OrderingFilter, SearchFilter
 
 from dashboard.api.params import (
     StrictFilterSet,
@@ -89,6 +89,39 @@ class StrictOrderingFilter(OrderingFilter):
                 f"Cannot order by {', '.join(repr(term) for term in invalid)}: use "
                 f"{', '.join(valid)} (prefix '-' for descending)."]})
         return fields
+
+    def get_ordering(self, request, queryset, view):
+        """The requested (or the view's default) ordering with the primary key last, so that pages of a list
+        sorted by a column with ties (``?ordering=state``) neither repeat nor skip rows between requests."""
+        ordering = super().get_ordering(request, queryset, view)
+        if ordering is None:
+            ordering = list(queryset.query.order_by or queryset.model._meta.ordering or [])
+        ordering = list(ordering)
+        if not any(term.removeprefix("-") in ("pk", "id") for term in ordering):
+            ordering.append("pk")
+        return ordering
+
+
+#: Longest ``?search=`` accepted (characters), and most terms in it.
+MAX_SEARCH_LENGTH = 200
+MAX_SEARCH_TERMS = 8
+
+
+class BoundedSearchFilter(SearchFilter):
+    """DRF's ``SearchFilter`` (``?search=``: every whitespace-separated term must occur, case-insensitively, in one
+    of the view's ``search_fields``), bounded: more than ``MAX_SEARCH_LENGTH`` characters or ``MAX_SEARCH_TERMS``
+    terms is a 400 naming ``search`` (each term is one more ``OR`` over the fields in the SQL)."""
+
+    def get_search_terms(self, request):
+        raw = request.query_params.get(self.search_param, "")
+        if len(raw) > MAX_SEARCH_LENGTH:
+            raise serializers.ValidationError({self.search_param: [
+                f"Must be at most {MAX_SEARCH_LENGTH} characters of text."]})
+        terms = super().get_search_terms(request)
+        if len(terms) > MAX_SEARCH_TERMS:
+            raise serializers.ValidationError({self.search_param: [
+                f"Use at most {MAX_SEARCH_TERMS} words ({len(terms)} given)."]})
+        return terms
 
 
 class TenantFilterSet(StrictFilterSet):

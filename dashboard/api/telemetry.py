@@ -39,6 +39,7 @@ from rest_framework.views import APIView
 from dashboard.api.fields import StrictBooleanField
 from dashboard.api.filtersets import (
     LEVELS,
+    BoundedSearchFilter,
     InstanceStatsFilterSet,
     MasterQuotaSampleFilterSet,
     NodeStateFilterSet,
@@ -173,9 +174,10 @@ class MasterOverviewSerializer(serializers.Serializer):
 
 class TelemetryListView(generics.ListAPIView):
     """Base of the telemetry lists: rows scoped to the user's tenants (``tenants.access.scope``), a FilterSet and
-    strict ``?ordering=`` (an unknown field is a 400 naming ``ordering``), like the registry lists."""
+    strict ``?ordering=`` (an unknown field is a 400 naming ``ordering``) and ``?search=`` over ``search_fields``, like
+    the registry lists."""
 
-    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
+    filter_backends = [DjangoFilterBackend, BoundedSearchFilter, StrictOrderingFilter]
 
     def get_queryset(self):
         return scope(super().get_queryset(), self.request.user)
@@ -186,6 +188,8 @@ class NodeStateList(TelemetryListView):
 
     serializer_class = NodeStateSerializer
     filterset_class = NodeStateFilterSet
+    search_fields = ("node_name", "agent_hostname")
+    ordering = ("node_name",)
     ordering_fields = ("node_name", "desired_version", "acked_version", "applied_version", "heartbeat_at",
                        "last_report_at")
 
@@ -240,6 +244,7 @@ class OccupancyList(TelemetryListView):
 
     serializer_class = OccupancySampleSerializer
     filterset_class = OccupancySampleFilterSet
+    search_fields = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group")
     ordering_fields = ("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
                        "blocks")
     ordering = ("-ts", "node_name")
@@ -252,6 +257,7 @@ class InstanceStatsList(TelemetryListView):
 
     serializer_class = InstanceStatsSerializer
     filterset_class = InstanceStatsFilterSet
+    search_fields = ("node_name", "instance_id", "tenant_id", "served_model_name", "namespace")
     ordering_fields = ("node_name", "instance_id", "tenant_id", "namespace", "reported_at", "last_event_at",
                        "blocks_seen", "attributed", "hash_mismatch", "unknown_salt", "seq_gaps",
                        "external_prefix_cache_hits")
@@ -292,6 +298,7 @@ class MasterQuotaSamples(TelemetryListView):
 
     serializer_class = MasterQuotaSampleSerializer
     filterset_class = MasterQuotaSampleFilterSet
+    search_fields = ("tenant_id",)
     ordering_fields = ("ts", "tenant_id", "charged_bytes")
     ordering = ("-ts", "tenant_id")
     queryset = MasterQuotaSample.objects.all()

@@ -2,7 +2,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from dashboard.api import tokens, views
+from dashboard.api import names, tokens, views
 
 router = DefaultRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
@@ -20,5 +20,7 @@ urlpatterns = [
     path("auth-token/", tokens.ObtainToken.as_view(), name="api-auth-token"),
     path("tokens/", tokens.TokenList.as_view(), name="api-tokens"),
     path("tokens/<str:token_key>/", tokens.TokenRevoke.as_view(), name="api-token"),
+    # GET ?q=prefix&limit=20 -> the first names of a kind the user may see (the pages' filter type-ahead)
+    path("names/<str:kind>/", names.NameSuggestions.as_view(), name="api-names"),
     *router.urls,
 ]

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from dashboard.api import filtersets
 from dashboard.api import serializers as s
 from dashboard.api.base import Conflict, ObjectIdLookupMixin, RegistryViewSet, TenantScopedMixin, drf_detail
-from dashboard.api.filtersets import StrictOrderingFilter
+from dashboard.api.filtersets import BoundedSearchFilter, StrictOrderingFilter
 from dashboard.api.permissions import CanHandleNodeSecret, IsPlatformAdmin, RegistryModelPermissions
 from tenants.access import platform_fields_changed
 from tenants.models import (
@@ -42,7 +42,9 @@ class TenantViewSet(RegistryViewSet):
     queryset = Tenant.objects.all()
     serializer_class = s.TenantSerializer
     filterset_class = filtersets.TenantFilterSet
+    search_fields = ("tenant_id", "description")
     ordering_fields = ("tenant_id", "quota_bytes", "created_at")
+    ordering = ("tenant_id",)
 
     def perform_update(self, serializer):
         changed = platform_fields_changed(self.request.user, serializer.instance, serializer.validated_data)
@@ -100,7 +102,9 @@ class ServedModelViewSet(RegistryViewSet):
     queryset = ServedModel.objects.select_related("tenant")
     serializer_class = s.ServedModelSerializer
     filterset_class = filtersets.ServedModelFilterSet
-    ordering_fields = ("served_model_name", "created_at")
+    search_fields = ("served_model_name", "vllm_model_name", "tenant__tenant_id")
+    ordering_fields = ("served_model_name", "tenant__tenant_id", "created_at")
+    ordering = ("tenant__tenant_id", "served_model_name")
 
 
 class ReleaseViewSet(RegistryViewSet):
@@ -109,7 +113,10 @@ class ReleaseViewSet(RegistryViewSet):
     queryset = Release.objects.select_related("model__tenant")
     serializer_class = s.ReleaseSerializer
     filterset_class = filtersets.ReleaseFilterSet
-    ordering_fields = ("namespace", "state", "created_at", "first_served_at")
+    search_fields = ("namespace", "model__served_model_name", "model__tenant__tenant_id", "=fingerprint")
+    ordering_fields = ("namespace", "state", "model__served_model_name", "model__tenant__tenant_id", "created_at",
+                       "first_served_at")
+    ordering = ("model__tenant__tenant_id", "model__served_model_name", "namespace")
 
     @extend_schema(parameters=[OpenApiParameter(
         "confirm_namespace", str, description="The release's namespace, typed again: confirms that the namespace "
@@ -195,7 +202,9 @@ class RequestGroupViewSet(RegistryViewSet):
     queryset = RequestGroup.objects.select_related("tenant")
     serializer_class = s.RequestGroupSerializer
     filterset_class = filtersets.RequestGroupFilterSet
-    ordering_fields = ("name", "created_at")
+    search_fields = ("name", "tenant__tenant_id", "=cache_salt")
+    ordering_fields = ("name", "tenant__tenant_id", "created_at")
+    ordering = ("tenant__tenant_id", "name")
 
 
 class NodeViewSet(RegistryViewSet):
@@ -204,7 +213,9 @@ class NodeViewSet(RegistryViewSet):
     queryset = Node.objects.all()
     serializer_class = s.NodeSerializer
     filterset_class = filtersets.NodeFilterSet
-    ordering_fields = ("name", "created_at")
+    search_fields = ("name", "hostname")
+    ordering_fields = ("name", "hostname", "created_at")
+    ordering = ("name",)
 
     @extend_schema(request=None, responses=s.NodeSecretSerializer)
     @action(detail=True, methods=["get", "post"],
@@ -225,7 +236,10 @@ class InstanceAssignmentViewSet(RegistryViewSet):
     queryset = InstanceAssignment.objects.select_related("node", "release__model__tenant")
     serializer_class = s.InstanceAssignmentSerializer
     filterset_class = filtersets.InstanceAssignmentFilterSet
-    ordering_fields = ("port", "created_at")
+    search_fields = ("node__name", "release__namespace", "release__model__served_model_name",
+                     "release__model__tenant__tenant_id")
+    ordering_fields = ("port", "node__name", "release__namespace", "role", "created_at")
+    ordering = ("node__name", "port")
 
 
 class ReservedNamespaceViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ReadOnlyModelViewSet):
@@ -233,9 +247,11 @@ class ReservedNamespaceViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.
     in the tenant may use one again. Scoped to the user's tenants (by tenant name)."""
 
     queryset = ReservedNamespace.objects.all()
-    filter_backends = [StrictOrderingFilter]
+    filter_backends = [BoundedSearchFilter, StrictOrderingFilter]
     serializer_class = s.ReservedNamespaceSerializer
-    ordering_fields = ("created_at", "namespace")
+    search_fields = ("namespace", "served_model_name", "tenant_id")
+    ordering_fields = ("created_at", "namespace", "tenant_id")
+    ordering = ("tenant_id", "served_model_name", "namespace")
 
 
 class AuditEntryViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ReadOnlyModelViewSet):
@@ -243,10 +259,12 @@ class AuditEntryViewSet(TenantScopedMixin, ObjectIdLookupMixin, viewsets.ReadOnl
     (``AuditEntry.tenant_pk``)."""
 
     queryset = AuditEntry.objects.select_related("actor")
-    filter_backends = [DjangoFilterBackend, StrictOrderingFilter]
+    filter_backends = [DjangoFilterBackend, BoundedSearchFilter, StrictOrderingFilter]
     serializer_class = s.AuditEntrySerializer
     filterset_class = filtersets.AuditEntryFilterSet
+    search_fields = ("object_repr", "actor_repr", "object_type")
     ordering_fields = ("timestamp",)
+    ordering = ("-timestamp",)
 
 
 class TenantMembershipViewSet(RegistryViewSet):
@@ -257,4 +275,6 @@ class TenantMembershipViewSet(RegistryViewSet):
     serializer_class = s.TenantMembershipSerializer
     filterset_class = filtersets.TenantMembershipFilterSet
     permission_classes = [permissions.IsAuthenticated, IsPlatformAdmin, RegistryModelPermissions]
-    ordering_fields = ("created_at", "role")
+    search_fields = ("user__username", "tenant__tenant_id")
+    ordering_fields = ("created_at", "role", "user__username", "tenant__tenant_id")
+    ordering = ("tenant__tenant_id", "user__username")

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import F, Max, Window
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
@@ -379,6 +379,26 @@ def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
     for key, entry in occupancy.items():
         totals[key.tenant_id] += entry.bytes
     return dict(totals)
+
+
+def tenant_bytes_now(*, now: datetime | None = None, max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[str, int]:
+    """``tenant_bytes(current_occupancy())`` summed in the database: per tenant_id, the bytes of each node's newest
+    raw sample of each release (every request group's row at that time), one query whatever the fleet (the
+    overview's figure; ``current_occupancy`` builds every release's entry in Python)."""
+    from django.db import connections, router
+
+    now = now or timezone.now()
+    base = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
+                                          ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now)
+    release = ("node_name", "tenant_id", "served_model_name", "namespace")
+    # One scan with a window function: a join of the rows with their newest ts lets a planner without statistics
+    # (right after a bulk load) pick a nested loop over both, minutes at fleet size.
+    rows = base.order_by().annotate(newest=Window(Max("ts"), partition_by=[F(name) for name in release]))
+    rows_sql, params = rows.values("tenant_id", "ts", "bytes", "newest").query.sql_with_params()
+    sql = f"SELECT w.tenant_id, SUM(w.bytes) FROM ({rows_sql}) w WHERE w.ts = w.newest GROUP BY w.tenant_id"
+    with connections[router.db_for_read(OccupancySample)].cursor() as cursor:
+        cursor.execute(sql, params)
+        return {tenant_id: int(total) for tenant_id, total in cursor.fetchall()}
 
 
 def latest_master_quotas() -> dict[str, MasterQuotaSample]:

@@ -15,11 +15,9 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from agent.contract.scope import CacheScope
 from dashboard.api.chargeback import ChargebackQuery, report_for
 from dashboard.telemetry.chargeback import GIB, GROUPINGS, Chargeback
 from dashboard.telemetry.queries import OccupancyFilter
-from dashboard.views.occupancy import filter_choices
 from tenants.access import visible_tenant_ids
 
 #: Column heading of each key field.
@@ -74,16 +72,12 @@ def chargeback_page(request: HttpRequest) -> HttpResponse:
                     for label, start, end in presets(now)],
     }
     if not valid:
-        context["choices"] = filter_choices(shown_filters, user=request.user)
         return render(request, "ui/chargeback.html", context, status=400)
     report = report_for(query, request.user)
     keys = GROUPINGS[report.group_by]
     rows = [{"key": [row.key[name] for name in keys], **_shown(report, row.byte_hours)} for row in report.rows]
     full = {**params, "start": report.start.isoformat(), "end": report.end.isoformat(), "group_by": report.group_by}
-    seen = [CacheScope(row.key.get("tenant_id", ""), row.key.get("served_model_name", ""),
-                       row.key.get("namespace", "")) for row in report.rows]
     context.update({
-        "choices": filter_choices(shown_filters, seen, user=request.user),
         "report": report, "rows": rows, "key_labels": [KEY_LABELS[name] for name in keys],
         "splits_groups": "request_group" in keys,  # the last key: "" there is the row without a request group
         "total": _shown(report, report.total_byte_hours),

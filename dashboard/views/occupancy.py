@@ -5,11 +5,12 @@ filters by tenant / served model / release namespace / request group (``?tenant_
 The chart is drawn in the browser by the vendored Chart.js from ``occupancy/data.json`` (same query
 parameters); the page's tables are rendered from the same ``queries.occupancy_series`` result, so the chart
 and the tables show identical numbers. Both show only the tenants the user may see (``tenants.access``): the
-filters carry them (``OccupancyFilter.tenant_ids``), and the drop-downs offer only their names.
+filters carry them (``OccupancyFilter.tenant_ids``). The filters are free-text inputs with a type-ahead
+(``templates/ui/_scope_filters.html``) from ``GET /api/v1/names/<kind>/``, which offers only those tenants' names: at
+fleet size a drop-down of every release namespace or request group would be thousands of entries.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -21,7 +22,6 @@ from agent.contract.scope import CacheScope
 from dashboard.telemetry.queries import (
     DEFAULT_WINDOW,
     WINDOW_LABELS,
-    OccupancyFilter,
     occupancy_series,
 )
 from dashboard.telemetry.quota_lines import quota_lines
@@ -32,36 +32,10 @@ from dashboard.views.base import (
     renamed_params_redirect,
     window_param,
 )
-from tenants.access import visible_tenants
-from tenants.models import Release, RequestGroup, ServedModel, Tenant
 
-
-def filter_choices(filters: OccupancyFilter, seen: Iterable[CacheScope] = (), user=None) -> dict[str, list[str]]:
-    """Values offered by the filter drop-downs: registry names of the tenants ``user`` may see (narrowed by the
-    filters above them) and the releases' scopes ``seen`` in the telemetry of the window (already limited to
-    those tenants by ``filters.tenant_ids``)."""
-    seen = list(seen)
-    tenants = visible_tenants(user) if user is not None else Tenant.objects.all()
-    models = ServedModel.objects.filter(tenant__in=tenants)
-    releases = Release.objects.filter(model__tenant__in=tenants)
-    groups = RequestGroup.objects.filter(tenant__in=tenants)
-    if filters.tenant_id:
-        models = models.filter(tenant__tenant_id=filters.tenant_id)
-        releases = releases.filter(model__tenant__tenant_id=filters.tenant_id)
-        groups = groups.filter(tenant__tenant_id=filters.tenant_id)
-    if filters.served_model_name:
-        releases = releases.filter(model__served_model_name=filters.served_model_name)
-
-    def names(queryset, field: str, selected: str, extra) -> list[str]:
-        values = set(queryset.values_list(field, flat=True)) | {value for value in extra if value}
-        return sorted(values | ({selected} if selected else set()))
-
-    return {
-        "tenants": names(tenants, "tenant_id", filters.tenant_id, (s.tenant_id for s in seen)),
-        "models": names(models, "served_model_name", filters.served_model_name, (s.served_model_name for s in seen)),
-        "releases": names(releases, "namespace", filters.namespace, (s.namespace for s in seen)),
-        "groups": names(groups, "name", filters.request_group, ()),
-    }
+#: Most release namespaces the page's "Chart data" table tabulates (a column each); beyond it (a fleet's thousands)
+#: the table is left out and links the same numbers as JSON (``occupancy/data.json``).
+DATA_TABLE_MAX_SERIES = 40
 
 
 @login_required
@@ -78,19 +52,18 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
         window, status, error = DEFAULT_WINDOW, 400, str(exc)
     filters = occupancy_filter(request)
     series = occupancy_series(window, filters)
-    everything = OccupancyFilter(tenant_ids=filters.tenant_ids)
-    unfiltered = occupancy_series(window, everything) if filters != everything else series
     params = {"window": window, **filters.as_params()}
     ratios = series.hit_ratios()
-    rows = [
+    tabulated = len(series.series) <= DATA_TABLE_MAX_SERIES
+    rows = [] if not tabulated else [
         {"bucket": bucket, "values": [s.data[index] for s in series.series], "total": total,
          "hit_ratio": ratios[index], "hit_percent": None if ratios[index] is None else round(100 * ratios[index])}
         for index, (bucket, total) in enumerate(zip(series.buckets, series.totals())) if total is not None
     ]
     context = {
         "series": series, "filters": filters, "window": window,
-        "choices": filter_choices(filters, [s.key for s in unfiltered.series], request.user),
-        "windows": WINDOW_LABELS, "rows": rows, "error": error,
+        "windows": WINDOW_LABELS, "rows": rows, "tabulated": tabulated, "table_max": DATA_TABLE_MAX_SERIES,
+        "error": error,
         "quota_lines": quota_lines(filters, [s.key for s in series.series]),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }

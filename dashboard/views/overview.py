@@ -1,4 +1,6 @@
-"""Overview page: Store capacity and use, per-tenant quota gauges, nodes with drift flags, latest warnings.
+"""Overview page: Store capacity and use, per-tenant quota gauges, nodes with drift flags, latest warnings. At fleet
+size (1,000 nodes, 50 tenants) it shows counts over all of them and the ``OVERVIEW_ROWS`` needing attention most,
+linking the full, paginated lists of the registry page.
 
 A user who is not a platform admin sees the tenants they are a member of (``tenants.access``), every node's drift
 flags without its error texts, and no checklist or refused agent messages (platform admins' matters)."""
@@ -18,16 +20,15 @@ from django.shortcuts import render
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboard.checklist import run_checks
+from dashboard.checklist import CHECKS_CACHE_SECONDS, recent_checks
 from dashboard.master.room import current_pool_room
 from dashboard.models import MasterQuotaSync, NodeState
 from dashboard.rollout.push import drift
 from dashboard.rollout.upgrade import tenant_quota
 from dashboard.telemetry.agent_auth import NODE_TROUBLE, ROW_REASONS, recent_node_refusals
 from dashboard.telemetry.queries import (
-    current_occupancy,
     latest_master_quotas,
-    tenant_bytes,
+    tenant_bytes_now,
 )
 from tenants import budgets
 from tenants.access import is_platform_admin, scope, visible_tenants
@@ -176,10 +177,11 @@ def tenant_rows(user=None, pool=None) -> list[dict]:
     """Per tenant ``user`` may see (every tenant without a user): registry quota, master read-back, agent-reported
     occupancy, budgets, and its room under the master's eviction points (``room``: ``tenants.room.TenantRoom``)."""
     samples = latest_master_quotas()
-    occupancy = tenant_bytes(current_occupancy())
+    occupancy = tenant_bytes_now()
     pool = pool if pool is not None else current_pool_room()
     rows = []
     tenants = visible_tenants(user) if user is not None else Tenant.objects.all()
+    budgeted = budgets.budgeted_bytes_by_tenant(tenants)
     for tenant in tenants:
         quota = tenant_quota(tenant, samples)
         room = pool.tenants.get(tenant.tenant_id)
@@ -187,7 +189,7 @@ def tenant_rows(user=None, pool=None) -> list[dict]:
         limit = quota.limit_bytes
         rows.append({
             "tenant": tenant, "quota": quota, "occupancy_bytes": occupancy.get(tenant.tenant_id, 0),
-            "budgeted_bytes": budgets.budgeted_bytes(tenant), "room": room,
+            "budgeted_bytes": budgeted.get(tenant.pk, 0), "room": room,
             "room_advice": (room.advice("quota") or room.advice("watermark")) if room else "",
             "charged_percent": round(100 * charged / limit) if charged is not None and limit else None,
             "occupancy_percent": round(100 * occupancy.get(tenant.tenant_id, 0) / limit) if limit else None,
@@ -195,15 +197,62 @@ def tenant_rows(user=None, pool=None) -> list[dict]:
     return rows
 
 
+#: Rows of each list on the overview (nodes, tenants): those needing attention first; the full lists are paginated
+#: on the registry page.
+OVERVIEW_ROWS = 20
+#: Drift flags counted in the overview's node summary, in the order shown.
+NODE_FLAGS = ("silent", "rejected", "behind", "digest_mismatch")
+
+
+def node_attention(row: dict) -> tuple:
+    """Sort key of a ``node_rows`` row: nodes in trouble (silent, rejected, behind, digest mismatch, no agent yet,
+    not registered) first, the worst first, then by name."""
+    flags = row["drift"]
+    if flags is None:
+        return (4 if row["registered"] else 0, row["name"])
+    worst = next((rank for rank, name in enumerate(NODE_FLAGS) if flags[name]), None)
+    return (worst if worst is not None else 5, row["name"])
+
+
+def node_summary(rows: list[dict]) -> dict[str, int]:
+    """Counts over every node row: ``total``, ``in_sync``, one per ``NODE_FLAGS`` flag, ``no_agent``,
+    ``unregistered``."""
+    counts = {"total": len(rows), "in_sync": 0, "no_agent": 0, "unregistered": 0, **dict.fromkeys(NODE_FLAGS, 0)}
+    for row in rows:
+        flags = row["drift"]
+        counts["unregistered"] += not row["registered"]
+        if flags is None:
+            counts["no_agent"] += 1
+            continue
+        counts["in_sync"] += bool(flags["in_sync"])
+        for name in NODE_FLAGS:
+            counts[name] += bool(flags[name])
+    return counts
+
+
+def tenant_attention(row: dict) -> tuple:
+    """Sort key of a ``tenant_rows`` row: flagged tenants first, then the fullest (charged, else reported, share of
+    the quota), then by name."""
+    quota = row["quota"]
+    flagged = quota.over_quota or quota.admission_closed or quota.charged_above_effective or bool(row["room_advice"])
+    fullness = row["charged_percent"] if row["charged_percent"] is not None else (row["occupancy_percent"] or 0)
+    return (not flagged, -fullness, row["tenant"].tenant_id)
+
+
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
+    """The overview at any fleet size: figures aggregated over every tenant and node, the ``OVERVIEW_ROWS`` nodes
+    and tenants needing attention most, with links to the full lists, and the newest 50 warnings. The checklist's
+    flags come from a run at most ``CHECKS_CACHE_SECONDS`` old (``recent_checks``)."""
     nodes = node_rows()
     pool = current_pool_room()
     tenants = tenant_rows(request.user, pool)
     platform = is_platform_admin(request.user)
-    checks = run_checks() if platform else []
+    checks = recent_checks() if platform else []
     context = {
-        "capacity": store_capacity(), "nodes": nodes, "tenants": tenants, "checks": checks, "pool": pool,
+        "capacity": store_capacity(), "checks": checks, "checks_max_age": CHECKS_CACHE_SECONDS, "pool": pool,
+        "nodes": sorted(nodes, key=node_attention)[:OVERVIEW_ROWS], "node_summary": node_summary(nodes),
+        "tenants": sorted(tenants, key=tenant_attention)[:OVERVIEW_ROWS], "tenant_count": len(tenants),
         "reported_bytes": sum(row["occupancy_bytes"] for row in tenants),
         "warnings": collect_warnings(nodes, tenants, checks, request.user)[:50],
     }

@@ -10,6 +10,10 @@
  * below a block gone), stacked bars. The Chart instance is kept in window.kvpoolCharts[canvas.id]
  * (also reachable with Chart.getChart(canvas)); canvas.dataset.state becomes "ready" or "error".
  * A <button data-copy="ID"> copies the text of the element with that id.
+ * An <input data-names-url="..." list="ID"> gets a type-ahead: as it is typed in (or focused), its <datalist> is
+ * filled with the names the endpoint (GET /api/v1/names/<kind>/?q=&limit=) returns for the text so far, narrowed
+ * by the values of the form's inputs named in data-narrow; input.dataset.namesState becomes "ready" with the
+ * number of names in data-names-count (or "error").
  */
 (function () {
   "use strict";
@@ -240,7 +244,50 @@
     });
   });
 
+  var NAMES_LIMIT = 20;
+
+  // Fill input's <datalist> with the names starting with its text; a newer keystroke's answer wins.
+  function loadNames(input) {
+    var params = new URLSearchParams({q: input.value, limit: String(NAMES_LIMIT)});
+    (input.dataset.narrow || "").split(" ").filter(Boolean).forEach(function (name) {
+      var other = input.form && input.form.elements[name];
+      if (other && other.value) { params.set(name, other.value); }
+    });
+    var serial = (input._namesSerial || 0) + 1;
+    input._namesSerial = serial;
+    input.dataset.namesState = "loading";
+    return fetch(input.dataset.namesUrl + "?" + params.toString(),
+                 {credentials: "same-origin", headers: {"Accept": "application/json"}})
+      .then(function (response) {
+        if (!response.ok) { throw new Error("HTTP " + response.status); }
+        return response.json();
+      })
+      .then(function (payload) {
+        if (serial !== input._namesSerial) { return; }
+        var list = document.getElementById(input.getAttribute("list"));
+        list.replaceChildren.apply(list, payload.results.map(function (name) {
+          var option = document.createElement("option");
+          option.value = name;
+          return option;
+        }));
+        input.dataset.namesCount = String(payload.results.length);
+        input.dataset.namesState = "ready";
+      })
+      .catch(function () { input.dataset.namesState = "error"; });
+  }
+
+  function typeAhead(input) {
+    var timer = null;
+    function later() {
+      clearTimeout(timer);
+      timer = setTimeout(function () { loadNames(input); }, 150);
+    }
+    input.addEventListener("input", later);
+    input.addEventListener("focus", function () { loadNames(input); });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("input[data-names-url]").forEach(typeAhead);
     document.querySelectorAll("canvas[data-occupancy-url]").forEach(function (canvas) {
       loadOccupancy(canvas);
       var every = parseInt(canvas.dataset.refreshSeconds || "0", 10);
@@ -248,5 +295,5 @@
     });
   });
 
-  window.kvpool = {humanBytes: humanBytes, binaryStep: binaryStep, loadOccupancy: loadOccupancy};
+  window.kvpool = {humanBytes: humanBytes, binaryStep: binaryStep, loadOccupancy: loadOccupancy, loadNames: loadNames};
 })();

@@ -157,20 +157,26 @@ def test_unknown_window_is_a_400_naming_the_field(ui):
     assert page.status_code == 400 and b"is not one of" in page.content
 
 
-def test_filter_choices_come_from_the_registry(ui):
-    from tests.support.factories import (
-        make_group,
-        make_model,
-        make_release,
-        make_tenant,
-    )
+def test_filters_are_type_ahead_inputs_named_as_the_api(ui):
+    """At fleet size the filters are free-text inputs (no drop-down of thousands of names) keeping the API's
+    parameter names and the value in effect; each has a datalist the type-ahead endpoint fills."""
+    from tests.support.factories import make_group, make_model, make_release, make_tenant
 
     tenant = make_tenant("acme")
     make_release(make_model(tenant), "prod-a")
-    make_group(tenant, "app-a")
-    html = ui.get(reverse("ui:occupancy"), {"tenant_id": "acme"}).content.decode()
-    for value in ("acme", "qwen3-8b", "prod-a", "app-a"):
-        assert f'<option value="{value}"' in html
+    for index in range(30):
+        make_group(tenant, f"app-{index:02d}")
+    html = ui.get(reverse("ui:occupancy"), {"tenant_id": "acme", "namespace": "prod-a"}).content.decode()
+    assert "<select id=\"f-tenant\"" not in html and "app-07" not in html  # no name list in the page
+    assert 'name="tenant_id" value="acme"' in html and 'name="namespace" value="prod-a"' in html
+    for kind, narrow in (("tenants", None), ("served-models", "tenant_id"), ("namespaces",
+                                                                            "tenant_id served_model_name"),
+                         ("request-groups", "tenant_id")):
+        assert f'data-names-url="/api/v1/names/{kind}/"' in html
+        if narrow:
+            assert f'data-names-url="/api/v1/names/{kind}/" data-narrow="{narrow}"' in html
+    assert ui.get("/api/v1/names/request-groups/", {"q": "app-0"}).json()["results"] == [
+        f"app-{index:02d}" for index in range(10)]
 
 
 def test_orphaned_bytes_are_the_newest_per_node_and_group_summed_and_shown(ui):
@@ -207,7 +213,7 @@ def test_page_and_chart_data_take_the_apis_filter_names(ui, api):
         ("acme/qwen3-8b/production-2026-07", 1 << 20)]
     html = ui.get(reverse("ui:occupancy"), {"window": "15m", **params}).content.decode()
     for name, value in params.items():
-        assert f'name="{name}"' in html and f'<option value="{value}" selected>' in html
+        assert f'name="{name}" value="{value}"' in html
     assert 'data-bytes="1024"' not in html and f'data-bytes="{1 << 20}"' in html
 
 
