@@ -251,9 +251,10 @@ def store_reports(reports: Sequence[tuple[Report, Sequence[Any]]], now: datetime
         rows_kept = 0
         names: set[tuple[str, str, str]] = set()
         for row in rows:
+            values = astuple(row)  # the ScopeRow's fields; the first four are its cache scope
             # a CacheScope is a NamedTuple: the plain tuple hashes and compares the same, without building one
-            if (row.tenant_id, row.served_model_name, row.namespace, row.request_group) in scopes:
-                samples.append(head + astuple(row) + (row.bytes, 1))
+            if values[:4] in scopes:
+                samples.append(head + values + (row.bytes, 1))
                 rows_kept += 1
             elif document.could_be_unregistered(row.scope):
                 triple = (row.tenant_id, row.served_model_name, row.namespace)
