@@ -32,6 +32,7 @@ batches of many nodes at once (see ``dashboard.telemetry.drain``) cannot deadloc
 """
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.db import connection, transaction
 from django.utils import timezone
 from msgspec.structs import astuple
@@ -97,8 +99,21 @@ class IngestResult:
 def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestResult:
     """Verify, validate and store a batch of agent messages (dicts as decoded from JSON); see the module
     docstring. ``now`` (default: the current time) is what the replay window and the receipt horizon are
-    measured from, and the receipts' ``received_at``."""
-    now = now or timezone.now()
+    measured from, and the receipts' ``received_at``.
+
+    The cyclic garbage collector is paused meanwhile: a batch allocates a few objects per report row, all alive
+    until it returns, so the collector's passes over them (every 700 allocations) would find nothing; it runs
+    again, as before, when the batch is done."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _ingest(messages, now or timezone.now())
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _ingest(messages: Iterable[Any], now: datetime) -> IngestResult:
     messages = list(messages)
     result = IngestResult()
     tally = Tally("ingest", log)
@@ -152,16 +167,21 @@ _RECEIPT_COLUMNS = ("node_name", "sequence", "sent_at", "started_at", "applied_v
                     "unknown_topic_messages", "unknown_topic_blocks")
 
 
-#: PostgreSQL array types of ``_RECEIPT_COLUMNS`` (``_insert_receipts``: one ``unnest`` per batch).
-_RECEIPT_ARRAYS = ("varchar[]", "bigint[]", "timestamptz[]", "timestamptz[]", "bigint[]", "timestamptz[]", "bigint[]",
-                   "bigint[]")
+#: Position of ``received_at`` in ``_RECEIPT_COLUMNS`` (the same for every row of a batch: sent as one value).
+_RECEIVED_AT = _RECEIPT_COLUMNS.index("received_at")
+#: The receipt columns read from one JSON array per row (``_RECEIPT_COLUMNS`` without ``received_at``): psycopg
+#: quotes one text parameter in C, where 7 array parameters are quoted element by element in Python.
+_RECEIPT_FROM_JSON = ("e->>0, (e->>1)::bigint, (e->>2)::timestamptz, (e->>3)::timestamptz, (e->>4)::bigint, %s, "
+                      "(e->>5)::bigint, (e->>6)::bigint")
 
 
 def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
-    """Insert receipt rows, returning the ``(node_name, sequence)`` pairs that were new.
+    """Insert receipt rows (one ``received_at`` for all), returning the ``(node_name, sequence)`` pairs that were
+    new.
 
-    PostgreSQL: one ``INSERT ... SELECT FROM unnest(<one array per column>)`` (eight parameters whatever the batch
-    size); elsewhere one multi-row ``VALUES`` per ``RECEIPT_CHUNK`` rows.
+    PostgreSQL: one ``INSERT ... SELECT FROM jsonb_array_elements(<the rows as one JSON text>)`` (two parameters
+    whatever the batch size: one statement text, parsed once); elsewhere one multi-row ``VALUES`` per
+    ``RECEIPT_CHUNK`` rows.
     """
     table = connection.ops.quote_name(ReportReceipt._meta.db_table)
     columns = _RECEIPT_COLUMNS
@@ -170,12 +190,15 @@ def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
     if not rows:
         return inserted
     if connection.vendor == "postgresql":
-        arrays = ", ".join(f"%s::{kind}" for kind in _RECEIPT_ARRAYS)
+        received_at = {row[_RECEIVED_AT] for row in rows}
+        assert len(received_at) == 1, "one batch, one received_at"
+        rows_json = msgspec.json.encode([row[:_RECEIVED_AT] + row[_RECEIVED_AT + 1:] for row in rows]).decode()
         with connection.cursor() as cursor:
             cursor.execute(
-                f"INSERT INTO {table} ({column_sql}) SELECT * FROM unnest({arrays}) "
+                f"INSERT INTO {table} ({column_sql}) SELECT {_RECEIPT_FROM_JSON} "
+                f"FROM jsonb_array_elements(%s::jsonb) AS e "
                 f"ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
-                [list(column) for column in zip(*rows)],
+                [received_at.pop(), rows_json],
             )
             inserted.update((name, int(sequence)) for name, sequence in cursor.fetchall())
         return inserted
@@ -199,6 +222,8 @@ def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
 #: Columns of a raw sample row: the level, the report's time and node, a ``ScopeRow``'s fields in their order
 #: (``msgspec.structs.astuple``), then ``max_bytes`` (a raw row's ``bytes``) and ``samples`` (1).
 _SAMPLE_COLUMNS = ("level", "ts", "node_name", *(f.name for f in struct_fields(ScopeRow)), "max_bytes", "samples")
+#: Index of ``bytes`` in a ``ScopeRow``'s tuple (a raw row's ``max_bytes`` is its ``bytes``).
+_BYTES = [f.name for f in struct_fields(ScopeRow)].index("bytes")
 
 
 def _insert_samples(rows: list[tuple]) -> None:
@@ -248,15 +273,15 @@ def store_reports(reports: Sequence[tuple[Report, Sequence[Any]]], now: datetime
         document = documents[(report.node, report.applied_version)]
         scopes, identities = document.scopes, document.instances
         head = (raw, report.sent_at, report.node)
-        rows_kept = 0
+        # each ScopeRow's fields as a tuple, the first four its cache scope: a CacheScope is a NamedTuple, so the
+        # plain tuple hashes and compares the same (list comprehensions: the per-row work of a fleet's batch)
+        values = list(map(astuple, rows))
+        inside = [row for row in values if row[:4] in scopes]
+        samples.extend([head + row + (row[_BYTES], 1) for row in inside])
+        rows_kept = len(inside)
         names: set[tuple[str, str, str]] = set()
-        for row in rows:
-            values = astuple(row)  # the ScopeRow's fields; the first four are its cache scope
-            # a CacheScope is a NamedTuple: the plain tuple hashes and compares the same, without building one
-            if values[:4] in scopes:
-                samples.append(head + values + (row.bytes, 1))
-                rows_kept += 1
-            elif document.could_be_unregistered(row.scope):
+        for row, fields in zip(rows, values) if rows_kept < len(rows) else ():
+            if fields[:4] not in scopes and document.could_be_unregistered(row.scope):
                 triple = (row.tenant_id, row.served_model_name, row.namespace)
                 if triple in names or len(names) < UNREGISTERED_PER_REPORT:
                     names.add(triple)
@@ -271,7 +296,8 @@ def store_reports(reports: Sequence[tuple[Report, Sequence[Any]]], now: datetime
         unregistered = unregistered_namespaces({triple for _, triple, _ in outside})
         for report, triple, row in outside:
             if triple in unregistered:
-                samples.append((raw, report.sent_at, report.node) + astuple(row) + (row.bytes, 1))
+                fields = astuple(row)
+                samples.append((raw, report.sent_at, report.node) + fields + (fields[_BYTES], 1))
                 rows_kept, instances_kept = kept[(report.node, report.sequence)]
                 kept[(report.node, report.sequence)] = (rows_kept + 1, instances_kept)
     for report, rows in fresh:
