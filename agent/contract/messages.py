@@ -765,7 +765,7 @@ def _struct_of(model: type[BaseModel], name: str, base: type[msgspec.Struct]) ->
     for field_name, info in model.model_fields.items():
         if info.annotation not in (str, int) or info.alias or info.default_factory is not None:
             raise TypeError(f"{model.__name__}.{field_name}: only plain str/int fields map to a Struct")
-        bounds: dict[str, int] = {}
+        bounds: dict[str, Any] = {}
         for item in info.metadata:
             if isinstance(item, annotated_types.MinLen):
                 bounds["min_length"] = item.min_length
