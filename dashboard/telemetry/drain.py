@@ -226,11 +226,13 @@ def _held(channel, tags: list[str]) -> Iterator[None]:
     every = max(settings.KVPOOL_INGEST_REDELIVER_SECONDS / 3, 0.2)
 
     def refresh() -> None:
-        while not done.wait(every):
+        while True:  # at once (taking a long backlog may have aged the first ones), then every ``every`` s
             try:
                 client.zadd(index_key, dict.fromkeys(tags, time.time()), xx=True)
             except Exception as exc:  # the broker is away: the entries age; redelivery would be harmless
                 log.debug("ingest drain: refreshing held tasks failed: %s", exc)
+            if done.wait(every):
+                return
 
     thread = threading.Thread(target=refresh, name="ingest-held", daemon=True)
     thread.start()

@@ -1,4 +1,5 @@
-"""Two dashboard ingest workers on real Redis and the test database; one is SIGKILLed mid-batch.
+"""Two dashboard ingest workers on real Redis and the test database: the first is SIGKILLed mid-batch, the second
+(started after it died, so what it stores can only have come back through redelivery) stores the rest.
 
 Every report must be stored exactly once: the tasks the dead worker held unacknowledged (the one it ran —
 ``acks_late`` —, the one prefetched and the ones ``dashboard.telemetry.drain`` took) come back through
@@ -30,14 +31,10 @@ def _stored() -> int:
     return Report.objects.count()
 
 
-def _storing(redis) -> bool:
-    """Whether a batch is past taking its tasks and is being stored: more than one task held unacknowledged, as
-    many 0.3 s later. (Killed while it pops a task from Redis — ``RPOP``, before kombu indexes it as
-    unacknowledged — a worker loses that task: kombu's Redis transport has that window of a few milliseconds
-    while a batch is taken; the test kills after it.)"""
-    held = redis.hlen("unacked")
-    time.sleep(0.3)
-    return held > 1 and redis.hlen("unacked") == held
+#: Seconds after a batch commits before the worker is killed: it has taken the next batch's tasks from Redis by
+#: then and is storing them. (Killed while it pops a task — ``RPOP``, before kombu indexes it as unacknowledged — a
+#: worker loses that task: kombu's Redis transport has that window of a few milliseconds while a batch is taken.)
+INTO_NEXT_BATCH_S = 1.0
 
 
 def _ingest_worker(name: str, broker_url: str, tmp_path) -> Worker:
@@ -57,31 +54,30 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_no_report(dashboard_brok
     from dashboard.celery import app
 
     reports = make_reports(REPORTS, SCOPES, nodes=NODES)
+    with app.producer_or_acquire() as producer:  # the backlog first: the doomed worker meets it whole
+        for report in reports:  # one task per report, as each agent sends its own
+            app.send_task("dashboard.ingest", args=[[report]], queue="dashboard.ingest", producer=producer)
     doomed = _ingest_worker("doomed", dashboard_broker.url, tmp_path)
-    survivor = _ingest_worker("survivor", dashboard_broker.url, tmp_path)
+    survivor = None
     try:
         doomed.wait_ready()
-        survivor.wait_ready()
-        os.killpg(survivor.proc.pid, signal.SIGSTOP)  # the doomed worker takes the backlog alone until it dies
-        try:
-            with app.producer_or_acquire() as producer:
-                for report in reports:  # one task per report, as each agent sends its own
-                    app.send_task("dashboard.ingest", args=[[report]], queue="dashboard.ingest", producer=producer)
-            redis = dashboard_broker.client()
-            wait_for(lambda: _storing(redis), 240, "a batch to be taken and being stored", interval=0)
-            os.killpg(doomed.proc.pid, signal.SIGKILL)  # the worker and its pool process, holding taken tasks
-            doomed.proc.wait(timeout=30)
-            assert _stored() < REPORTS, "the worker finished before it was killed: nothing was mid-batch"
-        finally:
-            os.killpg(survivor.proc.pid, signal.SIGCONT)
+        redis = dashboard_broker.client()
+        wait_for(lambda: _stored() > 0, 240, "the first batch to be stored", interval=0.05)
+        time.sleep(INTO_NEXT_BATCH_S)
+        os.killpg(doomed.proc.pid, signal.SIGKILL)  # the worker and its pool process, holding taken tasks
+        doomed.proc.wait(timeout=30)
+        assert _stored() < REPORTS, "the worker finished before it was killed: nothing was mid-batch"
+        assert redis.hlen("unacked") > 0, "the killed worker held no task"
 
+        survivor = _ingest_worker("survivor", dashboard_broker.url, tmp_path)
         wait_for(lambda: _stored() == REPORTS, 400, f"all {REPORTS} reports stored", interval=0.5)
         wait_for(lambda: redis.hlen("unacked") == 0 and redis.llen("dashboard.ingest") == 0, 120,
                  "every task acknowledged", interval=0.5)
         assert "put back" in survivor.log(), "the dead worker's tasks were not redelivered by the survivor"
     finally:
         for worker in (survivor, doomed):
-            worker.stop()
+            if worker is not None:
+                worker.stop()
 
     assert OccupancySample.objects.count() == REPORTS * SCOPES
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
