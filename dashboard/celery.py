@@ -7,7 +7,8 @@ Run the workers with the Django settings:
 Queues: ``dashboard.ingest`` (agents' acks, reports, heartbeats — task ``dashboard.ingest`` — and purge results),
 ``dashboard.control`` (everything else the dashboard runs; agents cannot write it). On ``dashboard.ingest`` the
 worker runs only the agents' tasks (``dashboard.task_queues``). Config documents go out to ``agent.<node>``.
-Configuration comes from ``CELERY_*`` settings in ``dashboard/settings.py``.
+Configuration comes from ``CELERY_*`` settings in ``dashboard/settings.py``. JSON task bodies are decoded by
+``dashboard.broker_json`` (msgspec where it returns what kombu would).
 
 Database connections: Celery's Django fixup closes every database connection before and after each task
 unless ``CELERY_DB_REUSE_MAX`` is set, which makes each task open a new PostgreSQL connection (a backend
@@ -22,6 +23,7 @@ import os
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
+from dashboard import broker_json
 from dashboard.env import load_settings_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
@@ -30,6 +32,8 @@ load_settings_or_exit()  # unusable settings: one line "Error: improperly config
 app = Celery("dashboard", task_cls="dashboard.task_queues:QueueCheckedTask")  # agents' queue runs agents' tasks
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["dashboard"])
+broker_json.use_for_json()  # task bodies decoded by msgspec where it reads them as kombu does (ingest batches)
+app.steps["worker"].add("dashboard.telemetry.redeliver:RestoreStaleIngest")  # a dead worker's ingest tasks
 
 #: Tasks per worker thread after which Celery's Django fixup closes its connections anyway.
 DB_REUSE_MAX_TASKS = 1000

@@ -226,6 +226,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 3,
     "visibility_timeout": env_int("KVPOOL_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1),
 }
+# An ingest task a dead worker held unacknowledged is put back in dashboard.ingest after this many seconds (checked
+# every ..._CHECK_SECONDS by each ingest worker), instead of after visibility_timeout: dashboard.telemetry.redeliver.
+KVPOOL_INGEST_REDELIVER_SECONDS = env_int("KVPOOL_INGEST_REDELIVER_SECONDS", 15, minimum=1)
+KVPOOL_INGEST_REDELIVER_CHECK_SECONDS = env_int("KVPOOL_INGEST_REDELIVER_CHECK_SECONDS", 2, minimum=1)
 # Periodic tasks (run `celery -A dashboard.celery beat`); periods in seconds.
 CELERY_BEAT_SCHEDULE = {
     "reconcile-configs": {"task": "dashboard.reconcile_configs",

@@ -26,9 +26,14 @@ log = logging.getLogger("kvpool.dashboard.tasks")
 INGEST_DB_RETRIES = 64
 
 
-@app.task(name="dashboard.ingest", ignore_result=True, bind=True, max_retries=INGEST_DB_RETRIES)
+@app.task(name="dashboard.ingest", ignore_result=True, bind=True, max_retries=INGEST_DB_RETRIES, acks_late=True,
+          reject_on_worker_lost=True)
 def ingest(self, messages: list[dict[str, Any]]) -> dict[str, int]:
     """Verify and store a batch of agent messages (acks, reports, heartbeats); see ``dashboard.ingest``.
+
+    Acknowledged after it ran (``acks_late``), so a worker that dies mid-batch loses nothing: a pool process
+    killed under a live worker has its task put back at once (``reject_on_worker_lost``), a dead worker's tasks
+    come back after ``KVPOOL_INGEST_REDELIVER_SECONDS`` (``dashboard.telemetry.redeliver``).
 
     Each message must be signed by the node it names and fresh (``dashboard.telemetry.agent_auth``); a refused one is
     logged, counted per reason (``kvpool_agent_messages_rejected_total``) and not stored.
@@ -65,7 +70,9 @@ def _ingest(self: Any, messages: Any) -> dict[str, int]:
         return {**run(messages).as_dict(), "tasks": 1}
     from dashboard.telemetry.drain import ingest_queued
 
-    result, taken = ingest_queued(app, messages, own_id=self.request.id or "")
+    properties = getattr(self.request, "properties", None) or {}  # the broker's delivery tag (Redis: a uuid)
+    result, taken = ingest_queued(app, messages, own_id=self.request.id or "",
+                                  own_tag=str(properties.get("delivery_tag") or ""))
     return {**result.as_dict(), "tasks": 1 + taken}
 
 

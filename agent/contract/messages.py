@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
 
+import annotated_types
+import msgspec
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -753,6 +755,61 @@ def parse_ingest(raw: Any) -> Ack | Report | Heartbeat:
         return _INGEST.validate_python(raw)
     except ValidationError as exc:
         raise MessageError(_describe(exc)) from None
+
+
+def _struct_of(model: type[BaseModel], name: str, base: type[msgspec.Struct]) -> type[msgspec.Struct]:
+    """A frozen msgspec Struct with the fields of ``model`` (same names, order, defaults, ``min_length`` / ``ge``
+    bounds; unknown fields refused) and the methods of ``base``, for models of ``str`` and ``int`` fields only
+    (raises ``TypeError`` for another field type or constraint, so a new field cannot slip past it)."""
+    fields: list[tuple[str, Any, Any] | tuple[str, Any]] = []
+    for field_name, info in model.model_fields.items():
+        if info.annotation not in (str, int) or info.alias or info.default_factory is not None:
+            raise TypeError(f"{model.__name__}.{field_name}: only plain str/int fields map to a Struct")
+        bounds: dict[str, Any] = {}
+        for item in info.metadata:
+            if isinstance(item, annotated_types.MinLen):
+                bounds["min_length"] = item.min_length
+            elif isinstance(item, annotated_types.Ge) and isinstance(item.ge, int):
+                bounds["ge"] = item.ge
+            else:
+                raise TypeError(f"{model.__name__}.{field_name}: constraint {item!r} has no Struct equivalent")
+        kind = Annotated[info.annotation, msgspec.Meta(**bounds)] if bounds else info.annotation
+        fields.append((field_name, kind) if info.is_required() else (field_name, kind, info.default))
+    return msgspec.defstruct(name, fields, bases=(base,), frozen=True, forbid_unknown_fields=True)
+
+
+class _ScopeRowMethods(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What ``ScopeRow`` shares with ``ScopeOccupancy`` besides its fields."""
+
+    @property
+    def scope(self) -> CacheScope:
+        """The row's identity."""
+        return CacheScope(self.tenant_id, self.served_model_name, self.namespace,  # type: ignore[attr-defined]
+                          self.request_group)  # type: ignore[attr-defined]
+
+
+#: ``ScopeOccupancy``'s schema as a msgspec Struct (built from its fields): a report's rows validated about ten
+#: times faster than as pydantic models, for the dashboard's ingest (``parse_report_rows``). Same attribute names.
+ScopeRow = _struct_of(ScopeOccupancy, "ScopeRow", _ScopeRowMethods)
+_SCOPE_ROWS = list[ScopeRow]  # type: ignore[valid-type]
+
+
+def parse_report_rows(raw: Any) -> tuple[Ack | Report | Heartbeat, list[Any] | None]:
+    """``parse_ingest(raw)``, with a report's rows apart: ``(report without its rows, rows as ScopeRow)``; other
+    messages: ``(message, None)``. Accepts and refuses exactly what ``parse_ingest`` does (``MessageError``
+    naming the field): the rows are first checked strictly by msgspec (exact types: a JSON integer, a JSON
+    string), and when that refuses them the whole message is validated by pydantic, which names the field at
+    fault or accepts what its lax mode converts (an integral float, a numeric string)."""
+    if not (isinstance(raw, dict) and raw.get("kind") == "report" and isinstance(raw.get("scopes"), list)):
+        message = parse_ingest(raw)
+        return message, None
+    try:
+        rows = msgspec.convert(raw["scopes"], _SCOPE_ROWS, strict=True)
+    except msgspec.ValidationError:
+        report = parse_ingest(raw)  # raises MessageError naming the row and field, unless lax mode accepts it
+        assert isinstance(report, Report)
+        return report.model_copy(update={"scopes": []}), [ScopeRow(**row.model_dump()) for row in report.scopes]
+    return parse_ingest({**raw, "scopes": []}), rows
 
 
 def parse_document(raw: Any) -> ConfigDocument:

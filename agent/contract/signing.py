@@ -32,6 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 SIGNATURE_FIELD = "signature"
 #: Member of agent → dashboard messages: when the agent signed (= sent) the message, UTC ISO-8601 with "Z".
 SIGNED_AT_FIELD = "signed_at"
@@ -109,20 +111,52 @@ def signed_bytes(document: Mapping[str, Any], secret: str | bytes) -> bytes:
     return b"%s,\"%s\":\"%s\"}" % (payload[:-1], SIGNATURE_FIELD.encode("ascii"), signature.encode("ascii"))
 
 
+_SORTED_JSON = msgspec.json.Encoder(order="sorted")
+
+
+def _fast_canonical(document: Mapping[str, Any]) -> bytes | None:
+    """``canonical_bytes(document)`` encoded by msgspec (about 10x faster than ``json``), or None where its
+    bytes could stand for another document than the canonical encoding does.
+
+    msgspec writes the same bytes as ``canonical_bytes`` (keys sorted by code point, compact, UTF-8, the same
+    string escapes, integers of any size) except for floats: an exponent is written ``1e16`` rather than
+    ``1e+16`` (other bytes, so a signature made over the canonical bytes simply does not match them), and NaN /
+    Infinity become ``null`` (where ``canonical_bytes`` refuses them): a document whose bytes hold ``null`` is
+    therefore not taken from here. Encoding errors (a lone surrogate, a type JSON cannot hold) give None too.
+    """
+    try:
+        payload = _SORTED_JSON.encode({key: value for key, value in document.items() if key != SIGNATURE_FIELD})
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if b"null" in payload else payload
+
+
 def verify(document: Mapping[str, Any], secret: str | bytes) -> None:
     """Check the ``signature`` member of ``document`` in constant time.
 
     Raises ``SignatureError`` with reason ``unsigned`` when the member is missing or empty, and
     ``bad_signature`` when it does not match (a tampered document or a different secret).
+
+    Accepts exactly the documents whose signature is the HMAC of ``canonical_bytes``: the bytes are first
+    encoded by msgspec (``_fast_canonical``; a match there means the signed bytes decode to this very document,
+    so its canonical bytes are the same), and only when that does not match, or cannot be trusted, by ``json``.
     """
     signature = document.get(SIGNATURE_FIELD)
     if not isinstance(signature, str) or not signature:
         raise SignatureError("unsigned", "document carries no signature")
     try:
-        expected = sign(document, secret)
+        key = _key(secret)
+    except ValueError as exc:
+        raise SignatureError("bad_signature", f"document cannot be canonically encoded: {exc}") from None
+    given = signature.lower()
+    fast = _fast_canonical(document)
+    if fast is not None and hmac.compare_digest(hmac.new(key, fast, hashlib.sha256).hexdigest(), given):
+        return
+    try:
+        payload = canonical_bytes(document)
     except (TypeError, ValueError) as exc:
         raise SignatureError("bad_signature", f"document cannot be canonically encoded: {exc}") from None
-    if not hmac.compare_digest(expected, signature.lower()):
+    if payload == fast or not hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).hexdigest(), given):
         raise SignatureError("bad_signature", "signature does not match the document (tampered or wrong secret)")
 
 

@@ -30,9 +30,14 @@ acknowledgement failed is delivered again after the visibility timeout (storing 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu import Queue
 
@@ -204,12 +209,47 @@ def store_batch(own: list[Any], taken: list[Taken], own_id: str = "") -> IngestR
             _settle(item.message, requeue=True)
 
 
-def ingest_queued(app, own: list[Any], *, own_id: str = "") -> tuple[IngestResult, int]:
+@contextmanager
+def _held(channel, tags: list[str]) -> Iterator[None]:
+    """While the batch is stored, mark its tasks as held by a live worker: every third of
+    ``KVPOOL_INGEST_REDELIVER_SECONDS`` their entries in kombu's unacked index (Redis) are moved to the current
+    time (``ZADD XX``: an acknowledged one is not brought back), so ``dashboard.telemetry.redeliver`` puts back
+    only the tasks of a worker that died, never those of a long batch. A thread; broker errors are ignored
+    (the entry then ages as without this)."""
+    index_key = getattr(channel, "unacked_index_key", None)
+    client = getattr(channel, "client", None)
+    tags = [tag for tag in tags if tag]
+    if index_key is None or client is None or not tags:
+        yield
+        return
+    done = threading.Event()
+    every = max(settings.KVPOOL_INGEST_REDELIVER_SECONDS / 3, 0.2)
+
+    def refresh() -> None:
+        while True:  # at once (taking a long backlog may have aged the first ones), then every ``every`` s
+            try:
+                client.zadd(index_key, dict.fromkeys(tags, time.time()), xx=True)
+            except Exception as exc:  # the broker is away: the entries age; redelivery would be harmless
+                log.debug("ingest drain: refreshing held tasks failed: %s", exc)
+            if done.wait(every):
+                return
+
+    thread = threading.Thread(target=refresh, name="ingest-held", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def ingest_queued(app, own: list[Any], *, own_id: str = "", own_tag: str = "") -> tuple[IngestResult, int]:
     """Store ``own`` together with what waits on ``dashboard.ingest`` (see the module docstring).
 
     ``app`` is the dashboard's Celery app (its broker connection pool and accepted content types are used).
     Returns the combined ``IngestResult`` (malformed queued tasks are counted as ``invalid``) and how many
-    queued tasks were taken besides ``own``.
+    queued tasks were taken besides ``own``. ``own_tag`` (the running task's delivery tag) is kept marked as held
+    with the taken ones while the batch is stored (``_held``).
     """
     taken: list[Taken] = []
     dropped = 0
@@ -222,7 +262,10 @@ def ingest_queued(app, own: list[Any], *, own_id: str = "") -> tuple[IngestResul
             channel = None
         if channel is not None:
             taken, dropped = take_queued(channel, accept=app.conf.accept_content)
-        result = store_batch(own, taken, own_id)
+            with _held(channel, [own_tag] + [str(item.message.delivery_tag or "") for item in taken]):
+                result = store_batch(own, taken, own_id)
+        else:
+            result = store_batch(own, taken, own_id)
     if dropped:
         count_refused("invalid", "malformed dashboard.ingest task", n=dropped)
         result.rejected["invalid"] = result.rejected.get("invalid", 0) + dropped

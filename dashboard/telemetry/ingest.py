@@ -32,6 +32,7 @@ batches of many nodes at once (see ``dashboard.telemetry.drain``) cannot deadloc
 """
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -39,10 +40,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from django.db import connection, transaction
 from django.utils import timezone
+from msgspec.structs import astuple
+from msgspec.structs import fields as struct_fields
 
-from agent.contract.messages import Ack, Heartbeat, MessageError, Report, parse_ingest
+from agent.contract.messages import Ack, Heartbeat, MessageError, Report, ScopeRow, parse_report_rows
 from agent.contract.messages import InstanceStats as InstanceFacts
 from dashboard.models import ConfigAck, InstanceStats, NodeState, OccupancySample
 from dashboard.models import Report as ReportReceipt
@@ -95,20 +99,33 @@ class IngestResult:
 def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestResult:
     """Verify, validate and store a batch of agent messages (dicts as decoded from JSON); see the module
     docstring. ``now`` (default: the current time) is what the replay window and the receipt horizon are
-    measured from, and the receipts' ``received_at``."""
-    now = now or timezone.now()
+    measured from, and the receipts' ``received_at``.
+
+    The cyclic garbage collector is paused meanwhile: a batch allocates a few objects per report row, all alive
+    until it returns, so the collector's passes over them (every 700 allocations) would find nothing; it runs
+    again, as before, when the batch is done."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _ingest(messages, now or timezone.now())
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _ingest(messages: Iterable[Any], now: datetime) -> IngestResult:
     messages = list(messages)
     result = IngestResult()
     tally = Tally("ingest", log)
     keys = NodeKeys.for_messages(messages)
-    reports: list[Report] = []
+    reports: list[tuple[Report, list[Any]]] = []  # (report without its rows, rows as ScopeRow)
     acks: list[Ack] = []
     heartbeats: list[Heartbeat] = []
     for raw in messages:
         try:
             check(raw, keys, now)
             try:
-                message = parse_ingest(compat.upgrade(raw))
+                message, rows = parse_report_rows(compat.upgrade(raw))
             except MessageError as exc:
                 raise Refused("invalid", str(exc)) from None
             if isinstance(message, (Ack, Report)):
@@ -120,7 +137,7 @@ def ingest(messages: Iterable[Any], *, now: datetime | None = None) -> IngestRes
             result.errors.append(f"{exc.reason}: {exc}")
             continue
         if isinstance(message, Report):
-            reports.append(message)
+            reports.append((message, rows or []))
         elif isinstance(message, Ack):
             acks.append(message)
         else:
@@ -150,12 +167,41 @@ _RECEIPT_COLUMNS = ("node_name", "sequence", "sent_at", "started_at", "applied_v
                     "unknown_topic_messages", "unknown_topic_blocks")
 
 
+#: Position of ``received_at`` in ``_RECEIPT_COLUMNS`` (the same for every row of a batch: sent as one value).
+_RECEIVED_AT = _RECEIPT_COLUMNS.index("received_at")
+#: The receipt columns read from one JSON array per row (``_RECEIPT_COLUMNS`` without ``received_at``): psycopg
+#: quotes one text parameter in C, where 7 array parameters are quoted element by element in Python.
+_RECEIPT_FROM_JSON = ("e->>0, (e->>1)::bigint, (e->>2)::timestamptz, (e->>3)::timestamptz, (e->>4)::bigint, %s, "
+                      "(e->>5)::bigint, (e->>6)::bigint")
+
+
 def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
-    """Insert receipt rows, returning the ``(node_name, sequence)`` pairs that were new."""
+    """Insert receipt rows (one ``received_at`` for all), returning the ``(node_name, sequence)`` pairs that were
+    new.
+
+    PostgreSQL: one ``INSERT ... SELECT FROM jsonb_array_elements(<the rows as one JSON text>)`` (two parameters
+    whatever the batch size: one statement text, parsed once); elsewhere one multi-row ``VALUES`` per
+    ``RECEIPT_CHUNK`` rows.
+    """
     table = connection.ops.quote_name(ReportReceipt._meta.db_table)
     columns = _RECEIPT_COLUMNS
     column_sql = ", ".join(connection.ops.quote_name(name) for name in columns)
     inserted: set[tuple[str, int]] = set()
+    if not rows:
+        return inserted
+    if connection.vendor == "postgresql":
+        received_at = {row[_RECEIVED_AT] for row in rows}
+        assert len(received_at) == 1, "one batch, one received_at"
+        rows_json = msgspec.json.encode([row[:_RECEIVED_AT] + row[_RECEIVED_AT + 1:] for row in rows]).decode()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({column_sql}) SELECT {_RECEIPT_FROM_JSON} "
+                f"FROM jsonb_array_elements(%s::jsonb) AS e "
+                f"ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
+                [received_at.pop(), rows_json],
+            )
+            inserted.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+        return inserted
     fields = [ReportReceipt._meta.get_field(name) for name in columns]
     with connection.cursor() as cursor:
         for start in range(0, len(rows), RECEIPT_CHUNK):
@@ -173,10 +219,11 @@ def _insert_receipts(rows: Sequence[tuple]) -> set[tuple[str, int]]:
     return inserted
 
 
-_SAMPLE_COLUMNS = ("level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group",
-                   "blocks", "bytes", "max_bytes", "orphaned_bytes", "in_flight_requests", "puts", "gets",
-                   "hit_blocks", "miss_blocks", "evicted_blocks", "store_evicted_blocks", "budget_evicted_blocks",
-                   "orphan_removed_blocks", "samples")
+#: Columns of a raw sample row: the level, the report's time and node, a ``ScopeRow``'s fields in their order
+#: (``msgspec.structs.astuple``), then ``max_bytes`` (a raw row's ``bytes``) and ``samples`` (1).
+_SAMPLE_COLUMNS = ("level", "ts", "node_name", *(f.name for f in struct_fields(ScopeRow)), "max_bytes", "samples")
+#: Index of ``bytes`` in a ``ScopeRow``'s tuple (a raw row's ``max_bytes`` is its ``bytes``).
+_BYTES = [f.name for f in struct_fields(ScopeRow)].index("bytes")
 
 
 def _insert_samples(rows: list[tuple]) -> None:
@@ -198,20 +245,23 @@ def _insert_samples(rows: list[tuple]) -> None:
         [OccupancySample(**dict(zip(_SAMPLE_COLUMNS, row))) for row in rows], batch_size=SAMPLE_BATCH)
 
 
-def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult, tally: Tally) -> None:
+def store_reports(reports: Sequence[tuple[Report, Sequence[Any]]], now: datetime, result: IngestResult,
+                  tally: Tally) -> None:
     """Store receipts, and the rows the node's applied document carries, of reports not seen before; must run
-    inside a transaction. Rows refused are counted in ``result`` and ``tally`` and logged once per node."""
-    unique: dict[tuple[str, int], Report] = {}
-    for report in reports:
-        unique.setdefault((report.node, report.sequence), report)
-    rows = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now, r.unknown_topic_messages,
-             r.unknown_topic_blocks) for r in unique.values()]
-    new_keys = _insert_receipts(rows)
+    inside a transaction. ``reports``: ``(report, its occupancy rows)`` as ``parse_report_rows`` returns them
+    (``ScopeRow``; ``report.scopes`` is not read). Rows refused are counted in ``result`` and ``tally`` and logged
+    once per node."""
+    unique: dict[tuple[str, int], tuple[Report, Sequence[Any]]] = {}
+    for item in reports:
+        unique.setdefault((item[0].node, item[0].sequence), item)
+    receipts = [(r.node, r.sequence, r.sent_at, r.started_at, r.applied_version, now, r.unknown_topic_messages,
+                 r.unknown_topic_blocks) for r, _ in unique.values()]
+    new_keys = _insert_receipts(receipts)
     result.duplicate_reports += len(reports) - len(new_keys)
-    result.duplicate_nodes.update(r.node for r in reports)
+    result.duplicate_nodes.update(r.node for r, _ in reports)
     result.duplicate_nodes.subtract(node for node, _ in new_keys)
     fresh = [unique[key] for key in sorted(new_keys)]
-    documents = applied_scopes((report.node, report.applied_version) for report in fresh)
+    documents = applied_scopes((report.node, report.applied_version) for report, _ in fresh)
     raw = OccupancySample.Level.RAW
     samples = []
     facts: list[tuple[Report, list[InstanceFacts]]] = []
@@ -219,16 +269,19 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
     kept: dict[tuple[str, int], tuple[int, int]] = {}  # (node, sequence) -> occupancy rows, instance rows kept
     # rows outside the document that an unregistered namespace may explain: decided after one registry query
     outside: list[tuple[Report, tuple[str, str, str], Any]] = []
-    for report in fresh:
+    for report, rows in fresh:
         document = documents[(report.node, report.applied_version)]
         scopes, identities = document.scopes, document.instances
-        rows_kept = 0
+        head = (raw, report.sent_at, report.node)
+        # each ScopeRow's fields as a tuple, the first four its cache scope: a CacheScope is a NamedTuple, so the
+        # plain tuple hashes and compares the same (list comprehensions: the per-row work of a fleet's batch)
+        values = list(map(astuple, rows))
+        inside = [row for row in values if row[:4] in scopes]
+        samples.extend([head + row + (row[_BYTES], 1) for row in inside])
+        rows_kept = len(inside)
         names: set[tuple[str, str, str]] = set()
-        for row in report.scopes:
-            if row.scope in scopes:
-                samples.append(_sample(raw, report, row))
-                rows_kept += 1
-            elif document.could_be_unregistered(row.scope):
+        for row, fields in zip(rows, values) if rows_kept < len(rows) else ():
+            if fields[:4] not in scopes and document.could_be_unregistered(row.scope):
                 triple = (row.tenant_id, row.served_model_name, row.namespace)
                 if triple in names or len(names) < UNREGISTERED_PER_REPORT:
                     names.add(triple)
@@ -243,14 +296,15 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
         unregistered = unregistered_namespaces({triple for _, triple, _ in outside})
         for report, triple, row in outside:
             if triple in unregistered:
-                samples.append(_sample(raw, report, row))
+                fields = astuple(row)
+                samples.append((raw, report.sent_at, report.node) + fields + (fields[_BYTES], 1))
                 rows_kept, instances_kept = kept[(report.node, report.sequence)]
                 kept[(report.node, report.sequence)] = (rows_kept + 1, instances_kept)
-    for report in fresh:
+    for report, rows in fresh:
         rows_kept, instances_kept = kept[(report.node, report.sequence)]
-        if rows_kept < len(report.scopes) or instances_kept < len(report.instances):
+        if rows_kept < len(rows) or instances_kept < len(report.instances):
             refused.setdefault(report.node, _RefusedRows()).add(
-                report, len(report.scopes) - rows_kept, len(report.instances) - instances_kept)
+                report, len(rows) - rows_kept, len(report.instances) - instances_kept)
     _insert_samples(samples)
     result.reports += len(new_keys)
     result.samples += len(samples)
@@ -259,14 +313,6 @@ def store_reports(reports: Sequence[Report], now: datetime, result: IngestResult
         result.refused_scopes += rows_refused.scopes
         result.refused_instances += rows_refused.instances
         rows_refused.refuse(node, tally)
-
-
-def _sample(level: str, report: Report, row: Any) -> tuple:
-    """The ``_SAMPLE_COLUMNS`` tuple of one occupancy row of ``report``."""
-    return (level, report.sent_at, report.node, row.tenant_id, row.served_model_name, row.namespace,
-            row.request_group, row.blocks, row.bytes, row.bytes, row.orphaned_bytes, row.in_flight_requests, row.puts,
-            row.gets, row.hit_blocks, row.miss_blocks, row.evicted_blocks, row.store_evicted_blocks,
-            row.budget_evicted_blocks, row.orphan_removed_blocks, 1)
 
 
 @dataclass

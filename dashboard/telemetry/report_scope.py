@@ -88,9 +88,15 @@ _cache: dict[tuple[str, int, str], AppliedScopes] = {}
 def _versions(pairs: list[tuple[str, int]]) -> list[tuple[int, str, int, str]]:
     """``(id, node, version, digest)`` of the stored documents of ``pairs``: one ``WHERE (node_name, version) IN
     (...)`` on the unique index (row values: PostgreSQL, SQLite >= 3.15; the ORM's OR of 500 ``Q`` objects took
-    50 ms to build)."""
+    50 ms to build); on PostgreSQL the pairs travel as two arrays (``unnest``)."""
     ops = connection.ops
     table = ops.quote_name(ConfigVersion._meta.db_table)
+    if connection.vendor == "postgresql":  # one statement text whatever the batch: psycopg parses it once
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id, node_name, version, digest FROM {table} WHERE (node_name, version) IN "
+                           "(SELECT * FROM unnest(%s::varchar[], %s::bigint[]))",
+                           [[node for node, _ in pairs], [version for _, version in pairs]])
+            return cursor.fetchall()
     rows = ", ".join(["(%s, %s)"] * len(pairs))
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {ops.quote_name('id')}, {ops.quote_name('node_name')}, {ops.quote_name('version')}, "
