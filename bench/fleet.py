@@ -10,7 +10,8 @@ served models, 2,000 release namespaces, 10,000 cache scopes, about 50 per node)
   it affects (all of them) are pushed after the commit, as the registry's signals do
   (``dashboard.signals.schedule_push``); until every node acked, with the agents simulated in 4 processes and the
   raw Redis fan-out of the same payloads as baseline (``bench.push.measure_push``). ``dashboard_cpu_ms_per_document``
-  = the dashboard worker's CPU per measured round / nodes.
+  = the dashboard worker's CPU per measured round / nodes (rendering, versioning, signing, publishing, and storing
+  the acks: the same worker ingests them).
 * **ingest** — ``bench.ingest.run_sustained`` when it exists; else here (``sustained_ingest``): every node sends a
   signed report of its cache scopes every 10 simulated seconds as its agent does (one ``dashboard.ingest`` task
   each), the simulated span compressed ``speedup`` times, to two dashboard ingest workers (Celery processes); one is
@@ -21,12 +22,16 @@ served models, 2,000 release namespaces, 10,000 cache scopes, about 50 per node)
 * **rollup** — raw samples of every (node, scope) pair for ``rollup_minutes`` (every 10 s, older than the raw
   horizon, set-based ``INSERT ... SELECT generate_series``), then ``dashboard.telemetry.rollup.rollup()`` timed;
   ``rollup_hour_s`` scales that to one hour of fleet samples (rows folded per second).
-* **history** — ``bench.fleet_history.load_history`` when it exists; else ``load_history`` here: 1-hour rows for
-  the days and 1-minute rows for the newest ``minute_hours`` (a shorter minute horizon than the settings' 2 days,
-  which would be 72 million rows per day), one ``INSERT ... SELECT`` each. Then the occupancy chart API
-  (``/occupancy/data.json``, windows 24h and 7d) for one tenant, one model, one release, one group and everything,
-  and the overview and occupancy pages, through Django's test client as a logged-in superuser (server time, p99);
-  ``db_bytes_per_day`` = ``pg_total_relation_size`` of the samples table / days loaded.
+* **history** — ``bench.fleet_history.load_history`` when it exists (the rows the rollups leave: 1-hour rows, then
+  1-minute rows from the minute horizon, then raw rows from the raw horizon; here run with the minute horizon at
+  ``minute_hours`` and the raw one at a minute, because the settings' 2 days of 1-minute rows are 72 million rows per
+  fleet day), else ``load_history`` here (1-hour rows, 1-minute rows for the newest ``minute_hours``), one
+  ``INSERT ... SELECT generate_series`` per level. Then the occupancy chart API (``/occupancy/data.json``, windows
+  24h and 7d) for one tenant, one model, one release, one group and everything, and the overview and occupancy
+  pages, through Django's test client as a logged-in superuser (server time, p99; a request slower than
+  ``slow_s`` is not repeated); ``db_bytes_per_day`` = ``pg_total_relation_size`` of the samples table / days
+  loaded, with the bytes per row, per fleet day of 1-hour and of 1-minute rows, and the bound the settings'
+  horizons and retention put on the table (``retained_bytes``).
 * **metrics** — one fresh report per node ingested, then ``/metrics`` scraped with its bearer token
   (``KVPOOL_METRICS_TOKEN``): seconds (p99) and bytes.
 
@@ -202,10 +207,9 @@ def phase_push(fleet, redis, workdir: Path, url: str, opts: Options) -> dict:
         schedule_push(fleet.node_names)
 
     push = measure_push(redis, workdir, url, fleet.node_names, change, opts.push_rounds, opts.agent_processes,
-                        env=_limits_env())
-    cpu_per_doc = push["cpu_per_round_s"]["dashboard_worker"] / len(fleet.node_names) * 1000
+                        env=_limits_env(), round_timeout_s=600)
     return {"push_p99_s": push["all_acked_p99_s"], "push_baseline_p99_s": push["baseline_p99_s"],
-            "push_ratio_p99": push["ratio_p99"], "dashboard_cpu_ms_per_document": round(cpu_per_doc, 3),
+            "push_ratio_p99": push["ratio_p99"], "dashboard_cpu_ms_per_document": push["dashboard_cpu_ms_per_document"],
             "push": push}
 
 
@@ -425,6 +429,23 @@ def chart_filters(fleet) -> dict[str, dict[str, str]]:
             "group": {"tenant_id": tenant, "request_group": group}, "everything": {}}
 
 
+def retained_bytes(bytes_per_row: float, pairs: int) -> dict:
+    """What the samples table holds at the settings' horizons, for ``pairs`` (node, cache scope) pairs reporting
+    every 10 s, at ``bytes_per_row`` (table and indexes): bytes per day of 1-hour rows and of 1-minute rows, and the
+    table's bound (raw rows for the raw horizon, 1-minute rows for the minute horizon, 1-hour rows for the rest of
+    ``KVPOOL_RETENTION_SECONDS``)."""
+    from django.conf import settings
+
+    per_day = {"hour": pairs * 24, "minute": pairs * 1440, "raw": pairs * 86400 // REPORT_INTERVAL_S}
+    raw_days = settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS / 86400
+    minute_days = settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS / 86400 - raw_days
+    hour_days = settings.KVPOOL_RETENTION_SECONDS / 86400 - minute_days - raw_days
+    rows = per_day["raw"] * raw_days + per_day["minute"] * minute_days + per_day["hour"] * hour_days
+    return {"db_bytes_per_day_hour_rows": round(per_day["hour"] * bytes_per_row),
+            "db_bytes_per_day_minute_rows": round(per_day["minute"] * bytes_per_row),
+            "db_bytes_retained_bound": round(rows * bytes_per_row)}
+
+
 def phase_history(fleet, opts: Options) -> dict:
     """Load the history, then the chart API and the pages (server time through Django's test client)."""
     from django.contrib.auth import get_user_model
@@ -433,15 +454,16 @@ def phase_history(fleet, opts: Options) -> dict:
 
     from dashboard.models import OccupancySample
 
-    loader = _history_loader()
+    loader = _history_loader(opts)
     now = datetime.now(UTC)
     started = time.perf_counter()
     loaded = loader(fleet, opts.history_days, opts.minute_hours, now)
     load_s = time.perf_counter() - started
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {OccupancySample._meta.db_table}")
-        cursor.execute("SELECT pg_total_relation_size(%s)", [OccupancySample._meta.db_table])
-        table_bytes = cursor.fetchone()[0]
+        cursor.execute("SELECT pg_total_relation_size(%s), (SELECT COUNT(*) FROM " + OccupancySample._meta.db_table
+                       + ")", [OccupancySample._meta.db_table])
+        table_bytes, rows = cursor.fetchone()
     user = get_user_model().objects.create_superuser("fleet-bench", "fleet@example.com", secrets_lib.token_hex(8))
     client = Client()
     client.force_login(user)
@@ -460,8 +482,10 @@ def phase_history(fleet, opts: Options) -> dict:
         if times[0] <= opts.slow_s:
             times, _ = _timed(client, path, opts.repeats, params, opts.slow_s)
         pages[name] = p99_ms(times)
+    retained = retained_bytes(table_bytes / max(rows, 1), sum(len(s) for s in fleet.scopes_by_node.values()))
     return {"chart_p99_ms": max(charts.values()), "page_p99_ms": max(pages.values()),
-            "db_bytes_per_day": round(table_bytes / opts.history_days),
+            "db_bytes_per_day": round(table_bytes / opts.history_days), "db_bytes_per_row": round(table_bytes / rows),
+            **retained,
             "history": {**loaded, "days": opts.history_days, "minute_hours": opts.minute_hours,
                         "load_s": round(load_s, 1), "table_bytes": table_bytes, "loader": loader.__module__},
             "chart_p99_ms_by_filter": charts, "page_p99_ms_by_page": pages}
@@ -484,14 +508,25 @@ def phase_metrics(fleet, opts: Options, applied: dict[str, int], token: str) -> 
     return {"metrics_scrape_s": round(percentile(times, 99), 3), "metrics_bytes": size}
 
 
-def _history_loader():
-    """``bench.fleet_history.load_history`` when that module exists, else this module's ``load_history``."""
+def _history_loader(opts: Options):
+    """``bench.fleet_history.load_history`` when that module exists (it places ``scopes_per_node`` of the fleet's
+    cache scopes on each node, and writes 1-hour, 1-minute and raw rows by the rollup horizons: here with the
+    1-minute horizon at ``minute_hours`` and the raw one at a minute, see the module docstring), else this module's
+    ``load_history``."""
     try:
         from bench.fleet_history import load_history as theirs
     except ImportError:
         return load_history
-    return lambda fleet, days, minute_hours, now: theirs(days=days, nodes=fleet.node_names, scopes=fleet.scopes,
-                                                         scopes_by_node=fleet.scopes_by_node, now=now)
+
+    def load(fleet, days: int, minute_hours: int, now: datetime) -> dict:
+        from django.test import override_settings
+
+        with override_settings(KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS=minute_hours * 3600,
+                               KVPOOL_ROLLUP_RAW_AFTER_SECONDS=60):
+            return theirs(days, fleet.node_names, fleet.scopes, per_node=opts.scopes_per_node, now=now)
+
+    load.__module__ = theirs.__module__
+    return load
 
 
 def _clear_samples() -> None:

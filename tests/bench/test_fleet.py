@@ -79,3 +79,16 @@ def test_percentile_is_the_nearest_rank():
 
     assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 50) == 5
     assert percentile([3, 1, 2], 100) == 3 and percentile([3, 1, 2], 0) == 1
+
+
+def test_retained_bytes_follow_the_horizons(settings):
+    settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS = 3600
+    settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS = 2 * 86400
+    settings.KVPOOL_RETENTION_SECONDS = 90 * 86400
+    figures = bench.retained_bytes(100.0, 10)
+    assert figures["db_bytes_per_day_hour_rows"] == 10 * 24 * 100
+    assert figures["db_bytes_per_day_minute_rows"] == 10 * 1440 * 100
+    rows = 10 * 8640 / 24 + 10 * 1440 * (2 - 1 / 24) + 10 * 24 * 88
+    assert figures["db_bytes_retained_bound"] == round(rows * 100)
+    settings.KVPOOL_RETENTION_SECONDS = 30 * 86400
+    assert bench.retained_bytes(100.0, 10)["db_bytes_retained_bound"] < figures["db_bytes_retained_bound"]
