@@ -92,3 +92,10 @@ def test_retained_bytes_follow_the_horizons(settings):
     assert figures["db_bytes_retained_bound"] == round(rows * 100)
     settings.KVPOOL_RETENTION_SECONDS = 30 * 86400
     assert bench.retained_bytes(100.0, 10)["db_bytes_retained_bound"] < figures["db_bytes_retained_bound"]
+
+
+def test_unknown_phases_are_refused_before_anything_starts(capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--quick", "--phases", "push,charts"])
+    assert info.value.code == 2
+    assert "--phases: unknown charts" in capsys.readouterr().err
