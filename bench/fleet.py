@@ -124,6 +124,16 @@ def goals_met(result: dict) -> dict[str, bool | None]:
             for name, (op, bound) in GOALS.items()}
 
 
+def goals_line(met: dict[str, bool | None]) -> str:
+    """``goals: N of M measured met`` with the missed and the unmeasured goals named."""
+    measured = [name for name, value in met.items() if value is not None]
+    missed = [name for name in measured if met[name] is False]
+    unmeasured = [name for name, value in met.items() if value is None]
+    return (f"goals: {len(measured) - len(missed)} of {len(measured)} measured met"
+            + (f"; missed: {', '.join(missed)}" if missed else "")
+            + (f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""))
+
+
 def summary(figures: dict) -> dict:
     """The JSON line: ``figures`` with every ``REQUIRED_KEYS`` entry (``None`` where a phase did not measure it),
     ``goals`` ({name: "<op> <bound>"}) and ``goals_met`` (``goals_met``)."""
@@ -655,9 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not phases:
         parser.error(f"--phases: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(PHASES)}")
     result = run(Options.for_mode(args.quick), args.database_url, args.keep_workdir, phases)
-    missed = [name for name, met in result["goals_met"].items() if met is False]
-    _say(f"goals: {len(GOALS) - len(missed)} of {len(GOALS)} met" + (f"; missed: {', '.join(missed)}" if missed
-                                                                     else ""))
+    _say(goals_line(result["goals_met"]))
     print(json.dumps(result))
     return 0
 

@@ -99,3 +99,8 @@ def test_unknown_phases_are_refused_before_anything_starts(capsys):
         bench.main(["--quick", "--phases", "push,charts"])
     assert info.value.code == 2
     assert "--phases: unknown charts" in capsys.readouterr().err
+
+
+def test_goals_line_counts_only_what_was_measured():
+    line = bench.goals_line({"push_p99_s": True, "lost": False, "chart_p99_ms": None})
+    assert line == "goals: 1 of 2 measured met; missed: lost; not measured: chart_p99_ms"
