@@ -14,7 +14,7 @@ order against every arm):
   (``demo.engine.register_tiny_release``);
 * per arm: a multi-tenant ``mooncake_master`` (``agent.sim.master.MasterProcess``: the tenant's quota, eviction
   watermark 0.9, ratio 0.1, read leases of ``--lease-ttl-ms``); one real agent daemon per node
-  (``python -m agent run``, no ``--simulate-engines``; the arm's ``--budget-policy`` / ``--keep-orphans``); the
+  (``python -m agent run``, no ``--simulate-engines``; the arm's ``--budget-policy`` / ``--orphan-collection``); the
   dashboard's rendered config document (``dashboard.rollout.push``: ``ensure_version`` then ``send_many`` through
   Redis) with the arm's budget; each agent writes the instance directory and starts the node's
   ``mooncake_client``; the bench starts each vLLM instance from the directory its agent wrote
@@ -38,9 +38,11 @@ reach 0.117, 1 conversation in 4 0.299), each request a token prompt by ``demo.e
 
 Arms (:data:`ARMS`): ``store`` — no budget, no orphan collection: the master alone evicts (at the tenant's
 effective quota, prefix-blind); ``prefix`` — a budget under the tenant's eviction point, removed by
-``HitDensityPolicy`` (the agent's default), orphans collected; ``lru`` — the same with ``LeafLRUPolicy``;
-``prefix_keep_orphans`` — ``prefix`` without orphan collection (the four run by default); ``prefix_inferred`` (only
-with ``--arms``) — ``prefix`` with ``hit-density-inferred``. The budget is ``--budget-share`` (default 0.75) of
+``HitDensityPolicy`` (the agent's default), orphans collected under pressure (the agent's default rule,
+``agent.datapath.maintenance``); ``lru`` — the same with ``LeafLRUPolicy``; ``prefix_keep_orphans`` — ``prefix``
+without orphan collection; ``prefix_eager_orphans`` — ``prefix`` collecting orphans every round (the five run by
+default); ``prefix_inferred`` (only with ``--arms``) — ``prefix`` with ``hit-density-inferred``.
+The budget is ``--budget-share`` (default 0.75) of
 the tenant's eviction point (``tenants.room.eviction_points`` of the master's effective quota and capacity), split
 over the nodes (``dashboard.rollout.push.budget_share``): the agents trim at their 2 s maintenance tick down to
 0.9 of it, so the rest is the room the engines write into between ticks.
@@ -54,7 +56,10 @@ client of the tenant): a present key whose parent block's key is absent; ``unrea
 key below them), ``ledger_error_max`` (largest
 ``|ledger - Store| / Store`` of the samples taken every :data:`SAMPLE_SECONDS` during the run: the agents' ledgers
 from their ``ledger.sqlite3``, flushed every 0.1 s, against the tenant's ``charged_bytes`` from the master's admin
-API), the agents' CPU seconds (``/proc/<pid>/stat``), and the agents' budget and orphan removals (their log lines).
+API), ``ledger_settle_s`` (the longest time, over the master's eviction rounds seen by those samples, until the
+ledger matched the Store again within ``SETTLED_ERROR``: :func:`settle_times`; None when a round never settled or
+none was seen), the agents' CPU seconds (``/proc/<pid>/stat``), and the agents' budget and orphan removals (their
+log lines).
 
 Human lines, then one JSON object as the last stdout line: settings, ``arms.<name>`` and ``prefix_vs_store`` (hit
 tokens of ``prefix`` / ``store``), ``prefix_vs_lru``. The exit status is 1 when an arm failed to run.
@@ -93,17 +98,18 @@ MAX_MODEL_LEN = 1024
 PROMPT_MAX_TOKENS = 8
 #: Seconds between samples of the ledger against the Store.
 SAMPLE_SECONDS = 2.0
-#: The arms: name -> (budget or not, agent --budget-policy, agent --keep-orphans).
+#: The arms: name -> (budget or not, agent --budget-policy, agent --orphan-collection).
 ARMS: dict[str, dict[str, Any]] = {
-    "store": {"budget": False, "policy": "hit-density", "keep_orphans": True},
-    "prefix": {"budget": True, "policy": "hit-density", "keep_orphans": False},
-    "lru": {"budget": True, "policy": "lru", "keep_orphans": False},
-    "prefix_keep_orphans": {"budget": True, "policy": "hit-density", "keep_orphans": True},
+    "store": {"budget": False, "policy": "hit-density", "orphans": "off"},
+    "prefix": {"budget": True, "policy": "hit-density", "orphans": "pressure"},
+    "lru": {"budget": True, "policy": "lru", "orphans": "pressure"},
+    "prefix_keep_orphans": {"budget": True, "policy": "hit-density", "orphans": "off"},
+    "prefix_eager_orphans": {"budget": True, "policy": "hit-density", "orphans": "eager"},
     # not run by default: the prefix-aware policy told that a store under a cached prefix read it (§7 of the doc)
-    "prefix_inferred": {"budget": True, "policy": "hit-density-inferred", "keep_orphans": False},
+    "prefix_inferred": {"budget": True, "policy": "hit-density-inferred", "orphans": "pressure"},
 }
 #: Arms run without ``--arms``.
-DEFAULT_ARMS = ("store", "prefix", "lru", "prefix_keep_orphans")
+DEFAULT_ARMS = ("store", "prefix", "lru", "prefix_keep_orphans", "prefix_eager_orphans")
 #: Keys of every arm in the JSON (the issue's list; more follow).
 ARM_KEYS = ("hit_tokens", "lookup_tokens", "store_evictions", "orphans", "orphan_bytes", "ledger_error_max")
 
@@ -222,6 +228,27 @@ def ledger_error(ledger_bytes: int, store_bytes: int) -> float:
     return abs(ledger_bytes - store_bytes) / max(store_bytes, BLOCK_BYTES)
 
 
+#: The ledger "matches" the Store when they differ by at most this share of the Store (or 4 blocks): engine writes
+#: keep arriving during a replay, and the ledger books each one at the next maintenance tick.
+SETTLED_ERROR = 0.05
+
+
+def settle_times(samples: Sequence[tuple[float, int, int, float]]) -> list[float | None]:
+    """For each master eviction round seen in ``samples`` (``(seconds, ledger bytes, Store bytes, bytes the master
+    evicted so far)``, in time order: a sample whose evicted bytes grew), the seconds from that sample until the first
+    one, that sample included, where the ledger matches the Store (``SETTLED_ERROR``); None for a round after which
+    it never did. The resolution is the sampling interval."""
+    out: list[float | None] = []
+    for i in range(1, len(samples)):
+        if samples[i][3] <= samples[i - 1][3]:
+            continue
+        start = samples[i][0]
+        settled = next((t for t, ledger, store, _ in samples[i:]
+                        if abs(ledger - store) <= max(4 * BLOCK_BYTES, SETTLED_ERROR * store)), None)
+        out.append(None if settled is None else round(settled - start, 1))
+    return out
+
+
 def labelled(metrics: Mapping[str, float], name: str, label: str | None = None) -> float:
     """Sum of the samples of ``name`` whose label set contains ``label`` (any when None)."""
     return sum(value for key, value in metrics.items()
@@ -256,7 +283,9 @@ def human_line(name: str, arm: Mapping[str, Any]) -> str:
         f"unconfirmed writes {arm['agent_unconfirmed']}; "
         f"orphans at the end {arm['orphans']} ({arm['orphan_bytes'] >> 10} KiB; {arm['unreachable']} keys "
         f"unreachable in all) of {arm['keys_present']} keys present; ledger error max "
-        f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}); "
+        f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}), settled within "
+        f"{arm.get('ledger_settle_s')} s of each of {arm.get('eviction_rounds_sampled')} master eviction round(s) "
+        f"({arm.get('ledger_unsettled_rounds')} never); "
         f"tenant peak {arm['tenant_charged_max'] >> 10} KiB of {arm['eviction_point_bytes'] >> 10} KiB eviction "
         f"point; agent CPU {arm['agent_cpu_s']} s; {arm['requests_per_s']} requests/s")
 
@@ -325,16 +354,22 @@ class Sampler(threading.Thread):
         self.master = master
         self.state_dirs = list(state_dirs)
         self.samples: list[tuple[int, int]] = []  # (ledger bytes, Store bytes)
+        #: (seconds, ledger bytes, Store bytes, bytes the master evicted so far) for :func:`settle_times`
+        self.timed: list[tuple[float, int, int, float]] = []
         self._halt = threading.Event()
 
     def sample(self) -> None:
         try:
             store = int(self.master.tenant_quota(TENANT)["charged_bytes"])
+            metrics = self.master.metrics()
         except Exception:  # the master is busy: skip this sample
             return
+        evicted = labelled(metrics, "mooncake_tenant_evict_bytes_total", f'tenant_id="{TENANT}"') + \
+            metrics.get("master_evicted_size_bytes", 0.0)
         ledger = [ledger_file_bytes(d) for d in self.state_dirs]
         if min(ledger) >= 0:
             self.samples.append((sum(ledger), store))
+            self.timed.append((time.monotonic(), sum(ledger), store, evicted))
 
     def run(self) -> None:
         while not self._halt.wait(SAMPLE_SECONDS):
@@ -463,7 +498,7 @@ class PressureBench:
         engines: list[Any] = []
         sampler = None
         figures: dict[str, Any] = {"policy": arm["policy"] if arm["budget"] else None,
-                                   "orphan_collection": not arm["keep_orphans"]}
+                                   "orphan_collection": arm["orphans"]}
         with MasterProcess({TENANT: self.args.quota_mib << 20}, eviction_high_watermark_ratio=0.9,
                            eviction_ratio=0.1, default_kv_lease_ttl=self.args.lease_ttl_ms or None,
                            workdir=base / "master") as master:
@@ -484,7 +519,7 @@ class PressureBench:
                             "--instance-root", str(base / "instances" / node.name),
                             "--report-interval", "5", "--pool", "solo",
                             "--reconcile-interval", f"{self.args.reconcile_interval:g}",
-                            "--budget-policy", arm["policy"]] + (["--keep-orphans"] if arm["keep_orphans"] else [])
+                            "--budget-policy", arm["policy"], "--orphan-collection", arm["orphans"]]
                     agents.append(Service(f"agent {node.name}", argv, env, base / f"agent-{node.name}.log").start())
                 for service in agents:
                     service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"{service.name} ready")
@@ -578,6 +613,11 @@ class PressureBench:
                 figures["ledger_error_mean"] = round(sum(errors) / len(errors), 4) if errors else None
                 figures["ledger_error_max_bytes"] = max((abs(a - b) for a, b in samples), default=None)
                 figures["ledger_samples"] = len(samples)
+                settles = settle_times(sampler.timed)
+                figures["eviction_rounds_sampled"] = len(settles)
+                figures["ledger_settle_s"] = (None if not settles or None in settles
+                                              else max(t for t in settles if t is not None))
+                figures["ledger_unsettled_rounds"] = settles.count(None)
                 figures["tenant_charged_max"] = max((store for _, store in samples), default=0)
                 figures["tenant_charged_end"] = int(master.tenant_quota(TENANT)["charged_bytes"])
                 figures["agent_cpu_s"] = round(sum(cpu_seconds(a.pid) for a in agents if a.pid), 1)

@@ -232,6 +232,12 @@ class OccupancySample(models.Model):
             models.Index(fields=["level", "ts"], name="dashboard_occ_level_ts"),
             models.Index(fields=["tenant_id", "namespace", "level", "ts"], name="dashboard_occ_ns_level_ts"),
         ]
+        constraints = [
+            # the conflict target of the rollups' upserts (dashboard.telemetry.rollup); raw rows may repeat a key
+            models.UniqueConstraint(
+                fields=["level", "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group"],
+                condition=models.Q(level__gt=0), name="dashboard_occ_rollup_key"),
+        ]
 
     GAUGES = ("blocks", "bytes", "orphaned_bytes", "in_flight_requests")
     COUNTERS = ("puts", "gets", "hit_blocks", "miss_blocks", "evicted_blocks", "store_evicted_blocks",

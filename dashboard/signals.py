@@ -39,8 +39,10 @@ log = logging.getLogger("kvpool.dashboard.signals")
 
 _pending = threading.local()
 
-#: Nodes per ``dashboard.push_nodes`` task: a change that affects many nodes fans out over several workers.
-PUSH_CHUNK = 20
+#: Nodes per ``dashboard.push_nodes`` task: a change that affects many nodes fans out over several workers, and
+#: each task renders, versions, signs and publishes its nodes in batches (``dashboard.rollout.push``), so what
+#: a push costs per task (its registry queries, the pool's room) is paid once per this many nodes.
+PUSH_CHUNK = 200
 
 
 class TenantStillOwnsObjects(APIException):

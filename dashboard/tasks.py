@@ -80,7 +80,8 @@ def push_nodes(node_names: list[str]) -> dict[str, int]:
 
 @app.task(name="dashboard.reconcile_configs", ignore_result=True)
 def reconcile_configs() -> dict[str, int]:
-    """Periodic: re-render every node, send new versions, re-send to nodes whose ack lags."""
+    """Periodic: re-render every node, send new versions, re-send to nodes whose ack lags. Re-rendering also re-plans
+    the demand-weighted budget shares of releases written on several nodes (``dashboard.rollout.budget_shares``)."""
     from dashboard.rollout.push import reconcile
 
     return reconcile()

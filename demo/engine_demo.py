@@ -31,7 +31,12 @@ The walk, each step with a progress line, and the checks of ``--once`` (one PASS
    ``--screenshot`` saves the occupancy page here, with both releases;
 6. **retire and purge**: traffic shifts to the next release, ``a`` and ``b`` stop, the old release retires and
    its keys are purged (confirmed on the purge page) -> check *purge exact* (0 of its keys left, every key of
-   the next release kept, no ledger holds the old release).
+   the next release kept, no ledger holds the old release);
+7. **full pool**: acme's quota is lowered to what the Store holds plus 2 MiB and instance ``c`` is sent documents
+   with continuations worth three times that, so the master evicts inside the tenant -> check *full pool* (the
+   master evicted; the agents report it per cause — evicted by the Store, by budget, orphans removed; ledger =
+   Store on every key the prompts could produce; 0 orphans left under the agents' rule; the release within its
+   implicit budget and the tenant within its quota).
 
 Without ``--once`` everything except the stopped engines keeps running until Ctrl-C.
 """
@@ -666,6 +671,84 @@ class EngineDemo(Demo):
                    f"dashboard counts {dashboard[0]} hit and {dashboard[1]} missed blocks for {NEW_NAMESPACE} "
                    f"(looked-up tokens / {BLOCK_TOKENS}: {want})")
 
+    def tenant_evicted_bytes(self) -> float:
+        """Bytes the master evicted inside acme so far (``mooncake_tenant_evict_bytes_total``: evictions at the
+        tenant's quota) plus its global evictions (``master_evicted_size_bytes``: rounds past the watermark)."""
+        from demo.engine_scenario import TENANT
+
+        metrics = self.master.metrics()
+        return (metrics.get(f'mooncake_tenant_evict_bytes_total{{tenant_id="{TENANT}"}}', 0.0)
+                + metrics.get("master_evicted_size_bytes", 0.0))
+
+    def phase_full_pool(self) -> None:
+        """Check 9: a full pool. acme's quota is lowered (REST ``PATCH``) to what its Store holds plus
+        ``FULL_POOL_ROOM_BYTES``, and instance c (the next release, implicit budget) is sent documents with
+        continuations worth ``FULL_POOL_FILL`` times that room, so the master evicts inside the tenant (prefix-blind,
+        least recently used first). Passes when the master evicted, the agents' reports count it as evicted by the
+        Store, the ledgers match the Store again (every key the phase's prompts and the release's earlier prompts
+        could produce, probed), no orphan is left (the agents' default rule collects them while the tenant is under
+        pressure), and the release and the tenant stay within their effective budget and quota."""
+        from demo.engine_scenario import (
+            BLOCK_BYTES,
+            FULL_POOL_ROOM_BYTES,
+            NEW_NAMESPACE,
+            TENANT,
+            chain_parents,
+            full_pool_prompts,
+            orphans,
+        )
+
+        charged = int(self.master.tenant_quota(TENANT).get("charged_bytes") or 0)
+        quota = -(-(charged + FULL_POOL_ROOM_BYTES) // (1 << 20)) << 20
+        self.api.patch(f"tenants/{self.dep.tenant_id}/", {"quota_bytes": quota})
+        self.say(f"full pool: {TENANT} holds {charged >> 10} KiB in the Store; its quota lowered to {quota >> 10} KiB "
+                 f"through PATCH /api/v1/tenants/{self.dep.tenant_id}/")
+        self.wait_until(lambda: int(self.master.tenant_quota(TENANT).get("requested_quota_bytes") or 0) == quota,
+                        120, f"the master to hold {TENANT}'s new quota")
+        evicted_before = self.tenant_evicted_bytes()
+        requests = full_pool_prompts(quota - charged)
+        self.send("c", requests, what="full pool")
+        sent_at = time.monotonic()
+        keys = [k for chain in self.predicted_keys([NEW_NAMESPACE]).values() for k in chain]
+        parents = chain_parents(self.chains())
+        release_id = self.dep.release_ids[NEW_NAMESPACE]
+        last: dict[str, Any] = {}
+
+        def settled() -> bool:
+            present = self.store_exists(keys)
+            by_node = self.ledger_blocks_by_node(NEW_NAMESPACE)
+            last.update(present=present, ledger=sum(by_node.values()), lost=orphans(present, parents),
+                        evicted=self.tenant_evicted_bytes() - evicted_before)
+            return bool(last["evicted"] > 0 and last["ledger"] == len(present) and not last["lost"])
+
+        ok = bool(self.wait_until(settled, 180, "the ledgers to match the Store after the master's evictions",
+                                  interval=2.0))
+        settle_s = time.monotonic() - sent_at
+        from demo.summary import latest_samples
+
+        causes = {"store": 0, "budget": 0, "orphan": 0}
+        for sample in latest_samples(self.api):
+            if sample["namespace"] == NEW_NAMESPACE:
+                causes["store"] += int(sample.get("store_evicted_blocks") or 0)
+                causes["budget"] += int(sample.get("budget_evicted_blocks") or 0)
+                causes["orphan"] += int(sample.get("orphan_removed_blocks") or 0)
+        release = self.api.get(f"releases/{release_id}/")
+        budget = release.get("effective_budget_bytes")
+        stored = len(last["present"]) * BLOCK_BYTES
+        charged_now = int(self.master.tenant_quota(TENANT).get("charged_bytes") or 0)
+        within = charged_now <= quota and (budget is None or stored <= budget)
+        ok = ok and causes["store"] > 0 and within
+        self.check("full pool", ok,
+                   f"{len(requests)} prompts, {len(set(keys))} distinct blocks ({len(set(keys)) * BLOCK_BYTES >> 10} "
+                   f"KiB) into a quota of {quota >> 10} KiB: the master evicted {int(last['evicted']) >> 10} KiB; "
+                   f"reported evictions by cause: Store {causes['store']}, budget {causes['budget']}, orphans "
+                   f"removed {causes['orphan']} blocks; ledger {last['ledger']} = Store {len(last['present'])} blocks "
+                   f"{'' if ok else 'NOT '}settled {settle_s:.0f}s after the last prompt; {len(last['lost'])} "
+                   f"orphans left; {NEW_NAMESPACE} holds {stored >> 10} KiB of its "
+                   f"{'implicit ' if release.get('budget_is_implicit') else ''}budget "
+                   f"{'none' if budget is None else f'{budget >> 10} KiB'}, {TENANT} charged {charged_now >> 10} KiB "
+                   f"of {quota >> 10} KiB")
+
     def page_step(self, path: str, fields: dict[str, Any], what: str) -> list[tuple[str, str]]:
         """POST a dashboard form; raises :class:`DemoError` when the page shows an error."""
         status, _, messages = self.browser.post_form(path, fields)
@@ -760,6 +843,7 @@ class EngineDemo(Demo):
         if self.args.screenshot:  # both releases hold blocks now
             self.screenshot()
         self.phase_retire_and_purge()
+        self.phase_full_pool()
         failed = [c for c in self.checks if not c.ok]
         timings = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in self.timings.items())
         self.say(f"timings: {timings}; whole run {time.monotonic() - self.t0:.0f}s")

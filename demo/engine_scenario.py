@@ -51,6 +51,10 @@ ENGINE_VERSION = "0.32.0"
 HASH_ALGO = "sha256"
 #: Tokens generated per request (the prompts are cut to fit the model length with them).
 MAX_TOKENS = 8
+#: The full-pool phase: acme's quota is lowered to what its Store holds plus this room, and the next release's
+#: instance is sent documents with continuations worth about FULL_POOL_FILL times that room.
+FULL_POOL_ROOM_BYTES = 2 << 20
+FULL_POOL_FILL = 3
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,31 @@ def prompt_keys(keyspace: Any, prompt: Sequence[int]) -> list[str]:
     return keyspace.keys(keyspace.block_hashes(list(prompt)))
 
 
+def full_pool_prompts(room_bytes: int, fill: int = FULL_POOL_FILL, *, prefix_blocks: int = 16,
+                      continuation_blocks: int = 14, continuations: int = 3, seed: int = 9000,
+                      groups: Sequence[str] = GROUPS) -> list[tuple[str, list[int]]]:
+    """``(request group, prompt)`` pairs of the full-pool phase: documents of ``prefix_blocks`` blocks, each sent
+    with ``continuations`` different continuations of ``continuation_blocks`` blocks (so a prefix-blind eviction
+    of a document's blocks leaves its continuations' blocks orphaned), alternating over ``groups``, until the
+    distinct blocks reach ``fill`` x ``room_bytes`` (``BLOCK_BYTES`` each). Prompts share nothing with the trace's
+    (``demo.engine.random_prompt``) and fit the model length with :data:`MAX_TOKENS` (raises ``ValueError`` if
+    not)."""
+    from demo.engine import MAX_MODEL_LEN, random_prompt
+
+    if (prefix_blocks + continuation_blocks) * BLOCK_TOKENS + MAX_TOKENS > MAX_MODEL_LEN:
+        raise ValueError("full_pool_prompts: a prompt would not fit the model length")
+    wanted = fill * room_bytes // BLOCK_BYTES
+    per_document = prefix_blocks + continuations * continuation_blocks
+    out: list[tuple[str, list[int]]] = []
+    for document in range(max(1, -(-wanted // per_document))):
+        prefix = random_prompt(prefix_blocks * BLOCK_TOKENS, seed=seed + 1000 * document)
+        group = groups[document % len(groups)]
+        for k in range(continuations):
+            tail = random_prompt(continuation_blocks * BLOCK_TOKENS, seed=seed + 1000 * document + 1 + k)
+            out.append((group, prefix + tail))
+    return out
+
+
 def chain_parents(chains: Iterable[Sequence[str]]) -> dict[str, str | None]:
     """Key -> its parent block's key (``None`` for a root) over prompt key chains (:func:`prompt_keys`)."""
     parents: dict[str, str | None] = {}
@@ -278,6 +307,7 @@ def orphans(present: set[str], parents: Mapping[str, str | None]) -> list[str]:
 
 __all__ = [
     "BLOCK_BYTES", "EngineDeployment", "EnginePorts", "GROUPS", "NEW_NAMESPACE", "OLD_NAMESPACE", "PlannedRequest",
-    "assign_new_release", "chain_parents", "expected_store_hits", "group_of", "orphans", "plan_requests",
+    "FULL_POOL_FILL", "FULL_POOL_ROOM_BYTES", "assign_new_release", "chain_parents", "expected_store_hits",
+    "full_pool_prompts", "group_of", "orphans", "plan_requests",
     "prompt_keys", "seed", "seed_nodes", "select_conversations", "shared_prefix_blocks",
 ]

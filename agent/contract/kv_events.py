@@ -9,6 +9,11 @@ So each engine binds its own socket in a directory only its account can write, a
 endpoint first (a bound tcp port could be squatted; a ``tcp://host:port`` endpoint delivers every prompt's tokens
 to whoever binds that port). vLLM 0.32.0 refuses ``ipc://`` endpoints with a data-parallel rank above 0
 (``offset_endpoint_port``); the registry renders no data parallelism.
+
+The same config renders ``"replay_endpoint": "ipc://kv-events-replay.sock"``: vLLM's publisher keeps its last
+``buffer_steps`` (10,000) messages and a ROUTER bound there sends them from a requested sequence number on, ending
+with a message whose sequence number is -1 (``ZmqEventPublisher.END_SEQ``, vLLM 0.32.0 ``_service_replay``). The agent
+asks for them when it connects (events published before it joined) and when it sees a gap.
 """
 from __future__ import annotations
 
@@ -19,6 +24,11 @@ from collections.abc import Sequence
 KV_EVENTS_SOCKET = "kv-events.sock"
 #: The ``endpoint`` rendered into every vLLM instance's ``--kv-events-config`` (relative to its working directory).
 KV_EVENTS_ENDPOINT = f"ipc://{KV_EVENTS_SOCKET}"
+#: File name of an instance's replay socket (vLLM's ``replay_endpoint``: a ROUTER that sends the publisher's buffered
+#: messages from a sequence number on), in the same directory.
+KV_EVENTS_REPLAY_SOCKET = "kv-events-replay.sock"
+#: The ``replay_endpoint`` rendered into every vLLM instance's ``--kv-events-config``.
+KV_EVENTS_REPLAY_ENDPOINT = f"ipc://{KV_EVENTS_REPLAY_SOCKET}"
 #: vLLM's flag that carries the publisher config (a JSON object).
 KV_EVENTS_FLAG = "--kv-events-config"
 

@@ -15,8 +15,9 @@ Envelope (version 1), the only argument of the Celery task::
   own, distinct from the HMAC key (the secret itself), so one use of the secret cannot stand in for the other;
 * associated data: the canonical encoding of ``{"sealed": 1, "node": ...}``, so an envelope cannot be moved to
   another node's queue or version;
-* plaintext: the signed message's canonical JSON (``agent.contract.signing.canonical_bytes`` keeps the signature
-  member too: the encoding here includes it).
+* plaintext: the signed message's JSON: its canonical encoding (``seal``), or the canonical encoding of the
+  unsigned message with the ``signature`` member appended (``seal_bytes`` of ``agent.contract.signing.signed_bytes``:
+  one encoding instead of two); the agent decodes it and verifies over the canonical encoding of what came out.
 
 :func:`seal` and :func:`unseal` are the two halves; :func:`is_sealed` tells an envelope from a plain (signed, not
 encrypted) message, which agents still accept from dashboards that predate sealing.
@@ -81,6 +82,12 @@ def seal(message: Mapping[str, Any], secret: str, *, node: str) -> dict[str, Any
     Raises ``ValueError`` for an empty secret and ``TypeError`` for values JSON cannot hold."""
     plaintext = json.dumps(message, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                            allow_nan=False).encode("utf-8")
+    return seal_bytes(plaintext, secret, node=node)
+
+
+def seal_bytes(plaintext: bytes, secret: str, *, node: str) -> dict[str, Any]:
+    """The envelope of a message already encoded as JSON (``plaintext``, UTF-8; e.g.
+    ``agent.contract.signing.signed_bytes``) for ``node``. Raises ``ValueError`` for an empty secret."""
     nonce = os.urandom(_NONCE_BYTES)
     ciphertext = AESGCM(envelope_key(secret)).encrypt(nonce, plaintext, _aad(node))
     return {SEALED_FIELD: ENVELOPE_VERSION, "node": node, "nonce": base64.b64encode(nonce).decode("ascii"),
@@ -125,4 +132,4 @@ def unseal(envelope: Mapping[str, Any], secret: str, *, node: str) -> dict[str, 
     return message
 
 
-__all__ = ["ENVELOPE_VERSION", "SealError", "envelope_key", "is_sealed", "seal", "unseal"]
+__all__ = ["ENVELOPE_VERSION", "SealError", "envelope_key", "is_sealed", "seal", "seal_bytes", "unseal"]

@@ -105,10 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="which blocks budgets remove first (real engines): hit-density, the prefix-aware policy "
                           "(default); hit-density-inferred, the same counting a store under a cached prefix as a "
                           "read of it; or lru, the least recently stored leaf (agent.datapath.budget.BUDGET_POLICIES)")
-    run.add_argument("--keep-orphans", action="store_true",
-                     help="real engines: do not remove this node's orphaned blocks (blocks below one that left the "
-                          "Store, which no lookup can reach); they stay until the master evicts them (default: the "
-                          "maintenance removes them)")
+    run.add_argument("--orphan-collection", choices=["pressure", "eager", "off"], default="pressure",
+                     help="real engines: when this node's orphaned blocks (below a block that left the Store, which "
+                          "no lookup can reach) are removed: pressure (default), only while the tenant is over a "
+                          "budget or the master evicted inside it in the last minute, before any reachable block; "
+                          "eager, every maintenance round; off, never (left to the master's eviction)")
+    run.add_argument("--keep-orphans", dest="orphan_collection", action="store_const", const="off",
+                     help="the same as --orphan-collection off")
     run.add_argument("--pool", choices=["solo", "threads"], default="solo", help="Celery pool (default solo)")
     run.add_argument("--outbox-max", type=positive_int, default=20_000,
                      help="most undelivered reports/acks kept on disk")
@@ -320,7 +323,7 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
                        reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
                        is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir,
                        account_rules=EngineAccountRules(min_uid=args.min_engine_uid, max_uid=args.max_engine_uid),
-                       budget_policy=args.budget_policy, orphan_collection=not args.keep_orphans)
+                       budget_policy=args.budget_policy, orphan_collection=args.orphan_collection)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):

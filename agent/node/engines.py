@@ -66,6 +66,7 @@ from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoint
 from agent.contract.scope import ENGINE_LOOKUPS, CacheScope
 from agent.datapath.maintenance import (
     DEFAULT_FOREIGN_CHECK_INTERVAL,
+    DEFAULT_ORPHAN_RULE,
     DEFAULT_PROBE_INTERVAL,
     DEFAULT_RECONCILE_INTERVAL,
     DEFAULT_RECONCILE_SAMPLE,
@@ -155,7 +156,8 @@ class NodeEngines:
             the defaults, login.defs' uid range; tests with throwaway system accounts pass their own minimum).
         budget_policy: the eviction policy budgets remove by (``agent.datapath.budget.BUDGET_POLICIES``:
             ``hit-density``, the default, or ``lru``).
-        orphan_collection: whether the maintenance removes this node's orphans (False: left to the master).
+        orphan_collection: the maintenance's orphan rule (``agent.datapath.maintenance.ORPHAN_RULES``: ``pressure``,
+            the default, ``eager`` or ``off``).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -173,7 +175,7 @@ class NodeEngines:
                  segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
                  proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL,
                  unit_dir: str | Path | None = None, account_rules: EngineAccountRules | None = None,
-                 budget_policy: str = "hit-density", orphan_collection: bool = True) -> None:
+                 budget_policy: str = "hit-density", orphan_collection: str | bool = DEFAULT_ORPHAN_RULE) -> None:
         self.node = node
         self.account_rules = account_rules or EngineAccountRules()
         self.unit_dir = Path(unit_dir) if unit_dir is not None else None

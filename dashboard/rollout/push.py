@@ -6,7 +6,8 @@
   (``kv_events_port``, ``store_mode`` and, on standalone-store nodes, the ``mooncake_client`` argv of
   ``tenants.rendering.render_store_client``) and one ``agent.contract.messages.InstanceSpec`` per
   ``InstanceAssignment`` of the node (release namespace, state, KV layout, hash algo + seed, ranks, the tenant's
-  request groups with salts, budgets — this node's share of each (``budget_share``) of the release's effective
+  request groups with salts, budgets — this node's share of each (``budget_shares.ShareBook``: demand-weighted
+  when several nodes write the release, else ``budget_share``) of the release's effective
   budget, its own or the implicit one (``dashboard.master.room``) — and its ``launch``:
   ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
   dashboard never sends what the agent would refuse as ``invalid``.
@@ -17,7 +18,8 @@
   current ``signing_secret``, seals the signed document to the node
   (``agent.contract.sealing``: AES-256-GCM under a key derived from that secret) and publishes the Celery task
   ``agent.apply_config`` to ``agent.<node>`` (expires after ``KVPOOL_PUSH_EXPIRES_SECONDS``), all documents of
-  one call in one Redis pipeline (kombu ``Producer.batch``).
+  one call in one Redis pipeline (kombu ``Producer.batch``; the task message built once and copied per node,
+  ``dashboard.rollout.publish``).
 * ``push_nodes(names)`` — ensure + send when new, or when the node's ack lags and the last send is older than
   ``KVPOOL_REPUSH_AFTER_SECONDS``; ``reconcile()`` does that for every registered node (periodic).
 * ``drift(state)`` — behind / silent / digest mismatch flags.
@@ -39,17 +41,16 @@ from agent.contract.messages import (
     APPLY_CONFIG_TASK,
     DASHBOARD_READS,
     DOCUMENT_SCHEMA_VERSION,
-    InstanceSpec,
     KVLayout,
     LaunchSpec,
     LoraAdapterSpec,
     NodeSettings,
     Ranks,
-    RequestGroupSpec,
     node_queue,
 )
-from agent.contract.sealing import seal
+from agent.contract.sealing import seal_bytes
 from dashboard.models import ConfigVersion, NodeState
+from dashboard.rollout.budget_shares import ShareBook
 
 if TYPE_CHECKING:
     from tenants.models import RequestGroup
@@ -66,16 +67,16 @@ def _render_target():
     return RenderTarget.from_settings()
 
 
-def _node_settings(node, target) -> NodeSettings:
+def _node_settings(node, target, metrics_urls: tuple[str, ...] | None = None) -> NodeSettings:
     """What the node's agent runs for its engines: the KV-events port, the store mode, in standalone-store
     mode the ``mooncake_client`` command line (``tenants.rendering.render_store_client``), and the masters'
-    ``/metrics`` URLs whose eviction counters it polls (:func:`master_metrics_urls`)."""
+    ``/metrics`` URLs whose eviction counters it polls (:func:`master_metrics_urls`; read now when not given)."""
     from tenants.rendering import render_store_client
 
     client = render_store_client(node, target)
     return NodeSettings(kv_events_port=node.kv_events_port, store_mode=node.store_mode,
                         store_client_argv=tuple(client.argv) if client is not None else None,
-                        master_metrics_urls=master_metrics_urls(target))
+                        master_metrics_urls=master_metrics_urls(target) if metrics_urls is None else metrics_urls)
 
 
 def master_metrics_urls(target) -> tuple[str, ...]:
@@ -142,51 +143,95 @@ def _writer_counts(assignments) -> tuple[dict[int, int], dict[tuple[int, int], i
     return per_release, per_node
 
 
-def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1,
-              all_writers: int = 1, budgets: dict | None = None) -> InstanceSpec:
-    """The instance's spec; ``node_budget_bytes`` is the node's share of the release's effective budget: its own,
-    or the implicit one of a live release without a budget (``dashboard.master.room.effective_budget``; ``budgets``
-    from ``release_budgets``, read now when not given). ``groups`` are the tenant's ``tenants.models.RequestGroup``
-    rows; each becomes a ``RequestGroupSpec`` with the node's share of the group's ``budget_bytes``."""
-    from dashboard.master.room import effective_budget
-
-    release = assignment.release
+def _release_fields(release) -> dict[str, Any]:
+    """The members of an ``InstanceSpec`` (JSON form) that every instance of ``release`` shares: tenant, served
+    model, release, KV layout and hash (see :func:`_instance`; the budgets are each node's own)."""
     model = release.model
     tenant = model.tenant
-    group_specs = [RequestGroupSpec(name=g.name, cache_salt=g.cache_salt,
-                                    node_budget_bytes=budget_share(g.budget_bytes, node_writers, all_writers))
-                   for g in groups]
-    return InstanceSpec(
-        instance_id=str(assignment.pk),
-        engine=release.engine,
-        engine_version=release.engine_version,
-        role=assignment.role,
-        port=assignment.port,
-        tenant_id=tenant.tenant_id,
-        tenant_quota_bytes=tenant.quota_bytes,
-        served_model_name=model.served_model_name,
-        model_path=model.model_path,
-        vllm_model_name=model.vllm_model_name,
-        namespace=release.namespace,
-        release_state=release.state,
-        release_fingerprint=release.fingerprint,
-        kv_layout=KVLayout(
-            num_layers=release.num_layers, num_kv_heads=release.num_kv_heads, head_dim=release.head_dim,
-            block_size=release.block_size, kv_dtype=release.kv_dtype, quantization=release.quantization,
-            adapters=[LoraAdapterSpec(name=a.name, path=a.path or "")
-                      for a in sorted(release.lora_adapters, key=lambda a: a.name)],
-            weights_revision=release.weights_revision,
-        ),
-        hash_algo=release.hash_algo,
-        hash_seed=release.hash_seed,
-        ranks=Ranks(
+    kv_layout = KVLayout(
+        num_layers=release.num_layers, num_kv_heads=release.num_kv_heads, head_dim=release.head_dim,
+        block_size=release.block_size, kv_dtype=release.kv_dtype, quantization=release.quantization,
+        adapters=[LoraAdapterSpec(name=a.name, path=a.path or "")
+                  for a in sorted(release.lora_adapters, key=lambda a: a.name)],
+        weights_revision=release.weights_revision,
+    )
+    return {
+        "engine": release.engine,
+        "engine_version": release.engine_version,
+        "tenant_id": tenant.tenant_id,
+        "tenant_quota_bytes": tenant.quota_bytes,
+        "served_model_name": model.served_model_name,
+        "model_path": model.model_path,
+        "vllm_model_name": model.vllm_model_name,
+        "namespace": release.namespace,
+        "release_state": release.state,
+        "release_fingerprint": release.fingerprint,
+        "kv_layout": kv_layout.model_dump(mode="json"),
+        "hash_algo": release.hash_algo,
+        "hash_seed": release.hash_seed,
+    }
+
+
+def _budget_fields(assignment, groups: Iterable[RequestGroup], budget: int | None, node_writers: int,
+                   all_writers: int, shares: ShareBook | None) -> dict[str, Any]:
+    """The node's shares of the release's effective ``budget`` and of each request group's budget, as the
+    ``request_groups`` and ``node_budget_bytes`` members of an ``InstanceSpec`` (JSON form): demand-weighted from
+    ``shares`` (``dashboard.rollout.budget_shares``), else by writer counts (``budget_share``)."""
+    release_id = assignment.release_id
+
+    def share(value: int | None, group: str | None = None) -> int | None:
+        if shares is None:
+            return budget_share(value, node_writers, all_writers)
+        return shares.share(assignment.node_id, release_id, group, value)
+
+    return {
+        "request_groups": [{"name": g.name, "cache_salt": g.cache_salt,  # RequestGroupSpec's fields, in its order
+                            "node_budget_bytes": share(g.budget_bytes, g.name)} for g in groups],
+        "node_budget_bytes": share(budget),
+    }
+
+
+def _assignment_fields(assignment) -> dict[str, Any]:
+    """The members of an ``InstanceSpec`` (JSON form) that are the assignment's own: id, role, port, ranks."""
+    return {
+        "instance_id": str(assignment.pk),
+        "role": assignment.role,
+        "port": assignment.port,
+        "ranks": Ranks(
             tp_rank=assignment.tp_rank, tp_size=assignment.tp_size, pp_rank=assignment.pp_rank,
             pp_size=assignment.pp_size, pcp_rank=assignment.pcp_rank, pcp_size=assignment.pcp_size,
             dcp_rank=assignment.dcp_rank, dcp_size=assignment.dcp_size,
-        ),
-        request_groups=group_specs,
-        node_budget_bytes=budget_share(effective_budget(release, budgets).budget_bytes, node_writers, all_writers),
-    )
+        ).model_dump(mode="json"),
+    }
+
+
+def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1, all_writers: int = 1,
+              budgets: dict | None = None, shared: dict | None = None,
+              shares: ShareBook | None = None) -> dict[str, Any]:
+    """The instance's spec in JSON form (an ``InstanceSpec`` without its ``launch``); ``node_budget_bytes`` is the
+    node's share of the release's effective budget: its own, or the implicit one of a live release without a
+    budget (``dashboard.master.room.effective_budget``; ``budgets`` from ``release_budgets``, read now when not
+    given). ``groups`` are the tenant's ``tenants.models.RequestGroup`` rows; each becomes a ``RequestGroupSpec``
+    with the node's share of the group's ``budget_bytes``. Shares come from ``shares`` (demand-weighted,
+    ``dashboard.rollout.budget_shares``), else ``budget_share``. ``shared`` (a dict the caller keeps for one render)
+    holds what many nodes share, rendered once: the release-level members and effective budget per release, and
+    the writer-count budget members per release and writer counts."""
+    from dashboard.master.room import effective_budget
+
+    shared = {} if shared is None else shared
+    release_id = assignment.release_id
+    if release_id not in shared:
+        release = assignment.release
+        shared[release_id] = (_release_fields(release), effective_budget(release, budgets).budget_bytes)
+    fields, budget = shared[release_id]
+    if shares is None:
+        key = (release_id, node_writers, all_writers)
+        if key not in shared:
+            shared[key] = _budget_fields(assignment, groups, budget, node_writers, all_writers, None)
+        budget_members = shared[key]
+    else:
+        budget_members = _budget_fields(assignment, groups, budget, node_writers, all_writers, shares)
+    return {**fields, **budget_members, **_assignment_fields(assignment)}
 
 
 def render_contents(nodes) -> dict[str, dict[str, Any]]:
@@ -207,17 +252,23 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     for group in RequestGroup.objects.filter(tenant_id__in=tenant_pks).order_by("name"):
         groups[group.tenant_id].append(group)
     writers, writers_on_node = _writer_counts([a for items in by_node.values() for a in items])
+    shares = ShareBook.load(writers_on_node, by_node)
     budgets = _release_budgets() if any(by_node.values()) else {}
     target = _render_target()
     store = target.store_endpoints().model_dump(mode="json")
+    metrics_urls = master_metrics_urls(target)
+    # What many nodes share is rendered once (``_instance``'s ``shared``): the release-level members of an instance,
+    # per release and writer counts. The assignment's own members and its launch are rendered per instance; the
+    # whole document is validated by ensure_versions.
+    shared: dict[Any, Any] = {}
     return {
         node.name: {
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
             "instances": [{**_instance(a, groups[a.release.model.tenant_id],
                                        writers_on_node.get((node.pk, a.release_id), 0),
-                                       writers.get(a.release_id, 0), budgets).model_dump(mode="json"),
+                                       writers.get(a.release_id, 0), budgets, shared, shares),
                            "launch": _launch(a, target).to_dict()} for a in by_node[node.pk]],
-            "node_settings": _node_settings(node, target).model_dump(mode="json"),
+            "node_settings": _node_settings(node, target, metrics_urls).model_dump(mode="json"),
             "dashboard_reads": list(DASHBOARD_READS),
         }
         for node in nodes
@@ -267,11 +318,7 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
     with transaction.atomic():
         states = NodeState.objects.lock_in_name_order(names)
         contents = render_contents(nodes)
-        latest: dict[str, ConfigVersion] = {}
-        for version in ConfigVersion.objects.filter(
-                node_name__in=names, version__in={state.desired_version for state in states.values()}):
-            if states[version.node_name].desired_version == version.version:
-                latest[version.node_name] = version
+        latest = _latest_versions(states)
         result: dict[str, Ensured] = {}
         created: list[ConfigVersion] = []
         issued_at = _issued_at(timezone.now())
@@ -291,6 +338,7 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
             created.append(version)
             state.desired_version, state.desired_digest = number, version.digest
             result[name] = Ensured(version, True, state)
+        _load_documents([item.version for item in result.values() if not item.created])
         if created:
             _insert_versions(created)
             NodeState.objects.save_fields((states[v.node_name] for v in created),
@@ -299,6 +347,27 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
         log.info("node %s: config version %d (digest %s, %d instances)", version.node_name, version.version,
                  version.digest[:12], len(version.document["instances"]))
     return result
+
+
+def _latest_versions(states: dict[str, NodeState]) -> dict[str, ConfigVersion]:
+    """The desired ``ConfigVersion`` of each node (by name) that has one, without its document (one query; the
+    content digest decides whether it stays, :func:`_load_documents` reads the documents of those that do)."""
+    latest: dict[str, ConfigVersion] = {}
+    for version in ConfigVersion.objects.filter(
+            node_name__in=list(states), version__in={state.desired_version for state in states.values()}
+    ).defer("document"):
+        if states[version.node_name].desired_version == version.version:
+            latest[version.node_name] = version
+    return latest
+
+
+def _load_documents(versions: list[ConfigVersion]) -> None:
+    """Fill in the ``document`` of ``versions`` loaded without it (one query, none when there are none)."""
+    if not versions:
+        return
+    documents = dict(ConfigVersion.objects.filter(pk__in=[v.pk for v in versions]).values_list("pk", "document"))
+    for version in versions:
+        version.document = documents[version.pk]
 
 
 def ensure_version(node) -> Ensured:
@@ -340,29 +409,33 @@ def _insert_versions(versions: list[ConfigVersion]) -> None:
 _declared_queues: set[str] = set()
 
 
+#: kombu's retry policy of a config document's publish (a batch the broker refused is also sent once more whole).
+PUBLISH_RETRY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5}
+
+
 def _publish_documents(documents: list[tuple[str, int, dict[str, Any]]]) -> None:
     """Publish ``(node name, version, sealed document)`` triples as ``agent.apply_config`` tasks to ``agent.<node>``
     (each document signed and then sealed to its node, ``agent.contract.sealing``: the queue holds no seed or salt).
 
     All of them go through one producer inside kombu's ``Producer.batch()`` (kombu >= 5.7): on Redis the
     ``LPUSH``es are buffered and sent as one pipeline when the batch closes, one round trip instead of one per
-    node. A queue is declared with the first document this process sends to it. The task's ``argsrepr``
-    (what monitoring and logs show) names the node and version instead of repeating the signed document.
+    node. The task messages are built once and copied per node (``dashboard.rollout.publish.TaskBatch``: what
+    ``app.send_task`` would publish, at a fraction of its CPU). A queue is declared with the first document this
+    process sends to it. The task's ``argsrepr`` (what monitoring and logs show) names the node and version
+    instead of repeating the signed document.
     Raises when the broker did not take the batch (kombu's ``BatchPublishError`` when the pipeline failed:
     some documents may have been delivered, which is harmless, an agent acks a re-delivery again).
     """
     from dashboard.celery import app
+    from dashboard.rollout.publish import TaskBatch
 
     with app.producer_or_acquire() as producer, producer.batch():
+        batch = TaskBatch(app, producer, expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry_policy=PUBLISH_RETRY)
         for name, version, document in documents:
             queue = node_queue(name)
-            app.send_task(
-                APPLY_CONFIG_TASK, args=[document], queue=queue, producer=producer,
-                declare=[] if queue in _declared_queues else None,
-                argsrepr=f"[<config document node={name} version={version}>]",
-                expires=settings.KVPOOL_PUSH_EXPIRES_SECONDS, retry=True,
-                retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5},
-            )
+            batch.send(APPLY_CONFIG_TASK, args=[document], queue=queue,
+                       declare=[] if queue in _declared_queues else None,
+                       argsrepr=f"[<config document node={name} version={version}>]")
     _declared_queues.update(node_queue(name) for name, _, _ in documents)
 
 
@@ -391,8 +464,9 @@ def send_many(pairs) -> int:
     for node, config_version in pairs:
         try:
             stamped = {**config_version.document, signing.SENT_AT_FIELD: sent_at}  # this delivery's freshness
-            signed = signing.signed(stamped, node.signing_secret)
-            documents.append((node.name, config_version.version, seal(signed, node.signing_secret, node=node.name)))
+            plaintext = signing.signed_bytes(stamped, node.signing_secret)
+            documents.append((node.name, config_version.version,
+                              seal_bytes(plaintext, node.signing_secret, node=node.name)))
         except ValueError as exc:  # an empty secret: nothing the agent could verify
             errors[node.name] = f"{type(exc).__name__}: {exc}"
             log.error("node %s: signing config version %d failed: %s", node.name, config_version.version, exc)

@@ -17,15 +17,18 @@ Sizes are bytes, times timezone-aware UTC.
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
 from dashboard.models import MasterQuotaSample, OccupancySample
+from dashboard.telemetry import vendor_sql
 
 #: Eviction causes in display order (``cause`` label values), and the sample counter of each.
 EVICTION_CAUSES: tuple[str, ...] = tuple(OccupancySample.EVICTION_CAUSES.values())
@@ -200,16 +203,60 @@ def _floor(ts: datetime, seconds: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % seconds, tz=ts.tzinfo or UTC)
 
 
+_RELEASE = ("tenant_id", "served_model_name", "namespace")
+_PAIR = ("node_name", *_RELEASE, "request_group")  # one node's rows of one cache scope
+_COUNTERS = ("hit_blocks", "miss_blocks", *_CAUSE_COUNTERS)
+
+
+def _series_sql(vendor: str, base_sql: str) -> str:
+    """One statement over the rows of ``base_sql`` (``OccupancySample`` columns; params ``start`` epoch seconds,
+    ``width``, ``last`` bucket index follow ``base_sql``'s), returning rows ``(kind, index, tenant_id,
+    served_model_name, namespace, a, b, *increases)``: kind 0 per bucket and release (``a`` = bytes, the
+    increases of ``_COUNTERS``), kind 1 per release (``a`` = in-flight requests, ``b`` = orphaned bytes of each
+    node's and scope's last row, summed)."""
+    pair, release = ", ".join(_PAIR), ", ".join(_RELEASE)
+    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in _PAIR)
+    index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
+    lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
+    # an increase of a cumulative counter; a decrease is an agent restart (the new value counts from zero)
+    increases = ", ".join(
+        f"CASE WHEN {name} >= prev_{name} THEN {name} - prev_{name} WHEN {name} < prev_{name} THEN {name} ELSE 0 END"
+        f" AS {name}" for name in _COUNTERS)
+    sums = ", ".join(f"sum({name}) AS {name}" for name in _COUNTERS)
+    zeros = ", ".join("0" for _ in _COUNTERS)
+    cell_bytes = vendor_sql.half_up_average(vendor, "weighted", "weight")
+    return f"""
+        WITH rows AS (
+            SELECT {pair}, {index} AS idx, bytes, CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight,
+                   in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}, {lags},
+                   LEAD(id) OVER w IS NULL AS is_last
+            FROM ({base_sql}) base
+            WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
+        ), deltas AS (
+            SELECT {pair}, idx, bytes, weight, in_flight_requests, orphaned_bytes, is_last, {increases} FROM rows
+        ), cells AS (
+            SELECT idx, {pair}, sum({vendor_sql.weighted(vendor, "bytes", "weight")}) AS weighted,
+                   sum(weight) AS weight, {sums}
+            FROM deltas GROUP BY idx, {pair}
+        )
+        SELECT 0, idx, {release}, sum({cell_bytes}), 0, {sums} FROM cells GROUP BY idx, {release}
+        UNION ALL
+        SELECT 1, 0, {release}, sum(in_flight_requests), sum(orphaned_bytes), {zeros}
+        FROM deltas WHERE is_last GROUP BY {release}
+    """
+
+
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
                      now: datetime | None = None) -> OccupancySeries:
-    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed.
+    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
 
     In each bucket, a node's value for one scope (release and request group) is the sample-weighted average of
-    its rows in that bucket (rollup rows weigh ``samples``); a release's value is the sum of those over nodes and
-    request groups; ``None`` when no row of the release fell in the bucket. Hit and miss blocks count the
-    increases of the agents' cumulative counters between consecutive rows (a decrease is an agent restart:
-    the new value counts from zero); an increase counts in the bucket of the row that ends it. Evicted blocks by
-    cause are counted the same way. Raises ``KeyError`` for an unknown window.
+    its rows in that bucket (rollup rows weigh ``samples``; rounded half up); a release's value is the sum of
+    those over nodes and request groups; ``None`` when no row of the release fell in the bucket. Hit and miss
+    blocks count the increases of the agents' cumulative counters between consecutive rows (a decrease is an
+    agent restart: the new value counts from zero); an increase counts in the bucket of the row that ends it.
+    Evicted blocks by cause are counted the same way. In-flight requests and orphaned bytes: of each node's and
+    scope's last row, summed. Raises ``KeyError`` for an unknown window.
     """
     length, width = WINDOWS[window]
     filters = filters or OccupancyFilter()
@@ -217,66 +264,48 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     start = _floor(end - timedelta(seconds=length), width)
     count = int((end - start).total_seconds() // width) + 1
     buckets = [start + timedelta(seconds=width * i) for i in range(count)]
-    rows = (
-        filters.apply(OccupancySample.objects.filter(ts__gte=start, ts__lte=end))
-        .order_by("ts", "id")
-        .values_list("ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
-                     "samples", "in_flight_requests", "orphaned_bytes", "hit_blocks", "miss_blocks",
-                     *_CAUSE_COUNTERS)
-    )
-    # (bucket, node, scope) -> [weighted bytes, samples]; the series are per whole release (scope.release_scope())
-    cells: dict[tuple[int, str, CacheScope], list[int]] = defaultdict(lambda: [0, 0])
-    last_counters: dict[tuple[str, CacheScope], tuple[int, ...]] = {}
-    # release -> increases of (hit, miss, *eviction causes) over the window, and per counter and bucket
-    totals: dict[CacheScope, list[int]] = defaultdict(lambda: [0] * (2 + len(_CAUSE_COUNTERS)))
-    per_bucket: dict[CacheScope, list[list[int]]] = defaultdict(
-        lambda: [[0] * count for _ in range(2 + len(_CAUSE_COUNTERS))])
-    in_flight: dict[tuple[str, CacheScope], int] = {}
-    orphaned: dict[tuple[str, CacheScope], int] = {}
-    keys: set[CacheScope] = set()
-    for ts, node, tenant_id, model, namespace, group, size, samples, flight, orphan, *counters in rows:
-        scope = CacheScope(tenant_id, model, namespace, group)
-        key = scope.release_scope()
-        keys.add(key)
-        index = min(int((ts - start).total_seconds() // width), count - 1)
-        weight = max(samples, 1)
-        cell = cells[(index, node, scope)]
-        cell[0] += size * weight
-        cell[1] += weight
-        counter_key = (node, scope)
-        previous = last_counters.get(counter_key)
-        if previous is not None:
-            release_totals, release_buckets = totals[key], per_bucket[key]
-            for n, (value, before) in enumerate(zip(counters, previous, strict=True)):
-                increase = value - before if value >= before else value
-                release_totals[n] += increase
-                release_buckets[n][index] += increase
-        last_counters[counter_key] = tuple(counters)
-        in_flight[counter_key] = flight
-        orphaned[counter_key] = orphan
-    sums: dict[CacheScope, list[int | None]] = {key: [None] * count for key in keys}
-    for (index, _node, scope), (weighted, samples) in cells.items():
-        key = scope.release_scope()
-        current = sums[key][index] or 0
-        sums[key][index] = current + round(weighted / samples)
+    # every level: each time is held by one (a rollup deletes what it folds); level IN (...) lets the (level, ts)
+    # indexes serve the time range
+    base = filters.apply(OccupancySample.objects.filter(level__in=list(OccupancySample.Level.values),
+                                                        ts__gte=start, ts__lte=end))
+    base_sql, base_params = base.values("id", "ts", *_PAIR, "bytes", "samples", "in_flight_requests",
+                                        "orphaned_bytes", *_COUNTERS).query.sql_with_params()
+    settings_sql = vendor_sql.analytic_settings(connection.vendor)
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
+            cursor.execute(statement)
+        cursor.execute(_series_sql(connection.vendor, base_sql),
+                       [int(start.timestamp()), width, count - 1, *base_params])
+        rows = cursor.fetchall()
+    data: dict[CacheScope, list[int | None]] = {}
+    per_bucket: dict[CacheScope, list[list[int]]] = {}
+    last: dict[CacheScope, tuple[int, int]] = {}
+    for kind, index, tenant_id, model, namespace, first, second, *counters in rows:
+        key = CacheScope(tenant_id, model, namespace)  # the whole release
+        if kind == 1:
+            last[key] = (int(first), int(second))
+            continue
+        data.setdefault(key, [None] * count)[index] = int(first)
+        columns = per_bucket.setdefault(key, [[0] * count for _ in _COUNTERS])
+        for column, value in zip(columns, counters, strict=True):
+            column[index] = int(value)
     series = []
-    for key in sorted(keys):
-        data = sums[key]
-        present = [value for value in data if value is not None]
-        release_totals, release_buckets = totals[key], per_bucket[key]
-        summary = SeriesSummary(
-            key=key, data=data,
-            latest_bytes=next((value for value in reversed(data) if value is not None), None),
+    for key in sorted(data):
+        values, columns = data[key], per_bucket[key]
+        present = [value for value in values if value is not None]
+        totals = [sum(column) for column in columns]
+        in_flight, orphaned = last.get(key, (0, 0))
+        series.append(SeriesSummary(
+            key=key, data=values,
+            latest_bytes=next((value for value in reversed(values) if value is not None), None),
             average_bytes=round(sum(present) / len(present)) if present else None,
             peak_bytes=max(present) if present else None,
-            hit_blocks=release_totals[0], miss_blocks=release_totals[1],
-            in_flight_requests=sum(v for (_node, scope), v in in_flight.items() if scope.release_scope() == key),
-            orphaned_bytes=sum(v for (_node, scope), v in orphaned.items() if scope.release_scope() == key),
-            hit_blocks_data=release_buckets[0], miss_blocks_data=release_buckets[1],
-            evicted_blocks={cause: release_totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
-            evicted_blocks_data={cause: release_buckets[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
-        )
-        series.append(summary)
+            hit_blocks=totals[0], miss_blocks=totals[1], in_flight_requests=in_flight, orphaned_bytes=orphaned,
+            hit_blocks_data=columns[0], miss_blocks_data=columns[1],
+            evicted_blocks={cause: totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
+            evicted_blocks_data={cause: columns[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
+        ))
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,
                            series=series)
 

@@ -1,27 +1,36 @@
-"""Roll occupancy samples up (raw ~10 s → 1 minute → 1 hour) and apply retention.
+"""Roll occupancy samples up (raw ~10 s → 1 minute → 1 hour) and apply retention, set-based in SQL.
 
-A raw row older than ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` is folded into the 1-minute row of its node,
-namespace key and minute; a 1-minute row older than ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS`` into the 1-hour row.
-Folding: gauges become the average weighted by ``samples``, ``max_bytes`` the peak, counters (cumulative since
-the agent started) the largest value, ``samples`` the sum. Only buckets entirely older than the cutoff are
-folded, and source rows are read and deleted by id in chunks inside one transaction per chunk, so a sample
-that arrives while a rollup runs is never lost; a late sample for a bucket already rolled up is merged into
-the existing row on the next run. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``,
-master quota samples older than ``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than
-the 1-minute horizon (a duplicate delivered later than that would be stored again), engine facts
-(``InstanceStats``) no report refreshed within that horizon, and config versions older than the retention except
-each node's newest.
+A raw row older than ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` is folded into the 1-minute row of its node, cache scope
+and minute; a 1-minute row older than ``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS`` into the 1-hour row. Folding: gauges
+become the average weighted by ``samples`` (rounded half up to whole units), ``max_bytes`` the peak, counters
+(cumulative since the agent started) the largest value, ``samples`` the sum; a rollup row that already exists (a
+late sample, or an earlier chunk of the same bucket) is merged the same way, its gauges weighted by its
+``samples``.
+
+Each fold is one ``INSERT ... SELECT ... GROUP BY ... ON CONFLICT (level, ts, cache scope key) DO UPDATE`` over a
+bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), and the deletion
+of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ... RETURNING``
+of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the transaction
+holds the database's write lock from its start. So a sample that arrives while a rollup runs is never lost nor
+counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is merged into
+the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level advisory lock on
+PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
+``dashboard_occ_rollup_key`` (rollup levels only: raw rows may repeat a key, two reports of one node may carry
+the same ``sent_at``) is the conflict target.
+
+Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master quota samples older than
+``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than the 1-minute horizon (a duplicate
+delivered later than that would be stored again), engine facts (``InstanceStats``) no report refreshed within
+that horizon, and config versions older than the retention except each node's newest; each is one ``DELETE``.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Max
+from django.db import connection, transaction
+from django.db.models import Min, OuterRef, Subquery
 from django.utils import timezone
 
 from dashboard.models import (
@@ -32,13 +41,23 @@ from dashboard.models import (
     OccupancySample,
     Report,
 )
+from dashboard.telemetry import vendor_sql
 
 log = logging.getLogger("kvpool.dashboard.rollup")
 
-CHUNK = 5000
 Level = OccupancySample.Level
-_FIELDS = ("id", "ts", *OccupancySample.KEY, *OccupancySample.GAUGES, "max_bytes", *OccupancySample.COUNTERS,
-           "samples")
+#: Seconds of source rows folded per transaction (multiples of the target bucket or of the source one): at fleet
+#: size (~5,000 raw rows/s) a raw chunk is ~300,000 rows, a 1-minute chunk (50,000 scopes × nodes) ~500,000.
+RAW_CHUNK_SECONDS = 60
+MINUTE_CHUNK_SECONDS = 600
+#: ``pg_advisory_xact_lock`` key serializing the folds of concurrent rollups ("kvpool-rollup").
+ADVISORY_LOCK = 0x6B76_706F_6F6C_0001
+
+_KEY = OccupancySample.KEY
+_GAUGES = OccupancySample.GAUGES
+_LARGEST = ("max_bytes", *OccupancySample.COUNTERS)  # merged by taking the largest value
+_COLUMNS = (*_KEY, *_GAUGES, *_LARGEST, "samples")
+_BUCKET_SECONDS = {Level.MINUTE: 60, Level.HOUR: 3600}
 
 
 def floor_minute(ts: datetime) -> datetime:
@@ -51,88 +70,95 @@ def floor_hour(ts: datetime) -> datetime:
     return ts.replace(minute=0, second=0, microsecond=0)
 
 
-@dataclass
-class _Bucket:
-    """Running fold of rows: weighted gauge sums, peak bytes, largest counters, total samples."""
-
-    samples: int = 0
-    max_bytes: int = 0
-    gauge_sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OccupancySample.GAUGES, 0))
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OccupancySample.COUNTERS, 0))
-
-    def add(self, row: dict[str, Any]) -> None:
-        """Fold one row (a dict with the sample fields; gauges are averages over ``row["samples"]``)."""
-        weight = row["samples"]
-        for name in OccupancySample.GAUGES:
-            self.gauge_sums[name] += row[name] * weight
-        for name in OccupancySample.COUNTERS:
-            self.counters[name] = max(self.counters[name], row[name])
-        self.max_bytes = max(self.max_bytes, row["max_bytes"])
-        self.samples += weight
-
-    def assign_to(self, row: OccupancySample) -> None:
-        """Write the fold into ``row`` (gauges rounded to whole units)."""
-        for name in OccupancySample.GAUGES:
-            setattr(row, name, round(self.gauge_sums[name] / self.samples))
-        for name in OccupancySample.COUNTERS:
-            setattr(row, name, self.counters[name])
-        row.max_bytes = self.max_bytes
-        row.samples = self.samples
+def _floor_seconds(ts: datetime, seconds: int) -> datetime:
+    """Start of the ``seconds``-wide UTC interval containing ``ts`` (intervals counted from the epoch)."""
+    epoch = int(ts.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
 
 
-_VALUE_FIELDS = (*OccupancySample.GAUGES, "max_bytes", *OccupancySample.COUNTERS, "samples")
+def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
+    """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` folding the rows of ``source_sql`` (a FROM item with the
+    sample columns and ``ts``) into ``target`` level rows, merged with the existing ones; params: target level."""
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    agg = ", ".join([
+        *_KEY,
+        *(f"sum({vendor_sql.weighted(vendor, name, 'samples')}) AS {name}" for name in _GAUGES),
+        *(f"max({name}) AS {name}" for name in _LARGEST),
+        "sum(samples) AS samples",
+    ])
+    weight = "a.samples + coalesce(o.samples, 0)"
+    values = ", ".join([
+        *(f"a.{name}" for name in _KEY),
+        *(vendor_sql.half_up_average(
+            vendor, f"a.{name} + coalesce({vendor_sql.weighted(vendor, f'o.{name}', 'o.samples')}, 0)", weight)
+          for name in _GAUGES),
+        *(f"CASE WHEN o.{name} > a.{name} THEN o.{name} ELSE a.{name} END" for name in _LARGEST),
+        weight,
+    ])
+    join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts", *(f"o.{name} = a.{name}" for name in _KEY)])
+    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
+    return (
+        f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
+        f"SELECT %(target)s, a.ts, {values} "
+        f"FROM (SELECT {bucket} AS ts, {agg} FROM {source_sql} "
+        f"GROUP BY {bucket}, {', '.join(_KEY)}) a LEFT JOIN {table} o ON {join} "
+        f"WHERE true ON CONFLICT (level, ts, {', '.join(_KEY)}) WHERE level > 0 DO UPDATE SET "
+        + ", ".join(f"{name} = excluded.{name}" for name in (*_GAUGES, *_LARGEST, "samples"))
+    )
 
 
-def _fold(source: int, target: int, cutoff: datetime, floor) -> int:
-    """Fold rows of level ``source`` older than ``cutoff`` into level ``target``; returns rows folded."""
+def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int:
+    """Fold the ``source`` rows with ``start <= ts < end`` into ``target`` rows and delete them, in one
+    transaction; returns the rows folded. ``start`` and ``end`` are bucket starts of ``target``'s or finer."""
+    vendor = connection.vendor
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    params = {"source": source, "target": target, "start": connection.ops.adapt_datetimefield_value(start),
+              "end": connection.ops.adapt_datetimefield_value(end)}
+    chunk = "level = %(source)s AND ts >= %(start)s AND ts < %(end)s"
+    with transaction.atomic(), connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+            moved = f"DELETE FROM {table} WHERE {chunk} RETURNING ts, {', '.join(_COLUMNS)}"
+            cursor.execute(f"WITH moved AS ({moved}), merged AS ({_fold_sql(vendor, 'moved', target)}) "
+                           f"SELECT count(*) FROM moved", params)
+            return cursor.fetchone()[0]
+        # SQLite: the transaction holds the write lock (IMMEDIATE) from its start, nobody inserts in between
+        cursor.execute(_fold_sql(vendor, f"{table} WHERE {chunk}", target), params)
+        cursor.execute(f"DELETE FROM {table} WHERE {chunk}", params)
+        return cursor.rowcount
+
+
+def _fold(source: int, target: int, cutoff: datetime, chunk_seconds: int) -> int:
+    """Fold rows of level ``source`` older than ``cutoff`` (a ``target`` bucket start) into level ``target``, a
+    ``chunk_seconds`` time range per transaction, oldest first; returns rows folded. A row that arrives for a
+    range already passed waits for the next run."""
     folded = 0
-    while True:
-        with transaction.atomic():
-            rows = list(OccupancySample.objects.filter(level=source, ts__lt=cutoff).order_by("id")
-                        .values(*_FIELDS)[:CHUNK])
-            if not rows:
-                return folded
-            buckets: dict[tuple, _Bucket] = {}
-            for row in rows:
-                key = (floor(row["ts"]), *(row[name] for name in OccupancySample.KEY))
-                buckets.setdefault(key, _Bucket()).add(row)
-            _merge_into(target, buckets)
-            OccupancySample.objects.filter(id__in=[row["id"] for row in rows]).delete()
-            folded += len(rows)
+    rows = OccupancySample.objects.filter(level=source, ts__lt=cutoff)
+    while (first := rows.aggregate(first=Min("ts"))["first"]) is not None:
+        start = _floor_seconds(first, chunk_seconds)
+        end = min(start + timedelta(seconds=chunk_seconds), cutoff)
+        folded += _fold_chunk(source, target, start, end)
+        rows = rows.filter(ts__gte=end)
+    return folded
 
 
-def _merge_into(level: int, buckets: dict[tuple, _Bucket]) -> None:
-    """Create or update the ``level`` rows of ``buckets`` (key = (bucket start, *KEY)), merging late rows."""
-    starts = [key[0] for key in buckets]
-    existing = {
-        (row.ts, *(getattr(row, name) for name in OccupancySample.KEY)): row
-        for row in OccupancySample.objects.select_for_update().filter(
-            level=level, ts__gte=min(starts), ts__lte=max(starts))
-    }
-    created, updated = [], []
-    for key, bucket in buckets.items():
-        row = existing.get(key)
-        if row is None:
-            row = OccupancySample(level=level, ts=key[0], **dict(zip(OccupancySample.KEY, key[1:])))
-            created.append(row)
-        else:
-            bucket.add({name: getattr(row, name) for name in _VALUE_FIELDS})
-            updated.append(row)
-        bucket.assign_to(row)
-    OccupancySample.objects.bulk_create(created, batch_size=2000)
-    if updated:
-        OccupancySample.objects.bulk_update(updated, list(_VALUE_FIELDS), batch_size=500)
+def _old_config_versions(cutoff: datetime):
+    """``ConfigVersion`` rows created before ``cutoff`` that are not their node's newest."""
+    newest = ConfigVersion.objects.filter(node_name=OuterRef("node_name")).order_by("-version").values("version")[:1]
+    return ConfigVersion.objects.filter(created_at__lt=cutoff, version__lt=Subquery(newest))
 
 
 def rollup(now: datetime | None = None) -> dict[str, int]:
-    """Run both folds and the retention; returns counts per step (JSON-ready)."""
+    """Run both folds and the retention; returns counts per step (JSON-ready): ``raw_folded``,
+    ``minute_folded`` (source rows folded), ``hour_deleted``, ``receipts_deleted``, ``acks_deleted``,
+    ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
     now = now or timezone.now()
     raw_cutoff = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS))
     minute_cutoff = floor_hour(now - timedelta(seconds=settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS))
     retention_cutoff = now - timedelta(seconds=settings.KVPOOL_RETENTION_SECONDS)
     counts = {
-        "raw_folded": _fold(Level.RAW, Level.MINUTE, raw_cutoff, floor_minute),
-        "minute_folded": _fold(Level.MINUTE, Level.HOUR, minute_cutoff, floor_hour),
+        "raw_folded": _fold(Level.RAW, Level.MINUTE, raw_cutoff, RAW_CHUNK_SECONDS),
+        "minute_folded": _fold(Level.MINUTE, Level.HOUR, minute_cutoff, MINUTE_CHUNK_SECONDS),
     }
     counts["hour_deleted"] = OccupancySample.objects.filter(level=Level.HOUR, ts__lt=retention_cutoff).delete()[0]
     counts["receipts_deleted"] = Report.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
@@ -141,11 +167,7 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
     counts["instance_stats_deleted"] = InstanceStats.objects.filter(reported_at__lt=minute_cutoff).delete()[0]
     counts["master_samples_deleted"] = MasterQuotaSample.objects.filter(
         ts__lt=now - timedelta(seconds=settings.KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS)).delete()[0]
-    newest = ConfigVersion.objects.values("node_name").annotate(newest=Max("version"))
-    keep = {(row["node_name"], row["newest"]) for row in newest}
-    old = ConfigVersion.objects.filter(created_at__lt=retention_cutoff).values_list("id", "node_name", "version")
-    doomed = [pk for pk, node, version in old if (node, version) not in keep]
-    counts["config_versions_deleted"] = ConfigVersion.objects.filter(id__in=doomed).delete()[0] if doomed else 0
+    counts["config_versions_deleted"] = _old_config_versions(retention_cutoff).delete()[0]
     if any(counts.values()):
         log.info("rollup: %s", counts)
     return counts

@@ -2,9 +2,11 @@
 CPU machine): ``--kv-transfer-config``, ``--kv-events-config`` and the ``MOONCAKE_CONFIG_PATH`` file."""
 from __future__ import annotations
 
+import json
+from functools import lru_cache
 from typing import Any
 
-from agent.contract.kv_events import KV_EVENTS_ENDPOINT
+from agent.contract.kv_events import KV_EVENTS_ENDPOINT, KV_EVENTS_REPLAY_ENDPOINT
 from tenants.choices import InstanceRole, NodeDevice, StoreMode
 from tenants.rendering.common import (
     compact_json,
@@ -72,6 +74,7 @@ def kv_events_config(node, topic: str) -> dict[str, Any]:
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": KV_EVENTS_ENDPOINT,
+        "replay_endpoint": KV_EVENTS_REPLAY_ENDPOINT,
         "topic": topic,
     }
 
@@ -80,12 +83,19 @@ def vllm_mooncake_config(assignment, endpoints: RenderTarget) -> dict[str, Any]:
     """The ``MOONCAKE_CONFIG_PATH`` document (keys vLLM 0.32's MooncakeStoreConnector reads): the store client
     keys plus ``mode`` = the node's ``store_mode``; ``global_segment_size`` is ``endpoints.global_segment_size``
     in ``embedded`` mode and 0 in ``standalone-store`` mode (the node's ``mooncake_client`` owns the memory)."""
-    node = assignment.node
-    config = store_client_config(endpoints, assignment.release.model.tenant.tenant_id)
-    config["mode"] = node.store_mode
-    if node.store_mode == StoreMode.STANDALONE:
+    return json.loads(_mooncake_file(endpoints, assignment.release.model.tenant.tenant_id,
+                                     assignment.node.store_mode))
+
+
+@lru_cache(maxsize=1024)
+def _mooncake_file(endpoints: RenderTarget, tenant_id: str, store_mode: str) -> str:
+    """The text of the ``MOONCAKE_CONFIG_PATH`` file (``vllm_mooncake_config``), which depends on these three only:
+    rendered once for the many instances that share them (a config push renders one launch per instance)."""
+    config = store_client_config(endpoints, tenant_id)
+    config["mode"] = store_mode
+    if store_mode == StoreMode.STANDALONE:
         config["global_segment_size"] = 0
-    return config
+    return pretty_json(config)
 
 
 def _bare_host(hostname: str) -> str:
@@ -170,6 +180,6 @@ def render_vllm(assignment, endpoints: RenderTarget) -> RenderedConfig:
     env.update(cuda_env(assignment))
     if assignment.role != InstanceRole.BOTH and assignment.bootstrap_port is not None:
         env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(assignment.bootstrap_port)
-    files = {config_path: pretty_json(vllm_mooncake_config(assignment, endpoints))}
+    files = {config_path: _mooncake_file(endpoints, model.tenant.tenant_id, node.store_mode)}
     return RenderedConfig(kind="vllm", argv=argv, env=env, files=files, meta=instance_meta(assignment),
                           instance_id=ident, instance_dir=directory, user=model.tenant.engine_account)

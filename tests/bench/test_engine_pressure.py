@@ -110,10 +110,11 @@ def _arm(hits: int) -> dict:
 
 
 def test_the_json_shape():
-    result = bench.result_json({"bench": "engine_pressure"}, {name: _arm(h) for name, h in
-                                                            zip(bench.DEFAULT_ARMS, (100, 150, 120, 140), strict=True)})
+    hits = (100, 150, 120, 140, 130)
+    result = bench.result_json({"bench": "engine_pressure"},
+                               {name: _arm(h) for name, h in zip(bench.DEFAULT_ARMS, hits, strict=True)})
     assert list(result) == ["bench", "arms", "prefix_vs_store", "prefix_vs_lru"]
-    assert set(result["arms"]) == {"store", "prefix", "lru", "prefix_keep_orphans"}
+    assert set(result["arms"]) == {"store", "prefix", "lru", "prefix_keep_orphans", "prefix_eager_orphans"}
     assert all(set(bench.ARM_KEYS) <= set(arm) for arm in result["arms"].values())
     assert (result["prefix_vs_store"], result["prefix_vs_lru"]) == (1.5, 1.25)
     assert json.loads(json.dumps(result)) == result
@@ -137,7 +138,11 @@ def test_arms_match_the_agent_flags():
 
     assert all(arm["policy"] in BUDGET_POLICIES for arm in bench.ARMS.values())
     assert not bench.ARMS["store"]["budget"] and bench.ARMS["lru"]["policy"] == "lru"
-    assert bench.ARMS["prefix_keep_orphans"]["keep_orphans"] and not bench.ARMS["prefix"]["keep_orphans"]
+    from agent.datapath.maintenance import DEFAULT_ORPHAN_RULE, ORPHAN_RULES
+
+    assert all(arm["orphans"] in ORPHAN_RULES for arm in bench.ARMS.values())
+    assert bench.ARMS["prefix"]["orphans"] == DEFAULT_ORPHAN_RULE
+    assert [bench.ARMS[a]["orphans"] for a in ("prefix_keep_orphans", "prefix_eager_orphans")] == ["off", "eager"]
 
 
 def test_send_times_follow_the_trace_pace():
@@ -146,3 +151,15 @@ def test_send_times_follow_the_trace_pace():
     assert bench.send_times(prompts, 0) == [0.0, 0.0, 0.0] and bench.send_times([], 5) == []
     trace = [_request(1, (0, 11)), _request(3, (0, 11, 12))]
     assert [p.time_s for p in bench.plan_prompts(trace, 2)] == [1.0, 3.0]
+
+
+def test_settle_times_measure_each_eviction_round_until_the_ledger_matches_the_store():
+    block = bench.BLOCK_BYTES
+    samples = [(0.0, 100 * block, 100 * block, 0.0),
+               (2.0, 100 * block, 80 * block, 20.0 * block),   # a round: the ledger still holds what went
+               (4.0, 90 * block, 80 * block, 20.0 * block),
+               (6.0, 81 * block, 80 * block, 20.0 * block),    # within 4 blocks: settled 4 s after
+               (8.0, 81 * block, 60 * block, 40.0 * block)]    # a second round, never settled
+    assert bench.settle_times(samples) == [4.0, None]
+    assert bench.settle_times(samples[:1]) == [] and bench.settle_times([]) == []
+    assert bench.settle_times([(0.0, 0, 0, 0.0), (2.0, 10 * block, 10 * block, 1.0)]) == [0.0]

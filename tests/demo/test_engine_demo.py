@@ -238,3 +238,21 @@ def test_checks_page_verdicts_are_read_by_key(tmp_path):
     assert not passed and "fail: 1 source (instance 3: 4 Store block(s)" in text
     assert EngineDemo.verdict_text(page, "engines_hash_registered") == (
         False, "the Checks page has no check 'engines_hash_registered'")
+
+
+def test_full_pool_prompts_fill_the_room_with_documents_and_their_continuations():
+    from demo.engine import MAX_MODEL_LEN
+
+    room = 2 << 20
+    requests = engine_scenario.full_pool_prompts(room, 3, continuations=3)
+    blocks = {tuple(prompt[i:i + engine_scenario.BLOCK_TOKENS])
+              for _, prompt in requests for i in range(0, len(prompt) - 31, engine_scenario.BLOCK_TOKENS)}
+    assert len(blocks) * engine_scenario.BLOCK_BYTES >= 3 * room
+    assert all(len(p) + engine_scenario.MAX_TOKENS <= MAX_MODEL_LEN for _, p in requests)
+    first, second, third, fourth = (p for _, p in requests[:4])
+    prefix = 16 * engine_scenario.BLOCK_TOKENS
+    assert first[:prefix] == second[:prefix] == third[:prefix] != fourth[:prefix]  # one document, 3 continuations
+    assert first[prefix:] != second[prefix:]
+    assert {g for g, _ in requests} == set(engine_scenario.GROUPS)
+    with pytest.raises(ValueError, match="model length"):
+        engine_scenario.full_pool_prompts(room, prefix_blocks=20, continuation_blocks=20)

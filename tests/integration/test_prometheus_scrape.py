@@ -43,6 +43,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 TOKEN = "scrape-token-of-the-test"
 #: Families that exist only in HA mode (the master here runs alone).
 HA_ONLY = {"kvpool_master_standbys"}
+#: Alerts on the (other) rows of KVPOOL_METRICS_MAX_SERIES only: their series exist while the cap folds something.
+FOLDED_ONLY = {"KvpoolTroubleBeyondSeriesCap"}
 _COMPARISON = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*[0-9.e+]+")
 
 
@@ -150,7 +152,8 @@ def test_prometheus_sees_every_panel_and_alert_and_the_master_down_alert(
             expr = rule["expr"]
             if families(expr) <= HA_ONLY:
                 continue  # checked absent below
-            if not prometheus.query(expr) and not prometheus.query(underlying(expr)):
+            if rule["alert"] not in FOLDED_ONLY and not prometheus.query(expr) and not prometheus.query(
+                    underlying(expr)):
                 silent.append((rule["alert"], expr))
             for family in families(expr) - HA_ONLY:
                 if not prometheus.query(family):

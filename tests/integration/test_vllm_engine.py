@@ -123,15 +123,17 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         engines.segment.wait_ready(30)
         engine = start_instance(directory, log_path=tmp_path / "vllm.log", engine_python=engine_python,
                                 timeout=300)
-        # vLLM binds its event socket about a second before it serves; the agent, retrying every <= 2 s, may connect
-        # after the first requests, and a ZMQ subscriber gets nothing published before it joined
-        _wait(lambda: engines.observer.status(str(assignment.pk))[0] == "connected", 60,
-              "the agent connected to the engine's event socket")
         engines.observer.scrape_metrics_now()  # the engine's counters before any request: the baseline
+        # the engine serves while nobody observes its events (an agent restarting, or started after its engines):
+        # a ZMQ subscriber gets nothing published before it joined; the agent catches up through vLLM's replay socket
+        engines.observer.stop()
         prompts = _prompts()
         for name, (tokens, salt) in prompts.items():
             response = engine.complete(tokens, max_tokens=4, cache_salt=salt)
             assert response["usage"]["prompt_tokens"] == len(tokens), (name, response)
+        engines.observer.start()
+        _wait(lambda: engines.observer.status(str(assignment.pk))[0] == "connected", 60,
+              "the agent connected to the engine's event socket")
 
         # what the agent predicts: vLLM block hashes (sha256, the release's seed, the group's salt on block 0)
         # and the MooncakeStoreConnector key grammar with the release namespace as cache_prefix
@@ -169,7 +171,9 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
         # the engine bound its own ipc socket in its instance directory, and only that socket was read
         assert (stats.events_status, stats.events_endpoint, stats.topic_mismatch) == ("connected",
                                                                                      "ipc://kv-events.sock", 0)
-        assert (directory / "kv-events.sock").is_socket()
+        assert (directory / "kv-events.sock").is_socket() and (directory / "kv-events-replay.sock").is_socket()
+        caught_up = engines.observer.snapshot()["instances"][str(assignment.pk)]
+        assert caught_up["replayed"] > 0 and caught_up["replay_timeouts"] == 0  # every event came from the replay
         assert (stats.seq_gaps, stats.decode_errors, stats.unresolved_parent) == (0, 0, 0)
         assert (stats.confirmed, stats.unconfirmed, stats.pending, stats.unknown_namespace_keys) == (10, 0, 0, {})
         assert stats.attributed_by_group == {"shared": 6, "app-b": 4}

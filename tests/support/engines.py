@@ -42,6 +42,49 @@ class Publisher:
         os.close(self.dir_fd)
 
 
+class ReplayPublisher(Publisher):
+    """A PUB at ``directory/kv-events.sock`` numbering its messages as vLLM 0.32.0's ``ZmqEventPublisher`` does
+    (``publish(topic, payload)``: seq 0, 1, ... per publisher, 8 bytes big-endian), keeping them all, and a ROUTER at
+    ``directory/kv-events-replay.sock`` answering a replay request ``[b"", start seq]`` with every kept message from
+    ``start`` on, ``[b"", topic, seq, payload]`` each, then ``[b"", b"", END_SEQ, b""]`` (``_service_replay``).
+    ``serve_replays()`` answers the waiting requests (the engine does so from its publisher thread)."""
+
+    END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+    def __init__(self, ctx: zmq.Context, directory: Path) -> None:
+        super().__init__(ctx, directory)
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.bind(f"ipc://{directory / 'kv-events-replay.sock'}")
+        self.kept: list[tuple[int, bytes, bytes]] = []
+        self.requests: list[int] = []
+
+    def publish(self, topic: bytes, payload: bytes, *, deliver: bool = True) -> int:
+        """Number and keep one message; send it on the PUB unless ``deliver`` is False (lost on the way)."""
+        seq = len(self.kept)
+        self.kept.append((seq, topic, payload))
+        if deliver:
+            self.send_multipart([topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def serve_replays(self) -> int:
+        """Answer every waiting replay request; returns how many."""
+        served = 0
+        while self.router.poll(0):
+            client, _, start = self.router.recv_multipart()
+            first = int.from_bytes(start, "big")
+            self.requests.append(first)
+            for seq, topic, payload in self.kept:
+                if seq >= first:
+                    self.router.send_multipart([client, b"", topic, seq.to_bytes(8, "big"), payload])
+            self.router.send_multipart([client, b"", b"", self.END_SEQ, b""])
+            served += 1
+        return served
+
+    def close(self) -> None:
+        self.router.close(0)
+        super().close()
+
+
 def bind_publisher(ctx: zmq.Context, directory: Path) -> Publisher:
     """Bind an engine's PUB at ``directory/kv-events.sock``."""
     return Publisher(ctx, directory)

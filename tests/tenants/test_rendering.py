@@ -124,6 +124,7 @@ def test_vllm_serve_line(awkward, endpoints):
         "enable_kv_cache_events": True,
         "publisher": "zmq",
         "endpoint": "ipc://kv-events.sock",  # the engine binds it in its instance directory (its cwd)
+        "replay_endpoint": "ipc://kv-events-replay.sock",  # its buffered messages, for the agent to catch up
         "topic": str(assignment.pk),
     }
     assert config.user == f"kvpool-t{assignment.release.model.tenant.pk}"  # the tenant's default engine account

@@ -7,7 +7,17 @@ only after ``agent.engines.vllm.transport.open_source`` showed that nobody but t
 it; until then (no socket yet, or one that fails the check) it retries with backoff (``retry_initial`` doubling up to
 ``retry_max`` seconds) and says why in the instance's ``events_status`` / ``events_problem`` (a refused socket also
 counts in ``events_refusals`` and is logged). A connected socket is checked again every ``recheck_interval``
-seconds. Messages are routed **by socket**: a message on an instance's socket is that instance's. Its topic frame
+seconds. **Catching up** (vLLM's replay socket, rendered beside the event socket: ``agent.contract.kv_events``): a ZMQ
+subscriber gets nothing published before it joined, so on every connect, and whenever a message's sequence number
+skips some, the observer asks the instance's replay ROUTER (a DEALER through the same checked directory) for the
+messages from the next one it lacks; live messages are held meanwhile (at most ``REPLAY_HOLD`` of them) and handed on
+after the replayed ones, those the replay already gave dropped, so the attributor sees one ordered stream. A replay
+that does not end within ``REPLAY_TIMEOUT`` seconds is abandoned (the held messages go on; what is missing counts
+as a gap). Counted per instance: ``replays``, ``replayed`` (messages), ``replay_timeouts``. An engine without a
+replay socket is observed as before (its early messages are lost and gaps counted). After an agent restart the
+first replay starts at 0, so what the engine still buffers is applied again: a block the restored ledger already
+holds counts one more put.
+Messages are routed **by socket**: a message on an instance's socket is that instance's. Its topic frame
 is only checked: one under another topic than the instance's is dropped and counted (``topic_mismatch``; the node's
 ``unknown_topic`` / ``unknown_topic_blocks`` total them with the Store blocks they announce).
 
@@ -70,6 +80,12 @@ DEFAULT_RETRY_MAX = 2.0
 DEFAULT_RECHECK_INTERVAL = 2.0
 #: Messages taken from one instance's socket per poll round before the next socket's turn.
 DRAIN_PER_SOCKET = 1000
+#: Seconds a replay may take before it is abandoned.
+REPLAY_TIMEOUT = 5.0
+#: Live messages held per instance while its replay runs (more are dropped: the attributor counts the gap).
+REPLAY_HOLD = 10_000
+#: vLLM's end-of-replay sequence frame (``ZmqEventPublisher.END_SEQ``: -1 as 8 signed big-endian bytes).
+REPLAY_END_SEQ = (-1).to_bytes(8, "big", signed=True)
 #: Default memory bound of all attribution state of the node (bytes), divided among its instances (each gets at
 #: most ``agent.engines.vllm.attribution.DEFAULT_MEMORY_BYTES``).
 DEFAULT_NODE_MEMORY_BYTES = 1 << 30
@@ -121,6 +137,15 @@ class _Link:
     next_recheck: float = 0.0
     sock: Any = None
     opened: OpenSource | None = field(default=None, repr=False)
+    #: sequence number of the newest message handed on (None before the first)
+    last_seq: int | None = None
+    replay: Any = None            # the DEALER of a replay in progress
+    replay_from: int = 0          # the first sequence number it asked for
+    replay_deadline: float = 0.0
+    held: list[list[bytes]] = field(default_factory=list, repr=False)
+    replays: int = 0
+    replayed: int = 0
+    replay_timeouts: int = 0
 
 
 class EngineObserver:
@@ -366,6 +391,7 @@ class EngineObserver:
         self.stop()
 
     def _close(self, link: _Link, poller: zmq.Poller, socks: dict[Any, str]) -> None:
+        self._end_replay(link, poller, socks, flush=False)
         if link.sock is not None:
             try:
                 poller.unregister(link.sock)
@@ -418,6 +444,92 @@ class EngineObserver:
         socks[sock] = iid
         log.info("engine observer: instance %s: KV events from %s (owned by uid %s)", iid, link.source.socket_path,
                  link.source.owner_uid)
+        self._start_replay(iid, link, poller, socks, now)
+
+    # --- replay -------------------------------------------------------------------------------------------
+
+    def _start_replay(self, iid: str, link: _Link, poller: zmq.Poller, socks: dict[Any, str], now: float) -> bool:
+        """Ask the instance's replay socket for the messages after ``link.last_seq`` (all it has before the first);
+        returns False when it has none (the engine renders no replay endpoint) or one runs already."""
+        if link.replay is not None or link.opened is None:
+            return False
+        endpoint = link.opened.replay_endpoint()
+        if endpoint is None:
+            return False
+        assert self._ctx is not None
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(endpoint)
+            start = 0 if link.last_seq is None else link.last_seq + 1
+            dealer.send_multipart([b"", start.to_bytes(8, "big")], zmq.NOBLOCK)
+            link.replay_from = start
+        except zmq.ZMQError as exc:
+            dealer.close(0)
+            log.info("engine observer: instance %s: replay request failed: %s", iid, exc)
+            return False
+        link.replay, link.replay_deadline = dealer, now + REPLAY_TIMEOUT
+        link.replays += 1
+        poller.register(dealer, zmq.POLLIN)
+        socks[dealer] = iid
+        return True
+
+    def _end_replay(self, link: _Link, poller: zmq.Poller, socks: dict[Any, str], *, flush: bool = True) -> None:
+        """Close the replay of ``link`` and hand on the held live messages the replay did not already give."""
+        dealer, link.replay = link.replay, None
+        if dealer is not None:
+            try:
+                poller.unregister(dealer)
+            except KeyError:
+                pass
+            socks.pop(dealer, None)
+            dealer.close(0)
+        held, link.held = link.held, []
+        iid = next((i for i, candidate in self._links.items() if candidate is link), None)
+        if not flush or iid is None:
+            return
+        for frames in held:
+            seq = _seq_of(frames, link.topic)
+            if seq is not None and link.last_seq is not None and seq <= link.last_seq:
+                continue  # the replay gave it already
+            self._hand_on(iid, link, frames, seq)
+
+    def _hand_on(self, iid: str, link: _Link, frames: list[bytes], seq: int | None) -> None:
+        if seq is not None:
+            link.last_seq = seq
+        self.handle_instance_frames(iid, frames)
+
+    def _on_live(self, iid: str, link: _Link, frames: list[bytes], poller: zmq.Poller, socks: dict[Any, str],
+                 now: float) -> None:
+        """A message from the instance's event socket: held while a replay runs; a gap starts one."""
+        seq = _seq_of(frames, link.topic)
+        if link.replay is None and seq is not None and link.last_seq is not None:
+            if seq <= link.last_seq:  # the engine restarted (its sequence starts at 0): what it published first
+                link.last_seq = None
+                self._start_replay(iid, link, poller, socks, now)
+            elif seq > link.last_seq + 1:  # missed some (published before the socket joined, or dropped)
+                self._start_replay(iid, link, poller, socks, now)
+        if link.replay is not None:
+            if len(link.held) < REPLAY_HOLD:
+                link.held.append(frames)
+            return
+        self._hand_on(iid, link, frames, seq)
+
+    def _on_replayed(self, iid: str, link: _Link, frames: list[bytes], poller: zmq.Poller,
+                     socks: dict[Any, str]) -> None:
+        """A message from the instance's replay socket (``[b"", topic, seq, payload]``), or its end marker."""
+        body = frames[1:] if frames and not frames[0] else frames
+        if len(body) == 3 and bytes(body[1]) == REPLAY_END_SEQ:
+            if link.last_seq is None:  # caught up with nothing before replay_from: a later message after it is a gap
+                link.last_seq = link.replay_from - 1
+            self._end_replay(link, poller, socks)
+            return
+        seq = _seq_of(body, link.topic)
+        if seq is not None and link.last_seq is not None and seq <= link.last_seq:
+            return  # older than asked for
+        link.replayed += 1
+        self._hand_on(iid, link, body, seq)
 
     def _sync(self, poller: zmq.Poller, socks: dict[Any, str], now: float) -> None:
         """Close the links of instances that left; connect (or retry) the others; re-check connected ones."""
@@ -429,6 +541,11 @@ class EngineObserver:
         for iid, link in links.items():
             if link.source.problem:
                 continue
+            if link.replay is not None and now >= link.replay_deadline:
+                link.replay_timeouts += 1
+                log.warning("engine observer: instance %s: the replay did not end within %.0f s; going on without it",
+                            iid, REPLAY_TIMEOUT)
+                self._end_replay(link, poller, socks)
             if link.sock is None:
                 if now >= link.next_try:
                     self._connect(iid, link, poller, socks, now)
@@ -456,13 +573,21 @@ class EngineObserver:
                     iid = socks.get(sock)
                     if iid is None:
                         continue
+                    link = self._links.get(iid)
                     for _ in range(DRAIN_PER_SOCKET):  # then the next socket's turn
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
                         try:
-                            self.handle_instance_frames(iid, frames)
+                            if link is None:
+                                self.handle_instance_frames(iid, frames)
+                            elif sock is link.replay:
+                                self._on_replayed(iid, link, frames, poller, socks)
+                                if link.replay is None:
+                                    break
+                            else:
+                                self._on_live(iid, link, frames, poller, socks, time.monotonic())
                         except Exception:  # pragma: no cover - a bug must not end observation
                             log.exception("engine observer: message handling failed")
         finally:
@@ -521,12 +646,21 @@ class EngineObserver:
                 row.update(topic=link.topic.decode("utf-8", "replace"), events_endpoint=link.source.endpoint,
                            events_socket=str(link.source.socket_path or ""), events_status=link.status,
                            events_problem=link.problem, events_refusals=link.refusals,
-                           topic_mismatch=link.topic_mismatch)
+                           topic_mismatch=link.topic_mismatch, replays=link.replays, replayed=link.replayed,
+                           replay_timeouts=link.replay_timeouts)
             row["observed_since"] = since.get(iid)
             row["metrics"] = metrics.get(iid)
             instances[iid] = row
         out["instances"] = instances
         return out
+
+
+def _seq_of(frames: list[bytes], topic: bytes) -> int | None:
+    """The sequence number of a ``[topic, seq, payload]`` message under ``topic`` (None for anything else: the
+    attributor or the topic check counts it)."""
+    if len(frames) != 3 or len(frames[1]) != 8 or bytes(frames[0]) != topic:
+        return None
+    return int.from_bytes(frames[1], "big")
 
 
 def observe(ledger: Any, applied: Any = None, **options: Any) -> EngineObserver:

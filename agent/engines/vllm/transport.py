@@ -74,6 +74,20 @@ class OpenSource:
         info = os.fstat(dir_fd)
         self._dir_id = (info.st_dev, info.st_ino)
 
+    def replay_endpoint(self) -> str | None:
+        """The ZMQ endpoint of the instance's replay socket (``agent.contract.kv_events.KV_EVENTS_REPLAY_SOCKET``)
+        through the checked directory, when one is there and passes the same ownership check; None otherwise (an
+        engine rendered without one, or not yet bound)."""
+        from agent.contract.kv_events import KV_EVENTS_REPLAY_SOCKET
+
+        path = self.source.socket_path
+        assert path is not None
+        try:
+            check_socket(self.dir_fd, path.with_name(KV_EVENTS_REPLAY_SOCKET), self.source.owner_uid)
+        except Refused:
+            return None
+        return f"ipc:///proc/self/fd/{self.dir_fd}/{KV_EVENTS_REPLAY_SOCKET}"
+
     def recheck(self) -> None:
         """Raise :class:`Refused` when the directory path names another directory now (rewritten: reconnect), or
         the directory or the socket fail the ownership checks."""

@@ -10,7 +10,7 @@ import pytest
 from agent.contract.scope import CacheScope
 from agent.datapath.budget import BudgetEnforcer
 from agent.datapath.ledger import Ledger
-from agent.datapath.maintenance import PROBE_SAMPLE, Budget, Maintenance, document_budgets
+from agent.datapath.maintenance import PRESSURE_WINDOW, PROBE_SAMPLE, Budget, Maintenance, document_budgets, orphan_rule
 from tests.agent.datapath.test_budget_unit import check_no_orphans, make, put
 
 
@@ -53,7 +53,7 @@ def test_orphans_below_a_block_the_master_evicted_are_collected_leaves_first():
     hashes = put(connector, ns, list(range(1, 9)))
     for key in ns.keys_for(hashes[3]):  # the master evicts a block mid-chain: 4 blocks below it cannot be hit
         del store.objects[key]
-    maintenance = _policy(ledger, store, enforcer)
+    maintenance = _policy(ledger, store, enforcer, orphan_collection="eager")
     counts = maintenance.tick([], ["alpha"], now=0.0, full=True)
     assert counts["missing"] == 1
     counts = maintenance.tick([], ["alpha"], now=1.0)
@@ -117,6 +117,73 @@ def test_the_budget_policy_is_chosen_by_name():
         budget_policy_factory("belady")
     engines = NodeEngines("node-a", Ledger(), "/nonexistent", interval=0, budget_policy="lru",
                           orphan_collection=False)
-    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection is False
+    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection == "off"
     default = NodeEngines("node-a", Ledger(), "/nonexistent", interval=0)
-    assert default.budget.policy_factory is BUDGET_POLICIES["hit-density"] and default.maintenance.orphan_collection
+    assert default.budget.policy_factory is BUDGET_POLICIES["hit-density"] and \
+        default.maintenance.orphan_collection == "pressure"
+
+
+def _orphaned_chain():
+    """Eight blocks of one chain, the fourth evicted by the master: blocks 5-8 are orphans (4 blocks)."""
+    store, ns, ledger, connector, enforcer = make()
+    hashes = put(connector, ns, list(range(1, 9)))
+    for key in ns.keys_for(hashes[3]):
+        del store.objects[key]
+    return store, ns, ledger, enforcer, hashes
+
+
+def test_under_the_pressure_rule_orphans_stay_while_the_tenant_is_under_its_budgets():
+    store, ns, ledger, enforcer, hashes = _orphaned_chain()
+    maintenance = _policy(ledger, store, enforcer)  # the default rule
+    assert maintenance.orphan_collection == "pressure"
+    size = ledger.table(ns).bytes // ledger.table(ns).blocks
+    roomy = [Budget([ns.scope], 100 * size, "alpha")]
+    assert maintenance.tick(roomy, ["alpha"], now=0.0, full=True)["missing"] == 1
+    for now in (1.0, 10.0, 100.0):  # a parent recomputed later would make them reachable again: kept
+        assert maintenance.tick(roomy, ["alpha"], now=now)["orphans_removed"] == 0
+    assert len(store.objects) == 7 * len(ns.keys_for(hashes[0]))
+
+
+def test_under_pressure_orphans_go_before_any_reachable_block():
+    store, ns, ledger, enforcer, hashes = _orphaned_chain()
+    maintenance = _policy(ledger, store, enforcer)
+    size = ledger.table(ns).bytes // ledger.table(ns).blocks
+    maintenance.tick([], ["alpha"], now=0.0, full=True)
+    # 7 blocks held, budget of 5: removing the 4 orphans suffices; not one of the 3 reachable blocks goes
+    counts = maintenance.tick([Budget([ns.scope], 5 * size, "alpha")], ["alpha"], now=1.0)
+    assert (counts["orphans_removed"], counts["removed"]) == (4, 0)
+    assert {k for h in hashes[:3] for k in ns.keys_for(h)} == set(store.objects)
+    check_no_orphans(ledger, ns, store)
+
+
+def test_a_master_eviction_inside_the_tenant_is_pressure_for_a_while():
+    store, ns, ledger, enforcer, hashes = _orphaned_chain()
+    signals = []
+
+    class Watch:  # the master's counters: the tenant's eviction counter grew once, at the first poll
+        active = True
+        last_error = None
+
+        def due(self, now):
+            return True
+
+        def poll(self, now):
+            signals.append(now)
+            tenants = {"alpha"} if len(signals) == 1 else set()
+            return SimpleNamespace(affected=lambda names: sorted(set(names) & tenants))
+
+    maintenance = _policy(ledger, store, enforcer, eviction_watch=Watch())
+    assert maintenance.tick([], ["alpha"], now=0.0)["missing"] == 1  # the signal's full reconcile finds the cut
+    assert maintenance.tick([], ["alpha"], now=1.0)["orphans_removed"] == 4
+    store2, ns2, ledger2, enforcer2, _ = _orphaned_chain()
+    later = _policy(ledger2, store2, enforcer2, eviction_watch=Watch())
+    signals.clear()
+    later.tick([], ["alpha"], now=0.0)
+    assert later.tick([], ["alpha"], now=PRESSURE_WINDOW + 1.0)["orphans_removed"] == 0  # the pressure has passed
+
+
+def test_the_orphan_rule_names():
+    assert [orphan_rule(v) for v in ("pressure", "eager", "off", True, False)] == \
+        ["pressure", "eager", "off", "eager", "off"]
+    with pytest.raises(ValueError, match="pressure, eager, off"):
+        orphan_rule("sometimes")

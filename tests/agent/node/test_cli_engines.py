@@ -42,10 +42,14 @@ def test_budget_policy_and_orphan_collection_flags():
     choices = next(a.choices for a in run._actions if a.dest == "budget_policy")
     assert sorted(choices) == sorted(BUDGET_POLICIES)  # the flag offers exactly the policies the agent knows
     args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER])
-    assert (args.budget_policy, args.keep_orphans) == (DEFAULT_BUDGET_POLICY, False)
+    assert (args.budget_policy, args.orphan_collection) == (DEFAULT_BUDGET_POLICY, "pressure")
     args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--budget-policy", "lru",
                                       "--keep-orphans"])
-    assert (args.budget_policy, args.keep_orphans) == ("lru", True)
+    assert (args.budget_policy, args.orphan_collection) == ("lru", "off")
+    args = build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--orphan-collection", "eager"])
+    assert args.orphan_collection == "eager"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--node", "n", "--broker", DEAD_BROKER, "--orphan-collection", "later"])
 
 
 def test_the_flags_reach_the_node_maintenance(tmp_path):
@@ -62,7 +66,7 @@ def test_the_flags_reach_the_node_maintenance(tmp_path):
         engines = _engines(args, Ledger(), tmp_path, observe=True)
     finally:
         gc.set_threshold(*thresholds)  # _engines tunes the collector of the agent's process
-    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection is False
+    assert engines.budget.policy_factory is LeafLRUPolicy and engines.maintenance.orphan_collection == "off"
 
 
 def test_an_unknown_budget_policy_is_refused(tmp_path):

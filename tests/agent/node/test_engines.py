@@ -235,6 +235,8 @@ def test_reconcile_drops_blocks_the_store_lost(engines, pub):
     assert opened_for == tenant and endpoints.global_segment_size == 0  # the maintenance client mounts nothing
     orphaned = sum(t.orphaned_blocks for t in engines.ledger.tables())
     assert orphaned > 0  # blocks below an evicted one: unreachable by prefix lookup
+    assert engines.tick(full=True)["orphans_removed"] == 0  # the default rule: no pressure, orphans stay
+    engines.maintenance.orphan_collection = "eager"
     counts = engines.tick(full=True)  # collects them: removed by exact key, the ledger forgets them
     assert counts["orphans_removed"] == orphaned and counts["missing"] == 0
     assert present_keys(engines.ledger) == set(store.objects) and len(store.objects) == 12 - orphaned

@@ -169,6 +169,9 @@ def test_a_node_removes_its_blocks_orphaned_by_another_nodes_trim_by_exact_key_w
     node_a.ledger.record_removed(n, [h[4]])
     node_b.maintenance.last_foreign_check = None  # the next tick checks foreign parents (not again within the period)
     node_b.ledger.clock = lambda: 1e9  # and the parent's last check is long past
+    assert node_b.tick(reconcile=False)["orphans_removed"] == 0  # the default rule: node-b under no pressure
+    node_b.maintenance.orphan_collection = "eager"
+    node_b.maintenance.last_foreign_check = None
     counts = node_b.tick(reconcile=False)
     assert counts["orphans_removed"] == 5
     assert set(store.objects) == {n.primary_key(x) for x in h[:4] + other}
@@ -187,6 +190,7 @@ def test_orphans_under_a_read_lease_stay_until_a_later_tick(nodes) -> None:
     write(node_b.ledger, store, n, h[1:4], h[0])
     del store.objects[n.primary_key(h[0])]
     store.fail[n.primary_key(h[3])] = -706  # another client reads the leaf
+    node_b.maintenance.orphan_collection = "eager"
     assert node_b.tick(reconcile=False)["orphans_removed"] == 0
     assert node_b.ledger.table(n).orphaned_blocks == 3
     del store.fail[n.primary_key(h[3])]

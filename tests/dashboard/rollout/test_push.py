@@ -58,7 +58,7 @@ def registry() -> PushRegistry:
 @pytest.fixture
 def sent():
     """Capture what would be published to the broker."""
-    with mock.patch("dashboard.celery.app.send_task") as send_task:
+    with mock.patch("dashboard.rollout.publish.TaskBatch.send") as send_task:
         yield send_task
 
 
@@ -132,7 +132,7 @@ def test_unchanged_and_acked_node_is_not_resent_but_a_lagging_one_is(registry, s
 
 
 def test_broker_failure_is_recorded_not_raised(registry):
-    with mock.patch("dashboard.celery.app.send_task", side_effect=ConnectionRefusedError("redis down")):
+    with mock.patch("dashboard.rollout.publish.TaskBatch.send", side_effect=ConnectionRefusedError("redis down")):
         counts = push_nodes(["node-a"])
     assert counts["sent"] == 0 and counts["versions"] == 1
     assert "redis down" in NodeState.objects.get(node_name="node-a").push_error

@@ -149,7 +149,7 @@ def test_push_endpoint_validates_and_sends(api, db):
     from tests.support.factories import make_node
 
     make_node("node-p")
-    with mock.patch("dashboard.celery.app.send_task") as send_task:
+    with mock.patch("dashboard.rollout.publish.TaskBatch.send") as send_task:
         refused = api.post("/api/v1/telemetry/nodes/node-p/push/", {}, format="json")
         assert refused.status_code == 403 and "tenants.change_node" in refused.json()["detail"]
         assert send_task.call_count == 0

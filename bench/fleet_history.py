@@ -1,0 +1,91 @@
+"""Bulk-load a fleet's occupancy history into PostgreSQL: exactly the rows the rollups would have left.
+
+``load_history(days, nodes, scopes)`` writes, for every node and each cache scope placed on it, 1-hour rows from
+``days`` ago up to the 1-minute horizon (``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``), 1-minute rows from there up to
+the raw horizon (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and raw rows every 10 s after it (``samples`` 360, 6 and 1
+per row), one ``INSERT ... SELECT`` per level from ``generate_series`` times × the node/scope pairs (``COPY``-ed
+into a temporary table). Gauges vary by pair and time, counters grow with time (cumulative, as agents report).
+``fleet_scopes(count)`` builds cache scopes like a fleet's (tenants × served models × release namespaces ×
+request groups, ``""`` included). Used by ``bench.occupancy_chart`` and usable by ``bench.fleet``.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+RAW_SECONDS = 10  # agents report every 10 s
+
+
+def fleet_scopes(count: int, *, tenants: int = 100, models: int = 2, releases: int = 2
+                 ) -> list[tuple[str, str, str, str]]:
+    """``count`` cache scopes ``(tenant_id, served_model_name, namespace, request_group)``: ``tenants`` tenants ×
+    ``models`` served models × ``releases`` release namespaces, the request groups spread over them (the first of
+    each release ``""``, the rows without a request group)."""
+    releases_all = [(f"tenant-{t:03d}", f"model-{m}", f"prod-{t:03d}-{m}-{r}")
+                    for t in range(tenants) for m in range(models) for r in range(releases)]
+    return [(*releases_all[k % len(releases_all)],
+             "" if k < len(releases_all) else f"group-{k // len(releases_all):03d}") for k in range(count)]
+
+
+def placement(nodes: list[str], scopes: list[tuple[str, str, str, str]], per_node: int
+              ) -> list[tuple[str, tuple[str, str, str, str]]]:
+    """(node, scope) pairs: node ``i`` holds the ``per_node`` scopes from ``i * per_node`` on (wrapping), so each
+    scope is on ``len(nodes) * per_node / len(scopes)`` nodes."""
+    per_node = min(per_node, len(scopes))
+    return [(node, scopes[(i * per_node + j) % len(scopes)]) for i, node in enumerate(nodes) for j in range(per_node)]
+
+
+def load_history(days: int, nodes: list[str], scopes: list[tuple[str, str, str, str]], *, per_node: int = 50,
+                 now: datetime | None = None) -> dict[str, int]:
+    """Write ``days`` days of rolled-up occupancy history (ending at ``now``) for ``nodes`` holding ``per_node``
+    of ``scopes`` each into the Django database (PostgreSQL only; raises ``RuntimeError`` otherwise); returns
+    the rows written per level (``raw``, ``minute``, ``hour``) and ``pairs``."""
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from dashboard.models import OccupancySample
+    from dashboard.telemetry.rollup import floor_hour, floor_minute
+
+    if connection.vendor != "postgresql":
+        raise RuntimeError("load_history needs PostgreSQL (COPY, generate_series)")
+    now = now or timezone.now()
+    raw_cutoff = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS))
+    minute_cutoff = floor_hour(now - timedelta(seconds=settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS))
+    start = floor_hour(now - timedelta(days=days))
+    pairs = placement(nodes, scopes, per_node)
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    Level = OccupancySample.Level
+    # (level, first ts, last ts, step, samples per row); node i's raw reports are i % 10 s after the step
+    tiers = [(Level.HOUR, start, minute_cutoff - timedelta(hours=1), "1 hour", 3600 // RAW_SECONDS),
+             (Level.MINUTE, max(start, minute_cutoff), raw_cutoff - timedelta(minutes=1), "1 minute",
+              60 // RAW_SECONDS),
+             (Level.RAW, max(start, raw_cutoff), now - timedelta(seconds=RAW_SECONDS), f"{RAW_SECONDS} seconds", 1)]
+    epoch0 = int(start.timestamp())
+    counts = {"pairs": len(pairs)}
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE fleet_pairs (p integer, phase integer, node_name text, tenant_id text,"
+                       " served_model_name text, namespace text, request_group text) ON COMMIT DROP")
+        node_index = {node: i for i, node in enumerate(nodes)}
+        with cursor.cursor.copy("COPY fleet_pairs FROM STDIN") as copy:
+            for p, (node, scope) in enumerate(pairs):
+                copy.write_row((p, node_index[node] % RAW_SECONDS, node, *scope))
+        for level, first, last, step, samples in tiers:
+            if last < first:
+                counts[Level(level).name.lower()] = 0
+                continue
+            ts = "g.ts + make_interval(secs => f.phase)" if level == Level.RAW else "g.ts"
+            t = f"(extract(epoch FROM {ts})::bigint - {epoch0})"  # seconds since the history began
+            size = f"((f.p %% 97 + 1)::bigint << 28) + ({t} %% 86400) * (f.p %% 13 + 1) * 4096"
+            cursor.execute(f"""
+                INSERT INTO {table} (level, ts, node_name, tenant_id, served_model_name, namespace, request_group,
+                    blocks, bytes, max_bytes, orphaned_bytes, in_flight_requests, puts, gets, hit_blocks,
+                    miss_blocks, evicted_blocks, store_evicted_blocks, budget_evicted_blocks, orphan_removed_blocks,
+                    samples)
+                SELECT %s, {ts}, f.node_name, f.tenant_id, f.served_model_name, f.namespace, f.request_group,
+                    ({size}) >> 20, {size}, ({size}) + (1 << 20), (f.p %% 5) << 20, f.p %% 7,
+                    {t} / 10 * 3, {t} / 10 * 5, {t} / 10 * (f.p %% 4 + 1), {t} / 10, {t} / 100 * 3, {t} / 100,
+                    {t} / 100, {t} / 100, %s
+                FROM generate_series(%s::timestamptz, %s::timestamptz, %s::interval) AS g(ts) CROSS JOIN fleet_pairs f
+                ORDER BY 2, f.p""", [level, samples, first, last, step])
+            counts[Level(level).name.lower()] = cursor.rowcount
+    return counts
