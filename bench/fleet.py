@@ -339,12 +339,11 @@ def ingest_copy_ratio(fleet, opts: Options, applied: dict[str, int]) -> dict:
 
 
 def _pairs_table(cursor, fleet, nodes: list[str] | None = None) -> None:
-    """Temporary table ``fleet_pairs`` of every (node, cache scope) pair the fleet's documents carry (of ``nodes``
-    when given), with ``COPY``."""
-    cursor.execute("CREATE TEMP TABLE IF NOT EXISTS fleet_pairs (node_name text, tenant_id text, "
-                   "served_model_name text, namespace text, request_group text, k int)")
-    cursor.execute("TRUNCATE fleet_pairs")
-    with cursor.cursor.copy("COPY fleet_pairs FROM STDIN") as copy:
+    """Temporary table ``bench_fleet_pairs`` (dropped at commit) of every (node, cache scope) pair the fleet's
+    documents carry (of ``nodes`` when given), with ``COPY``; must run inside a transaction."""
+    cursor.execute("CREATE TEMP TABLE bench_fleet_pairs (node_name text, tenant_id text, served_model_name text, "
+                   "namespace text, request_group text, k int) ON COMMIT DROP")
+    with cursor.cursor.copy("COPY bench_fleet_pairs FROM STDIN") as copy:
         for node in nodes or fleet.node_names:
             for k, scope in enumerate(fleet.scopes_by_node[node]):
                 copy.write_row((node, *scope, k))
@@ -357,7 +356,7 @@ INSERT INTO {table} (level, ts, node_name, tenant_id, served_model_name, namespa
 SELECT %(level)s, g.ts, p.node_name, p.tenant_id, p.served_model_name, p.namespace, p.request_group,
   1000 + p.k, (1000 + p.k)::bigint << 20, (1100 + p.k)::bigint << 20, 0, p.k %% 7,
   s.n * 50 + p.k, s.n * 90, s.n * 70, s.n * 20, s.n * 3, s.n, s.n, s.n, %(samples)s
-FROM fleet_pairs p
+FROM bench_fleet_pairs p
 CROSS JOIN generate_series(%(start)s::timestamptz, %(stop)s::timestamptz, %(step)s::interval) AS g(ts)
 CROSS JOIN LATERAL (SELECT (EXTRACT(EPOCH FROM g.ts - %(start)s::timestamptz) / 10)::bigint + 1 AS n) s
 """
