@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 PYTEST_ARGS ?=
-BENCHES := connector eviction push ingest limits engine_ingest engine faults
+BENCHES := connector eviction push ingest limits engine_ingest engine faults fleet
 
 .PHONY: install install-browser lint typecheck test test-fast demo bench services clean
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -55,9 +56,10 @@ def _free_port() -> int:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100) of ``values``."""
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``: the smallest value with at least ``q`` % of the
+    values at or below it."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 
@@ -209,7 +211,6 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
 
     workdir = Path(tempfile.mkdtemp(prefix="kvpool-bench-push-"))
     redis = Redis(workdir)
-    procs: list[subprocess.Popen] = []
     try:
         with private_database(server_url(database_url), prefix="kvpool_bench_push") as url:
             # one tenant runs an instance on every node: lift the per-tenant instance cap to the fleet's size
@@ -217,9 +218,7 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
             setup_django(url, CELERY_BROKER_URL=redis.url, KVPOOL_VAR_DIR=str(workdir / "var"),
                          KVPOOL_MASTER_SYNC="false", **limits)
             from django.db import transaction
-            from django.db.models import Count, Min
 
-            from dashboard.models import ConfigAck, ConfigVersion, NodeState
             from tenants.models import (
                 InstanceAssignment,
                 Node,
@@ -239,90 +238,120 @@ def run(nodes: int, rounds: int, database_url: str | None, keep_workdir: bool = 
                 for name in names:
                     node = validated_save(Node(name=name, hostname="10.0.0.1", model_roots=["/models"]))
                     validated_save(InstanceAssignment(node=node, release=release, port=8000))
-            redis.client.flushdb()  # the set-up's own pushes: the first round sends every first document
-            secrets = sorted(Node.objects.values_list("name", "signing_secret"))
-            secrets_files = []
-            for shard in range(agent_processes):  # node i goes to simulator process i % agent_processes
-                secrets_files.append(workdir / f"secrets-{shard}.json")
-                secrets_files[-1].write_text(json.dumps(dict(secrets[shard::agent_processes])))
 
-            env = {"DATABASE_URL": url, "CELERY_BROKER_URL": redis.url, "KVPOOL_VAR_DIR": str(workdir / "var"),
-                   "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings", **limits}
-            dash_log, agents_log = workdir / "dashboard.log", workdir / "agents.log"
-            procs.append(_spawn([sys.executable, "-m", "celery", "-A", "dashboard.celery", "worker", "-Q",
-                                 "dashboard.ingest,dashboard.control", "--pool", "threads", "-c", "2",
-                                 "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"],
-                                dash_log, **env))
-            for secrets_file in secrets_files:
-                procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
-                                     "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
-                                    agents_log))
-            _wait_log(procs[0], dash_log, "ready.")
-            time.sleep(2.0)  # the agents' worker logs at WARNING: give it time to subscribe to its queues
+            def change() -> None:
+                tenant.quota_bytes += 1 << 20
+                tenant.save()
 
-            def all_acked(version: int) -> bool:
-                row = NodeState.objects.filter(node_name__in=names).aggregate(n=Count("id"), v=Min("acked_version"))
-                return row["n"] == nodes and (row["v"] or 0) >= version
-
-            round_times: list[float] = []
-            node_times: list[float] = []
-            phases: dict[str, list[float]] = {"sent": [], "acked": [], "recorded": []}
-
-            def cpu_now() -> dict[str, float]:
-                return {"dashboard_worker": _tree_cpu_seconds(procs[0].pid),
-                        "simulated_agents": sum(_tree_cpu_seconds(proc.pid) for proc in procs[1:]),
-                        "redis": _tree_cpu_seconds(redis.proc.pid), "bench": time.process_time()}
-
-            for round_no in range(rounds + 1):  # round 0 is the warm-up (first documents)
-                from django.utils import timezone
-
-                if round_no == 1:
-                    cpu_before, pg_before = cpu_now(), _postgres_backend_cpu()
-                started_wall, started = timezone.now(), time.perf_counter()
-                with transaction.atomic():
-                    tenant.quota_bytes += 1 << 20
-                    tenant.save()
-                deadline = started + 60
-                while not all_acked(round_no + 1):
-                    if time.perf_counter() > deadline:
-                        raise RuntimeError(f"round {round_no}: not all nodes acked within 60 s; logs in {workdir}")
-                    time.sleep(0.05)
-                elapsed = time.perf_counter() - started
-                if round_no == 0:
-                    continue
-                round_times.append(elapsed)
-                node_times += [(at - started_wall).total_seconds()
-                               for at in NodeState.objects.filter(node_name__in=names)
-                               .values_list("acked_at", flat=True)]
-                for sent_at, acked_at in NodeState.objects.filter(node_name__in=names).values_list(
-                        "pushed_at", "acked_at"):
-                    phases["sent"].append((sent_at - started_wall).total_seconds())
-                    phases["acked"].append((acked_at - started_wall).total_seconds())
-                phases["recorded"] += [(at - started_wall).total_seconds() for at in ConfigAck.objects.filter(
-                    version=round_no + 1, status="applied").values_list("received_at", flat=True)]
-            cpu_after, pg_after = cpu_now(), _postgres_backend_cpu()
-            per_round = {name: (cpu_after[name] - cpu_before[name]) / rounds for name in cpu_after}
-            per_round["postgres_backends"] = sum(
-                cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items()) / rounds
-            cpu = {"dashboard_worker": cpu_after["dashboard_worker"],
-                   "simulated_agents": cpu_after["simulated_agents"], "bench": cpu_after["bench"]}
-            sample = ConfigVersion.objects.filter(node_name=names[0]).order_by("-version").first()
-            payload = json.dumps(sample.document).encode()
-            raw_times = baseline(redis, nodes, rounds, payload)
-            for proc in procs:
-                _stop(proc)
+            result = measure_push(redis, workdir, url, names, change, rounds, agent_processes, env=limits)
     finally:
-        for proc in procs:
-            _stop(proc)
         redis.stop()
     if keep_workdir:
         print(f"logs in {workdir}", file=sys.stderr)
     else:
         shutil.rmtree(workdir, ignore_errors=True)  # kept (with the logs) when the run failed
+    return {"bench": "push", **result}
+
+
+def measure_push(redis: Redis, workdir: Path, database_url: str, names: list[str], change, rounds: int,
+                 agent_processes: int = 1, env: dict[str, str] | None = None, round_timeout_s: float = 60) -> dict:
+    """Measure ``rounds`` config pushes to the nodes ``names`` (registered, with their instances, in the database
+    Django uses, ``database_url``) and the raw Redis baseline; returns the figures (see ``run``'s JSON).
+
+    Starts the dashboard worker and ``agent_processes`` agent simulators (logs in ``workdir``; ``env`` is added to
+    their environment), runs a warm-up round and ``rounds`` measured rounds — each calls ``change()`` (a registry
+    write that changes every named node's document) in a transaction and waits until the database shows every
+    node acked the new version (at most ``round_timeout_s``) — then the baseline, and stops the processes. Raises
+    ``RuntimeError`` naming ``workdir`` when a round does not complete.
+    """
+    from django.db import transaction
+    from django.db.models import Count, Min
+    from django.utils import timezone
+
+    from dashboard.models import ConfigAck, ConfigVersion, NodeState
+    from tenants.models import Node
+
+    nodes = len(names)
+    procs: list[subprocess.Popen] = []
+    try:
+        redis.client.flushdb()  # the set-up's own pushes: the first round sends every first document
+        secrets = sorted(Node.objects.filter(name__in=names).values_list("name", "signing_secret"))
+        secrets_files = []
+        for shard in range(agent_processes):  # node i goes to simulator process i % agent_processes
+            secrets_files.append(workdir / f"secrets-{shard}.json")
+            secrets_files[-1].write_text(json.dumps(dict(secrets[shard::agent_processes])))
+
+        env = {"DATABASE_URL": database_url, "CELERY_BROKER_URL": redis.url, "KVPOOL_VAR_DIR": str(workdir / "var"),
+               "KVPOOL_MASTER_SYNC": "false", "DJANGO_SETTINGS_MODULE": "dashboard.settings", **(env or {})}
+        dash_log, agents_log = workdir / "dashboard.log", workdir / "agents.log"
+        procs.append(_spawn([sys.executable, "-m", "celery", "-A", "dashboard.celery", "worker", "-Q",
+                             "dashboard.ingest,dashboard.control", "--pool", "threads", "-c", "2",
+                             "--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "INFO"],
+                            dash_log, **env))
+        for secrets_file in secrets_files:
+            procs.append(_spawn([sys.executable, "-m", "bench.push", "--simulate-agents", "--broker", redis.url,
+                                 "--secrets-file", str(secrets_file), "--state-dir", str(workdir / "agents")],
+                                agents_log))
+        _wait_log(procs[0], dash_log, "ready.")
+        time.sleep(2.0)  # the agents' worker logs at WARNING: give it time to subscribe to its queues
+
+        def all_acked(version: int) -> bool:
+            row = NodeState.objects.filter(node_name__in=names).aggregate(n=Count("id"), v=Min("acked_version"))
+            return row["n"] == nodes and (row["v"] or 0) >= version
+
+        round_times: list[float] = []
+        node_times: list[float] = []
+        phases: dict[str, list[float]] = {"sent": [], "acked": [], "recorded": []}
+
+        def cpu_now() -> dict[str, float]:
+            return {"dashboard_worker": _tree_cpu_seconds(procs[0].pid),
+                    "simulated_agents": sum(_tree_cpu_seconds(proc.pid) for proc in procs[1:]),
+                    "redis": _tree_cpu_seconds(redis.proc.pid), "bench": time.process_time()}
+
+        version = dict(NodeState.objects.filter(node_name__in=names).values_list("node_name", "desired_version"))
+        base = max(version.values(), default=0)  # nodes pushed before (a registry written with saves)
+        for round_no in range(rounds + 1):  # round 0 is the warm-up (first documents)
+            if round_no == 1:
+                cpu_before, pg_before = cpu_now(), _postgres_backend_cpu()
+            started_wall, started = timezone.now(), time.perf_counter()
+            with transaction.atomic():
+                change()
+            deadline = started + round_timeout_s
+            while not all_acked(base + round_no + 1):
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(f"round {round_no}: not all nodes acked within {round_timeout_s:g} s; logs in "
+                                       f"{workdir}")
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - started
+            if round_no == 0:
+                continue
+            round_times.append(elapsed)
+            node_times += [(at - started_wall).total_seconds()
+                           for at in NodeState.objects.filter(node_name__in=names)
+                           .values_list("acked_at", flat=True)]
+            for sent_at, acked_at in NodeState.objects.filter(node_name__in=names).values_list(
+                    "pushed_at", "acked_at"):
+                phases["sent"].append((sent_at - started_wall).total_seconds())
+                phases["acked"].append((acked_at - started_wall).total_seconds())
+            phases["recorded"] += [(at - started_wall).total_seconds() for at in ConfigAck.objects.filter(
+                node_name__in=names, version=base + round_no + 1, status="applied").values_list(
+                "received_at", flat=True)]
+        cpu_after, pg_after = cpu_now(), _postgres_backend_cpu()
+        per_round = {name: (cpu_after[name] - cpu_before[name]) / rounds for name in cpu_after}
+        per_round["postgres_backends"] = sum(
+            cpu - pg_before.get(pid, 0.0) for pid, cpu in pg_after.items()) / rounds
+        cpu = {"dashboard_worker": cpu_after["dashboard_worker"],
+               "simulated_agents": cpu_after["simulated_agents"], "bench": cpu_after["bench"]}
+        sample = ConfigVersion.objects.filter(node_name=names[0]).order_by("-version").first()
+        payload = json.dumps(sample.document).encode()
+        raw_times = baseline(redis, nodes, rounds, payload)
+    finally:
+        for proc in procs:
+            _stop(proc)
     p50, p99 = percentile(round_times, 50), percentile(round_times, 99)
     b50, b99 = percentile(raw_times, 50), percentile(raw_times, 99)
     return {
-        "bench": "push", "nodes": nodes, "rounds": rounds, "agent_processes": agent_processes,
+        "nodes": nodes, "rounds": rounds, "agent_processes": agent_processes,
         "document_bytes": len(payload),
         "all_acked_p50_s": round(p50, 3), "all_acked_p99_s": round(p99, 3),
         "all_acked_mean_s": round(statistics.mean(round_times), 3),
