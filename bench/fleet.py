@@ -12,7 +12,8 @@ served models, 2,000 release namespaces, 10,000 cache scopes, about 50 per node)
   raw Redis fan-out of the same payloads as baseline (``bench.push.measure_push``). ``dashboard_cpu_ms_per_document``
   = the dashboard worker's CPU per measured round / nodes (rendering, versioning, signing, publishing, and storing
   the acks: the same worker ingests them).
-* **ingest** — ``bench.ingest.run_sustained`` when it exists; else here (``sustained_ingest``): every node sends a
+* **ingest** — here (``sustained_ingest``, in the fleet's database; ``python -m bench.ingest --sustained`` runs the
+  same kind of phase on a database of its own): every node sends a
   signed report of its cache scopes every 10 simulated seconds as its agent does (one ``dashboard.ingest`` task
   each), the simulated span compressed ``speedup`` times, to two dashboard ingest workers (Celery processes); one is
   SIGKILLed half-way (what it had taken comes back after the broker's visibility timeout, set short). Lag = when a
@@ -603,20 +604,9 @@ def run(opts: Options, database_url: str | None, keep_workdir: bool = False,
 
                 applied = {name: ensured.version.version
                            for name, ensured in ensure_versions(Node.objects.all()).items()}
-            import bench.ingest
 
-            if "ingest" not in phases:
-                pass
-            elif hasattr(bench.ingest, "run_sustained"):
-                sustained = bench.ingest.run_sustained(
-                    database_url=server_url(database_url), nodes=opts.nodes, scopes_per_node=opts.scopes_per_node,
-                    interval_s=REPORT_INTERVAL_S, simulated_s=opts.ingest_simulated_s, speedup=opts.ingest_speedup,
-                    workers=opts.ingest_workers, kill_worker=True)
-                figures.update({"ingest_samples_per_s": sustained.get("samples_per_s"),
-                                "ingest_copy_ratio": sustained.get("copy_ratio"),
-                                "ingest_lag_max_s": sustained.get("lag_max_s"), "lost": sustained.get("lost"),
-                                "duplicated": sustained.get("duplicated"), "ingest": sustained})
-            else:
+            if "ingest" in phases:  # in the fleet's own database and registry (bench.ingest.run_sustained sets
+                # Django up on a database of its own, which would leave this process on it)
                 figures.update(sustained_ingest(fleet, redis, workdir, url, opts))
                 figures.update(ingest_copy_ratio(fleet, opts, applied))
                 _clear_samples()  # counted: the rollup phase loads its own span
