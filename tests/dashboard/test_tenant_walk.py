@@ -20,6 +20,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
+from dashboard.api.names import KINDS as NAME_KINDS
 from dashboard.api.urls import router
 from dashboard.models import (
     ConfigAck,
@@ -275,6 +276,14 @@ def urls_for(world: World, side: str) -> list[tuple[str, Any]]:
             kwargs["token_key"] = world.b_token_key
         if {"uidb64", "token"} & set(params):
             continue  # password reset links: no mail in this walk
+        if "key" in params:
+            kwargs["key"] = "blocks_registered"  # one check's own page (platform only)
+        if "kind" in params:  # the type-ahead of every kind of name: one list for both tenants, walked as A's
+            if side == "b":
+                continue
+            for kind in NAME_KINDS:
+                out.append((reverse(name, kwargs={**kwargs, "kind": kind}), None))
+            continue
         if set(params) - set(kwargs):
             raise AssertionError(f"the walk does not know how to fill {name} ({text}): add it")
         if side == "b" and (model is Node or "pk" not in params and "instance_id" not in params
