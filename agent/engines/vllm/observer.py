@@ -84,6 +84,10 @@ DRAIN_PER_SOCKET = 1000
 REPLAY_TIMEOUT = 5.0
 #: Live messages held per instance while its replay runs (more are dropped: the attributor counts the gap).
 REPLAY_HOLD = 10_000
+#: Frame bytes of the live messages held per instance while its replay runs (more are dropped, as past
+#: ``REPLAY_HOLD``): the count alone would let one engine's messages of up to ``max_message_bytes`` each make the
+#: agent hold 40 GiB for 5 s, past the node's whole memory bound. The attribution inbox's per-instance queue bound.
+REPLAY_HOLD_BYTES = 16 << 20
 #: vLLM's end-of-replay sequence frame (``ZmqEventPublisher.END_SEQ``: -1 as 8 signed big-endian bytes).
 REPLAY_END_SEQ = (-1).to_bytes(8, "big", signed=True)
 #: Default memory bound of all attribution state of the node (bytes), divided among its instances (each gets at
@@ -143,6 +147,9 @@ class _Link:
     replay_from: int = 0          # the first sequence number it asked for
     replay_deadline: float = 0.0
     held: list[list[bytes]] = field(default_factory=list, repr=False)
+    held_bytes: int = 0
+    #: live messages dropped because the held ones reached ``REPLAY_HOLD`` / ``REPLAY_HOLD_BYTES``
+    held_dropped: int = 0
     replays: int = 0
     replayed: int = 0
     replay_timeouts: int = 0
@@ -485,7 +492,7 @@ class EngineObserver:
                 pass
             socks.pop(dealer, None)
             dealer.close(0)
-        held, link.held = link.held, []
+        held, link.held, link.held_bytes = link.held, [], 0
         iid = next((i for i, candidate in self._links.items() if candidate is link), None)
         if not flush or iid is None:
             return
@@ -511,8 +518,12 @@ class EngineObserver:
             elif seq > link.last_seq + 1:  # missed some (published before the socket joined, or dropped)
                 self._start_replay(iid, link, poller, socks, now)
         if link.replay is not None:
-            if len(link.held) < REPLAY_HOLD:
+            size = sum(len(frame) for frame in frames)
+            if len(link.held) < REPLAY_HOLD and link.held_bytes + size <= REPLAY_HOLD_BYTES:
                 link.held.append(frames)
+                link.held_bytes += size
+            else:
+                link.held_dropped += 1
             return
         self._hand_on(iid, link, frames, seq)
 
@@ -647,7 +658,7 @@ class EngineObserver:
                            events_socket=str(link.source.socket_path or ""), events_status=link.status,
                            events_problem=link.problem, events_refusals=link.refusals,
                            topic_mismatch=link.topic_mismatch, replays=link.replays, replayed=link.replayed,
-                           replay_timeouts=link.replay_timeouts)
+                           replay_timeouts=link.replay_timeouts, replay_held_dropped=link.held_dropped)
             row["observed_since"] = since.get(iid)
             row["metrics"] = metrics.get(iid)
             instances[iid] = row
