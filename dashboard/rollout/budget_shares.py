@@ -190,6 +190,8 @@ class ShareBook:
         nodes' raw occupancy samples of those releases (``WINDOW_SECONDS``, a silent node's newest within
         ``SILENT_LOOKBACK_SECONDS``) and, when some node reported, the shares in the nodes' current documents.
         ``rendered``: ids of the nodes being rendered."""
+        from django.db.models import F, Window
+        from django.db.models.functions import RowNumber
         from django.utils import timezone
 
         from dashboard.models import ConfigVersion, NodeState, OccupancySample
@@ -221,9 +223,13 @@ class ShareBook:
         reported = {node for node, _, _ in held}
         silent = [n for n in names if n not in reported]
         if silent:
+            # only the newest row of each (node, scope, group) counts for a silent node (what it last held): one
+            # row each, not every report of the lookback (an hour of them, more from an agent that flooded reports)
             older = base.filter(node_name__in=silent, ts__gte=now - timedelta(seconds=SILENT_LOOKBACK_SECONDS),
-                                ts__lt=now - timedelta(seconds=WINDOW_SECONDS))
-            for row in older.order_by("ts").values_list(*fields):
+                                ts__lt=now - timedelta(seconds=WINDOW_SECONDS)).annotate(
+                newest=Window(RowNumber(), partition_by=[F(name) for name in fields[:5]],
+                              order_by=[F("ts").desc(), F("pk").desc()])).filter(newest=1)
+            for row in sorted(older.values_list(*fields), key=lambda row: row[5]):
                 _add(held, scopes, row, trimming=False)
         if not held:  # nobody reported within the lookback: the writer split, no documents read
             book.releases = {}

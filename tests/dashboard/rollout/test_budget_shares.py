@@ -175,3 +175,27 @@ def test_without_reports_the_writer_split_is_rendered_without_reading_documents(
     assert not any("dashboard_configversion" in q for q in sql)       # the writer split needs no documents
     assert sum("dashboard_occupancysample" in q for q in sql) == 2    # the window, then the silent nodes' lookback
     assert contents["node-a"]["instances"][0]["node_budget_bytes"] == 500_000
+
+
+def test_a_silent_node_costs_a_render_one_row_per_scope_not_an_hour_of_reports(two_writers) -> None:
+    """A node that reported for an hour (or flooded reports: agents are not rate-limited) and then fell silent is
+    read by every render at its newest row per cache scope: the plan uses only that row (what it last held)."""
+    from dashboard.rollout import budget_shares
+
+    nodes, _ = two_writers
+    shares_of(nodes)
+    for age, trims in ((90, 10), (30, 25)):
+        sample("node-a", "", 450_000, trims, age)
+    for age in range(3000, 900, -5):                       # 420 reports, the newest 15 minutes ago
+        sample("node-b", "", 300_000 if age == 905 else 1, 0, age)
+    seen = []
+    real = budget_shares._add
+
+    def counting(held, scopes, row, *, trimming):
+        seen.append((row[0], trimming))
+        return real(held, scopes, row, trimming=trimming)
+
+    with mock.patch.object(budget_shares, "_add", counting):
+        shares = shares_of(nodes)
+    assert shares["node-b"][0] == 300_000 and shares["node-a"][0] == 700_000   # as before
+    assert seen.count(("node-b", False)) == 1              # its newest row only, not 420
