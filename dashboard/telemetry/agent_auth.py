@@ -16,7 +16,9 @@ exactly as received, before the schema or anything stored looks at it:
 
 After the schema (``invalid``), ``check_horizon`` refuses an ack or report whose ``sent_at`` is older than the
 dashboard keeps receipts (``KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS``, see ``dashboard.telemetry.rollup``) as ``expired``:
-its ``(node, sequence)`` receipt may already be gone, so a replay could not be told from a first delivery.
+its ``(node, sequence)`` receipt may already be gone, so a replay could not be told from a first delivery; and
+``check_not_ahead`` refuses any message whose ``sent_at`` lies further ahead than ``signed_at`` may
+(``clock_skew``: a report dated years ahead would stay every "newest sample" query's answer until then).
 Inside that horizon a replay is the ``duplicate`` of a stored ``(node, sequence)`` and changes nothing (heartbeats:
 only a newer ``sent_at`` moves a node's state; purge results: one per node and purge).
 
@@ -43,7 +45,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent.contract import signing
-from agent.contract.messages import Ack, Report
+from agent.contract.messages import Ack, Heartbeat, Report
 from dashboard.models import MessageRejection
 
 log = logging.getLogger("kvpool.dashboard.agent_auth")
@@ -188,6 +190,16 @@ def check_horizon(message: Ack | Report, now: datetime) -> None:
         raise Refused("expired", f"{message.kind} {message.sequence} was sent at {message.sent_at.isoformat()}, "
                                  f"before the {horizon} the dashboard keeps receipts, so a replay could not be "
                                  "told apart")
+
+
+def check_not_ahead(message: Ack | Report | Heartbeat, now: datetime) -> None:
+    """Raise ``Refused("clock_skew")`` when a message's ``sent_at`` lies further ahead of ``now`` than
+    ``signed_at`` may (``clock_skew``): an agent stamps ``sent_at`` before it signs, so only a forging or broken
+    agent sends one later. Accepted, a report dated years ahead would stay the newest sample of its scopes (what
+    the pages, ``/metrics`` and the budget shares read) and a heartbeat would keep its node looking alive."""
+    if message.sent_at > now + clock_skew():
+        raise Refused("clock_skew", f"{message.kind} was sent at {message.sent_at.isoformat()}, more than "
+                                    f"{clock_skew()} ahead of the dashboard's clock")
 
 
 def describe(raw: Any) -> tuple[str, str]:

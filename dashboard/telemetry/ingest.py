@@ -51,7 +51,7 @@ from agent.contract.messages import InstanceStats as InstanceFacts
 from dashboard.models import ConfigAck, InstanceStats, NodeState, OccupancySample
 from dashboard.models import Report as ReportReceipt
 from dashboard.telemetry import compat
-from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon
+from dashboard.telemetry.agent_auth import NodeKeys, Refused, Tally, check, check_horizon, check_not_ahead
 from dashboard.telemetry.report_scope import UNREGISTERED_PER_REPORT, applied_scopes, unregistered_namespaces
 
 log = logging.getLogger("kvpool.dashboard.ingest")
@@ -128,6 +128,7 @@ def _ingest(messages: Iterable[Any], now: datetime) -> IngestResult:
                 message, rows = parse_report_rows(compat.upgrade(raw))
             except MessageError as exc:
                 raise Refused("invalid", str(exc)) from None
+            check_not_ahead(message, now)
             if isinstance(message, (Ack, Report)):
                 check_horizon(message, now)
         except Refused as exc:
