@@ -8,7 +8,8 @@ unused. Here the split follows demand:
 * **inputs** per node of a budget (:class:`NodeDemand`): its writer instances, the bytes it holds of the budget's cache
   scopes (its newest raw ``OccupancySample``), whether it reported within ``WINDOW_SECONDS``, whether its agent
   trimmed the budget's scopes in that window (``budget_evicted_blocks`` grew), whether it wrote in it (``puts``
-  grew) and its share in its current document;
+  grew) and its share in its current document; a render reads at most ``WINDOW_ROWS`` reports of each node and
+  scope from the window and a silent node's newest one only (reports are not rate-limited);
 * **policy** (:func:`plan_shares`, pure): a node trimmed at its share, or writing and holding at least ``PRESSED``
   of it, is *pressed*; every other node gets what it holds plus ``HEADROOM`` (it gives the rest back; no headroom
   once it stopped writing: its ``puts`` did not grow in the window), a silent node what it last held (its unused
@@ -38,6 +39,9 @@ from typing import Any
 
 #: Seconds of reports a plan looks at (agents report every 10 s by default).
 WINDOW_SECONDS = 120
+#: Most reports of one node and cache scope a plan reads from the window (the newest): agents report every 10 s, 12
+#: in the window; one that reports more often is judged (trimmed, writing) on its newest ones.
+WINDOW_ROWS = 30
 #: How far back a silent node's last report is looked for (raw samples are kept an hour).
 SILENT_LOOKBACK_SECONDS = 3600
 #: The floor of a node: this fraction of its writer-proportional share.
@@ -218,7 +222,16 @@ class ShareBook:
             level=OccupancySample.Level.RAW, node_name__in=names, tenant_id__in={s[0] for s in scopes},
             namespace__in={s[2] for s in scopes})
         held: dict[tuple[str, tuple[str, str, str], str], _Held] = {}
-        for row in base.filter(ts__gte=now - timedelta(seconds=WINDOW_SECONDS)).order_by("ts").values_list(*fields):
+
+        def newest(rows, count: int):
+            """The newest ``count`` rows of each (node, scope, group) among ``rows``, oldest first."""
+            ranked = rows.annotate(newest=Window(RowNumber(), partition_by=[F(name) for name in fields[:5]],
+                                                 order_by=[F("ts").desc(), F("pk").desc()])).filter(newest__lte=count)
+            return sorted(ranked.values_list(*fields), key=lambda row: row[5])
+
+        # at most WINDOW_ROWS reports of each (node, scope, group): an agent sending reports far more often than
+        # every WINDOW_SECONDS / WINDOW_ROWS seconds (they are not rate-limited) costs a render no more rows
+        for row in newest(base.filter(ts__gte=now - timedelta(seconds=WINDOW_SECONDS)), WINDOW_ROWS):
             _add(held, scopes, row, trimming=True)
         reported = {node for node, _, _ in held}
         silent = [n for n in names if n not in reported]
@@ -226,10 +239,8 @@ class ShareBook:
             # only the newest row of each (node, scope, group) counts for a silent node (what it last held): one
             # row each, not every report of the lookback (an hour of them, more from an agent that flooded reports)
             older = base.filter(node_name__in=silent, ts__gte=now - timedelta(seconds=SILENT_LOOKBACK_SECONDS),
-                                ts__lt=now - timedelta(seconds=WINDOW_SECONDS)).annotate(
-                newest=Window(RowNumber(), partition_by=[F(name) for name in fields[:5]],
-                              order_by=[F("ts").desc(), F("pk").desc()])).filter(newest=1)
-            for row in sorted(older.values_list(*fields), key=lambda row: row[5]):
+                                ts__lt=now - timedelta(seconds=WINDOW_SECONDS))
+            for row in newest(older, 1):
                 _add(held, scopes, row, trimming=False)
         if not held:  # nobody reported within the lookback: the writer split, no documents read
             book.releases = {}

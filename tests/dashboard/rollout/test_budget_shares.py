@@ -199,3 +199,26 @@ def test_a_silent_node_costs_a_render_one_row_per_scope_not_an_hour_of_reports(t
         shares = shares_of(nodes)
     assert shares["node-b"][0] == 300_000 and shares["node-a"][0] == 700_000   # as before
     assert seen.count(("node-b", False)) == 1              # its newest row only, not 420
+
+
+def test_a_node_flooding_reports_costs_a_render_at_most_window_rows_per_scope(two_writers) -> None:
+    from dashboard.rollout import budget_shares
+
+    nodes, _ = two_writers
+    shares_of(nodes)
+    for index in range(300):                               # 300 reports in the 120 s window, trims growing
+        sample("node-a", "", 450_000, index, 100 - index * 0.3)
+    for age, trims in ((90, 0), (30, 0)):
+        sample("node-b", "", 60_000, trims, age)
+    seen = []
+    real = budget_shares._add
+
+    def counting(held, scopes, row, *, trimming):
+        seen.append(row[0])
+        return real(held, scopes, row, trimming=trimming)
+
+    with mock.patch.object(budget_shares, "_add", counting):
+        shares = shares_of(nodes)
+    assert seen.count("node-a") == budget_shares.WINDOW_ROWS
+    assert shares["node-a"][0] > shares["node-b"][0]        # still pressed (trimmed in its newest reports)
+    assert shares["node-a"][0] + shares["node-b"][0] == 1_000_000
