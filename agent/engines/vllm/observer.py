@@ -10,13 +10,14 @@ counts in ``events_refusals`` and is logged). A connected socket is checked agai
 seconds. **Catching up** (vLLM's replay socket, rendered beside the event socket: ``agent.contract.kv_events``): a ZMQ
 subscriber gets nothing published before it joined, so on every connect, and whenever a message's sequence number
 skips some, the observer asks the instance's replay ROUTER (a DEALER through the same checked directory) for the
-messages from the next one it lacks; live messages are held meanwhile (at most ``REPLAY_HOLD`` of them) and handed on
-after the replayed ones, those the replay already gave dropped, so the attributor sees one ordered stream. A replay
-that does not end within ``REPLAY_TIMEOUT`` seconds is abandoned (the held messages go on; what is missing counts
-as a gap). Counted per instance: ``replays``, ``replayed`` (messages), ``replay_timeouts``. An engine without a
-replay socket is observed as before (its early messages are lost and gaps counted). After an agent restart the
-first replay starts at 0, so what the engine still buffers is applied again: a block the restored ledger already
-holds counts one more put.
+messages from the next one it lacks; live messages are held meanwhile (at most ``REPLAY_HOLD`` of them and
+``REPLAY_HOLD_BYTES`` of frames: more are dropped, counted in ``replay_held_dropped``, and replayed at the next gap)
+and handed on after the replayed ones, those the replay already gave dropped, so the attributor sees one ordered
+stream. A replay that does not end within ``REPLAY_TIMEOUT`` seconds is abandoned (the held messages go on; what is
+missing counts as a gap). Counted per instance: ``replays``, ``replayed`` (messages), ``replay_timeouts``. An
+engine without a replay socket is observed as before (its early messages are lost and gaps counted). After an agent
+restart the first replay starts at 0, so what the engine still buffers is applied again: a block the restored ledger
+already holds counts one more put.
 Messages are routed **by socket**: a message on an instance's socket is that instance's. Its topic frame
 is only checked: one under another topic than the instance's is dropped and counted (``topic_mismatch``; the node's
 ``unknown_topic`` / ``unknown_topic_blocks`` total them with the Store blocks they announce).
