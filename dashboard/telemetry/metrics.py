@@ -10,8 +10,8 @@ families keep the top N scopes by occupancy bytes (ties: by the scope's labels),
 top N instances (in trouble first: ``metrics_engines.trouble``; then by attributed blocks), the per-node families
 (``kvpool_node_*``, ``kvpool_ingest_lag_seconds``, ``kvpool_node_engine_unknown_topic_blocks_total``, the node label
 of ``kvpool_agent_messages_rejected_total``) the top N nodes (config behind, silent, digest mismatch, unknown-topic
-blocks, refused messages first; then by name); each kind is ranked once per scrape, so the same entities keep
-series in every family of that kind. The rest are summed into one row whose entity labels read ``(other)``: no
+blocks, a message refused in the node's name in the last 10 minutes first; then by name); each kind is ranked once
+per scrape, so the same entities keep series in every family of that kind. The rest are summed into one row whose entity labels read ``(other)``: no
 ``(other)`` row for versions, ages and lags (they do not add up), ratios of the row from its summed counts.
 ``kvpool_metrics_series_dropped{family}`` counts the series folded (0 when none). The ``kvpool_tenant_*`` families
 stay exact per tenant. A counter of an ``(other)`` row jumps up or down when an entity enters or leaves the top N
@@ -92,7 +92,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agent.contract.scope import CacheScope
-from dashboard.models import MasterQuotaSample, NodeState, OccupancySample, Report
+from dashboard.models import MasterQuotaSample, MessageRejection, NodeState, OccupancySample, Report
 from dashboard.telemetry import exposition
 from dashboard.telemetry.metrics_engines import ENGINE_LABELS, engine_families
 from dashboard.telemetry.scope_totals import FIELDS as SCOPE_FIELDS
@@ -152,6 +152,11 @@ class _NodeCap:
         return node not in self.folded
 
 
+#: Seconds a refused message in a node's name ranks the node among those in trouble (the 10 minutes
+#: ``KvpoolAgentMessagesRejected`` looks at).
+RECENT_REFUSAL_SECONDS = 600
+
+
 class _Scrape:
     """What one scrape reads once and its families share: the window, the registry's tenants, the series cap, each
     node's newest receipt, drift and rejections, the node ranking, and the series folded so far."""
@@ -161,7 +166,7 @@ class _Scrape:
         from dashboard.telemetry.agent_auth import rejection_series
         from tenants.models import Node
 
-        now = timezone.now()
+        now = self.now = timezone.now()
         self.since = now - timedelta(seconds=settings.KVPOOL_METRICS_WINDOW_SECONDS)
         self.tenants = _registry_tenants()
         self.cap = limit()
@@ -175,15 +180,19 @@ class _Scrape:
 
     def _rank_nodes(self) -> list[str]:
         """Node names in trouble first (config behind, silent, digest mismatch, Store blocks of unknown engines,
-        refused messages other than duplicates: one point each), then by name."""
+        refused messages other than duplicates within ``RECENT_REFUSAL_SECONDS``: one point each), then by name."""
         trouble: dict[str, int] = defaultdict(int)
         for name, flags in self.drift.items():
             trouble[name] += int(flags["behind"]) + int(flags["silent"]) + int(flags["digest_mismatch"])
         for receipt in self.receipts:
             trouble[receipt.node_name] += int(receipt.unknown_topic_blocks > 0)
-        for (reason, node), count in self.rejections.items():
-            if node:
-                trouble[node] += int(count > 0 and reason != "duplicate")
+        # refused messages: one point while a refusal is recent, whatever the reasons (unsigned or badly signed
+        # messages may name any node: a forger needs no secret to add points to healthy nodes, and the counts
+        # never shrink: a refusal a month ago must not outrank a node that is silent now)
+        recent = MessageRejection.objects.filter(last_at__gte=self.now - timedelta(seconds=RECENT_REFUSAL_SECONDS),
+                                                 count__gt=0).exclude(reason="duplicate").exclude(node="")
+        for node in set(recent.values_list("node", flat=True)):
+            trouble[node] += 1
         return sorted(trouble, key=lambda name: (-trouble[name], name))
 
 

@@ -206,3 +206,23 @@ def test_render_writes_what_generate_latest_writes(ten_scopes, settings):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(KVPoolCollector())
     assert render() == generate_latest(registry)
+
+
+def test_refusals_anyone_can_cause_in_a_nodes_name_do_not_outrank_a_silent_node(settings):
+    """Unsigned or badly signed messages may name any registered node (a forger needs no secret): refusals count
+    one point of trouble at most, and only while recent, so they cannot push a node that is really silent and behind
+    out of its own series (and its KvpoolNodeSilent alert) at the cap."""
+    settings.KVPOOL_METRICS_MAX_SERIES = 1
+    register("aaa-named", "aaa-long-ago", "zzz-silent")
+    now = timezone.now()
+    NodeState.objects.bulk_create([
+        NodeState(node_name="aaa-named", desired_version=2, acked_version=2, heartbeat_at=now),
+        NodeState(node_name="aaa-long-ago", desired_version=2, acked_version=2, heartbeat_at=now),
+        NodeState(node_name="zzz-silent", desired_version=3, acked_version=2, heartbeat_at=now - timedelta(hours=1)),
+    ])
+    for reason in ("unsigned", "bad_signature", "wrong_node"):  # all forged in aaa-named's name, just now
+        MessageRejection.objects.create(reason=reason, node="aaa-named", count=1, last_at=now)
+        MessageRejection.objects.create(reason=reason, node="aaa-long-ago", count=1,
+                                        last_at=now - timedelta(days=30))
+    series = samples()
+    assert series["kvpool_node_silent"] == {key(node="zzz-silent"): 1, key(node=OTHER): 0}
