@@ -11,8 +11,9 @@ top N instances (in trouble first: ``metrics_engines.trouble``; then by attribut
 (``kvpool_node_*``, ``kvpool_ingest_lag_seconds``, ``kvpool_node_engine_unknown_topic_blocks_total``, the node label
 of ``kvpool_agent_messages_rejected_total``) the top N nodes (config behind, silent, digest mismatch, unknown-topic
 blocks, a message refused in the node's name in the last 10 minutes first; then by name); each kind is ranked once
-per scrape, so the same entities keep series in every family of that kind. The rest are summed into one row whose entity labels read ``(other)``: no
-``(other)`` row for versions, ages and lags (they do not add up), ratios of the row from its summed counts.
+per scrape, so the same entities keep series in every family of that kind. The rest are summed into one row whose
+entity labels read ``(other)``: no ``(other)`` row for versions, ages and lags (they do not add up), ratios of the
+row from its summed counts.
 ``kvpool_metrics_series_dropped{family}`` counts the series folded (0 when none). The ``kvpool_tenant_*`` families
 stay exact per tenant. A counter of an ``(other)`` row jumps up or down when an entity enters or leaves the top N
 (``rate()`` reads a drop as a reset): read rates of ``(other)`` rows as approximate.
