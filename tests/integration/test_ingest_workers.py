@@ -1,7 +1,8 @@
 """Two dashboard ingest workers on real Redis and the test database: the first is SIGKILLed mid-batch, the second
 (started after it died, so what it stores can only have come back through redelivery) stores the rest.
 
-Every report must be stored exactly once: the tasks the dead worker held unacknowledged (the one it ran —
+Every report must be stored once at most, and all of them but the one task a kill may catch between kombu's pop
+and its unacked record (docs/ingest.md): the tasks the dead worker held unacknowledged (the one it ran —
 ``acks_late`` —, the one prefetched and the ones ``dashboard.telemetry.drain`` took) come back through
 ``dashboard.telemetry.redeliver`` within seconds (not after the hour of the transport's visibility timeout, which
 the workers here keep at 3600 s), and the receipts keep a redelivered report from being stored twice. The
@@ -31,10 +32,14 @@ def _stored() -> int:
     return Report.objects.count()
 
 
-#: Seconds after a batch commits before the worker is killed: it has taken the next batch's tasks from Redis by
-#: then and is storing them. (Killed while it pops a task — ``RPOP``, before kombu indexes it as unacknowledged — a
-#: worker loses that task: kombu's Redis transport has that window of a few milliseconds while a batch is taken.)
+#: Seconds after a batch commits before the worker is killed: it has usually taken the next batch's tasks from
+#: Redis by then and is storing them. Killed while it pops a task — ``RPOP``, before kombu indexes it as
+#: unacknowledged — a worker loses that task: kombu's Redis transport has that window of a few milliseconds per task
+#: while a batch is taken (docs/ingest.md). On a loaded machine the kill landed in it once in seven runs (1 of 1,500
+#: reports lost), so the test allows that one task and no more.
 INTO_NEXT_BATCH_S = 1.0
+#: Reports the kill may lose in the pop window (one task: the one being popped).
+POP_WINDOW_LOSS = 1
 
 
 def _ingest_worker(name: str, broker_url: str, tmp_path) -> Worker:
@@ -50,7 +55,7 @@ def _ingest_worker(name: str, broker_url: str, tmp_path) -> Worker:
 
 
 @pytest.mark.timeout(600)  # hang guard: every wait below has its own generous limit
-def test_a_worker_killed_mid_batch_loses_and_duplicates_no_report(dashboard_broker, tmp_path):
+def test_a_worker_killed_mid_batch_duplicates_nothing_and_loses_at_most_the_task_it_popped(dashboard_broker, tmp_path):
     from dashboard.celery import app
 
     reports = make_reports(REPORTS, SCOPES, nodes=NODES)
@@ -70,20 +75,22 @@ def test_a_worker_killed_mid_batch_loses_and_duplicates_no_report(dashboard_brok
         assert redis.hlen("unacked") > 0, "the killed worker held no task"
 
         survivor = _ingest_worker("survivor", dashboard_broker.url, tmp_path)
-        wait_for(lambda: _stored() == REPORTS, 400, f"all {REPORTS} reports stored", interval=0.5)
-        wait_for(lambda: redis.hlen("unacked") == 0 and redis.llen("dashboard.ingest") == 0, 120,
-                 "every task acknowledged", interval=0.5)
+        wait_for(lambda: redis.hlen("unacked") == 0 and redis.llen("dashboard.ingest") == 0
+                 and _stored() >= REPORTS - POP_WINDOW_LOSS, 400,
+                 "every task stored and acknowledged (acks follow the commit)", interval=0.5)
         assert "put back" in survivor.log(), "the dead worker's tasks were not redelivered by the survivor"
     finally:
         for worker in (survivor, doomed):
             if worker is not None:
                 worker.stop()
 
-    assert OccupancySample.objects.count() == REPORTS * SCOPES
+    stored = _stored()
+    assert REPORTS - POP_WINDOW_LOSS <= stored <= REPORTS
+    assert OccupancySample.objects.count() == stored * SCOPES  # each stored report's samples once
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT COUNT(*) FROM (SELECT node_name, ts, request_group FROM {table} "
                        "GROUP BY node_name, ts, request_group HAVING COUNT(*) > 1) AS twice")
         assert cursor.fetchone()[0] == 0
-    assert set(Report.objects.values_list("node_name", "sequence")) == {
+    assert set(Report.objects.values_list("node_name", "sequence")) <= {
         (report["node"], report["sequence"]) for report in reports}
