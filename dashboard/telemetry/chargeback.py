@@ -42,6 +42,7 @@ from django.db.models import F, QuerySet, Window
 from django.db.models.functions import Lead
 
 from dashboard.models import OccupancySample
+from dashboard.telemetry import vendor_sql
 
 #: ``group_by`` value -> the sample fields a row of that grouping is keyed by. A request group belongs to a tenant
 #: and spans its releases; ``scope`` is the whole cache scope (the four fields).
@@ -146,17 +147,6 @@ class Chargeback:
         }
 
 
-def _offset_sql(vendor: str, column: str) -> str:
-    """SQL of ``column`` (a date-time) as seconds after the origin (the first ``%s`` parameter: a ``datetime``
-    on PostgreSQL, whole epoch seconds on SQLite), exact to the microsecond / millisecond."""
-    if vendor == "postgresql":
-        return f"CAST(EXTRACT(EPOCH FROM ({column} - %s)) AS DOUBLE PRECISION)"
-    if vendor == "sqlite":  # whole seconds (exact integers), then the milliseconds of "%f" ("SS.SSS")
-        return (f"(CAST(strftime('%%s', {column}) AS INTEGER) - %s "
-                f"+ CAST(substr(strftime('%%f', {column}), 3) AS REAL))")
-    raise NotImplementedError(f"chargeback queries support PostgreSQL and SQLite, not {vendor}")
-
-
 def chargeback(samples: QuerySet, start: datetime, end: datetime, group_by: str = "tenant", *,
                capacity_bytes: int | None = None, max_gap: int | None = None) -> Chargeback:
     """Bytes·hours of each group of ``samples`` over ``[start, end)`` (see the module docstring for the rule).
@@ -203,7 +193,8 @@ def chargeback(samples: QuerySet, start: datetime, end: datetime, group_by: str 
         f"SELECT {columns}, SUM(bytes * {seconds}) AS byte_seconds, SUM({seconds}) AS present "
         f"FROM (SELECT {columns}, bytes, at, next_at, at + ({hold}) AS held_until FROM ("
         f"SELECT {columns}, {quote('bytes')} AS bytes, {quote('level')} AS level, "
-        f"{_offset_sql(vendor, quote('ts'))} AS at, {_offset_sql(vendor, quote('next_ts'))} AS next_at "
+        f"{vendor_sql.seconds_after_origin(vendor, quote('ts'))} AS at, "
+        f"{vendor_sql.seconds_after_origin(vendor, quote('next_ts'))} AS next_at "
         f"FROM ({inner_sql}) held) offsets) holds "
         f"GROUP BY {columns}"
     )

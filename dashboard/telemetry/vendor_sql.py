@@ -1,5 +1,6 @@
 """The SQL that differs between the dashboard's backends (PostgreSQL, the fleet database; SQLite, the embedded
-default), in one place: bucket starts, epoch seconds, half-up averages, the smaller of two values.
+default), in one place: bucket starts, epoch seconds, seconds after an origin, half-up averages, the smaller of
+two values.
 
 Each function takes ``vendor`` (``connection.vendor``) and SQL expressions, and returns an SQL expression; a ``%``
 is written ``%%`` (the statements are run with parameters). Other backends raise ``NotImplementedError``.
@@ -66,3 +67,14 @@ def bytewise(vendor: str, column: str) -> str:
     a linguistic collation made the chart's window sort several times slower)."""
     _check(vendor)
     return f'{column} COLLATE "C"' if vendor == "postgresql" else column
+
+
+def seconds_after_origin(vendor: str, column: str) -> str:
+    """``column`` (a date-time) as seconds after the origin, the first ``%s`` parameter: a ``datetime`` on
+    PostgreSQL, whole epoch seconds on SQLite; exact to the microsecond / millisecond (chargeback's integrals)."""
+    _check(vendor)
+    if vendor == "postgresql":
+        return f"CAST(EXTRACT(EPOCH FROM ({column} - %s)) AS DOUBLE PRECISION)"
+    # whole seconds (exact integers), then the milliseconds of "%f" ("SS.SSS")
+    return (f"(CAST(strftime('%%s', {column}) AS INTEGER) - %s "
+            f"+ CAST(substr(strftime('%%f', {column}), 3) AS REAL))")
