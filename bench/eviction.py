@@ -110,12 +110,14 @@ def simulate(
     *,
     future: list[list[float]] | None = None,
     signal: str = "full",
+    hits_out: list[int] | None = None,
 ) -> SimResult:
     """Replay ``requests`` (already in timestamp order) against ``capacity_blocks`` one-byte blocks.
 
     ``policy``: a name from :data:`POLICIES` or a fresh policy object. ``future``: :func:`next_uses` of the
     requests, computed when ``belady`` needs it and not given. ``signal`` (see :data:`SIGNALS`): what the
-    policy is told of each request; ``belady`` is always told everything. Raises ``ValueError`` for a
+    policy is told of each request; ``belady`` is always told everything. ``hits_out``: when given, each
+    request's prefix-hit blocks are appended to it, in replay order. Raises ``ValueError`` for a
     capacity < 1 or an unknown signal.
     """
     if capacity_blocks < 1:
@@ -143,10 +145,10 @@ def simulate(
             for b, nxt in zip(ids, future[i]):  # type: ignore[index]
                 oracle[b] = nxt
         now = req.timestamp_ms / 1000.0
-        if stores_only:
-            hit += _store_misses(pol, ids, now)
-        else:
-            hit += pol.on_request(ids, 1, now)
+        got = _store_misses(pol, ids, now) if stores_only else pol.on_request(ids, 1, now)
+        hit += got
+        if hits_out is not None:
+            hits_out.append(got)
         total += len(ids)
         over = pol.used_bytes - capacity_blocks
         if over > 0:

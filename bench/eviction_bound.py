@@ -46,8 +46,24 @@ class State:
     gap: float | None
 
 
-def states(requests: Sequence[TraceRequest]) -> tuple[list[State], int]:
-    """The states of ``requests`` (in time order) and the hits on shared blocks (every policy's)."""
+@dataclass
+class Chains:
+    """How the requests of a trace (in time order) chain into conversations: ``shared`` blocks (used by at
+    least 1% of the requests, and at least twice), and per request ``i``: ``turns[i]`` (requests in its chain
+    up to and including it), ``gap[i]`` (seconds since the previous one, ``None`` at turn 1), ``nxt[i]``
+    (``(index, blocks it shares with i below the shared prefix)`` of the next request extending it, or
+    ``None``), and ``shared_hits`` (hits on shared blocks, which every policy gets)."""
+
+    shared: set[int]
+    turns: list[int]
+    gap: list[float | None]
+    nxt: list[tuple[int, int] | None]
+    shared_hits: int
+
+
+def chains(requests: Sequence[TraceRequest]) -> Chains:
+    """The conversation chains of ``requests`` (in time order): a request extends the latest earlier request
+    that used the deepest of its leading blocks below the shared prefix, if that one has no next turn yet."""
     freq = Counter(b for r in requests for b in set(r.hash_ids))
     shared = {b for b, n in freq.items() if n >= max(2.0, 0.01 * len(requests))}
     last_user: dict[int, int] = {}
@@ -74,15 +90,21 @@ def states(requests: Sequence[TraceRequest]) -> tuple[list[State], int]:
         for b in ids:
             last_user[b] = i
             seen.add(b)
+    return Chains(shared, turns, gap, nxt, shared_hits)
+
+
+def states(requests: Sequence[TraceRequest]) -> tuple[list[State], int]:
+    """The states of ``requests`` (in time order) and the hits on shared blocks (every policy's)."""
+    ch = chains(requests)
     out = []
     for i, req in enumerate(requests):
-        own = sum(1 for b in req.hash_ids if b not in shared)
+        own = sum(1 for b in req.hash_ids if b not in ch.shared)
         if own == 0:
             continue
-        link = nxt[i]
+        link = ch.nxt[i]
         wait = (requests[link[0]].timestamp_ms - req.timestamp_ms) / 1000.0 if link else math.inf
-        out.append(State(max(1, own - 1), wait, link[1] if link else 0, turns[i], gap[i]))
-    return out, shared_hits
+        out.append(State(max(1, own - 1), wait, link[1] if link else 0, ch.turns[i], ch.gap[i]))
+    return out, ch.shared_hits
 
 
 def bound(

@@ -179,3 +179,60 @@ def test_bound_refined_classes_never_bound_lower(tmp_path, head):
         assert row["age only"] <= row["visits"] <= row["visits+depth"] <= row["visits+depth+gap"]
         assert row["age only"] <= row["oracle: continues?"]
         assert set(row["holding_s_by_visit_class"]) <= {"0", "1", "2", "3"}
+
+
+def test_explain_attributes_each_request_difference_by_turn_gap_and_depth():
+    from bench import eviction_explain as ex
+
+    # Shared block 0 in every request; conversation A: 3 turns (gaps 30 s, 200 s), B: 2 turns (gap 2000 s),
+    # C and D one-offs, then 400 one-offs so that no conversation's block is in 1% of the requests (shared).
+    reqs = [
+        TraceRequest(0, 0, 0, (0, 1, 2)),  # A turn 1
+        TraceRequest(1_000, 0, 0, (0, 10, 11, 12)),  # B turn 1
+        TraceRequest(30_000, 0, 0, (0, 1, 2, 3)),  # A turn 2, gap 30 s
+        TraceRequest(40_000, 0, 0, (0, 20)),  # C
+        TraceRequest(230_000, 0, 0, (0, 1, 2, 3, 4)),  # A turn 3, gap 200 s
+        TraceRequest(500_000, 0, 0, (0, 30)),  # D
+        TraceRequest(2_001_000, 0, 0, (0, 10, 11, 12, 13)),  # B turn 2, gap 2000 s
+    ] + [TraceRequest(3_000_000 + i, 0, 0, (0, 1000 + i)) for i in range(400)]
+    ch = ex.chains(reqs)
+    assert ch.turns == [1, 1, 2, 1, 3, 1, 2] + [1] * 400
+    assert ch.gap[2] == 30.0 and ch.gap[4] == 200.0 and ch.gap[6] == 2000.0 and ch.gap[0] is None
+    a = [0, 0, 2, 1, 4, 1, 4] + [1] * 400
+    b = [0, 1, 1, 1, 1, 0, 1] + [1] * 400
+    fig = ex.explain(reqs, a, b)
+    assert fig["total"] == sum(a) - sum(b) == 7
+    for feature in ("turn", "gap", "depth"):
+        assert sum(fig[feature].values()) == fig["total"], feature
+    # brute force: the expected cells, request by request
+    assert fig["turn"] == {"1": -1 + 1, "2": 1 + 3, "3-4": 3, "5-8": 0, "9+": 0}
+    assert fig["gap"]["first"] == 0 and fig["gap"]["<60s"] == 1 and fig["gap"]["120-240s"] == 3
+    assert fig["gap"][">=1920s"] == 3
+    assert fig["depth"] == {"<10": 7, "10-29": 0, "30-79": 0, "80+": 0}
+    assert [ex.turn_label(t) for t in (1, 2, 3, 4, 5, 8, 9, 100)] == ["1", "2", "3-4", "3-4", "5-8", "5-8", "9+", "9+"]
+    assert [ex.depth_label(n) for n in (1, 9, 10, 29, 30, 79, 80)] == ["<10", "<10", "10-29", "10-29", "30-79",
+                                                                      "30-79", "80+"]
+
+
+@needs_trace
+def test_explain_per_request_hits_add_up_to_the_simulator_totals(tmp_path, head):
+    from bench import eviction_explain as ex
+
+    cap = 300
+    for name in ("lru", "hit-density", "belady"):
+        per = ex.request_hits(head, cap, name)
+        assert len(per) == len(head)
+        assert sum(per) == bench.simulate(head, cap, name).hit_blocks, name
+    path = tmp_path / "slice.jsonl"
+    write_trace(path, head)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert ex.main(["--trace", str(path), "--capacity-tokens", "153600"]) == 0
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    pairs = result["capacities"]["153600"]
+    assert set(pairs) == {"belady:hit-density", "hit-density:lru"}
+    for fig in pairs.values():
+        assert sum(fig["turn"].values()) == sum(fig["gap"].values()) == sum(fig["depth"].values()) == fig["total"]
+    assert pairs["belady:hit-density"]["total"] >= 0  # the optimum is never behind
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()):
+        ex.main(["--trace", str(path), "--pairs", "belady-lru"])
