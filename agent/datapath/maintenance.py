@@ -5,8 +5,9 @@ This is the one implementation of the node-maintenance policy. The agent runs it
 the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this order:
 
 1. **budgets** — every release and request group over its budget (:class:`Budget`, from the applied document:
-   :func:`document_budgets`; each node holds its own share) is trimmed to ``BUDGET_LOW_WATER`` of it by
-   ``agent.datapath.budget.BudgetEnforcer`` (the prefix-aware policy): leaf blocks only, removed by exact key,
+   :func:`document_budgets`; each node holds its own share) is trimmed to ``BUDGET_LOW_WATER`` of it in whole blocks
+   (at or above it, less than a block above: no budget lost to rounding) by ``agent.datapath.budget.BudgetEnforcer``
+   (the prefix-aware policy): leaf blocks only, removed by exact key,
    never forced (``agent.datapath.budget.store_remover``), so no block is orphaned, and a block another client reads
    (a read lease) stays until a later round;
 2. **orphans** — blocks of this node below a block known to be gone (evicted by the master, removed by another
@@ -55,7 +56,8 @@ from agent.datapath.eviction_signal import EvictionWatch
 
 log = logging.getLogger("kvpool.agent.maintenance")
 
-#: A release or request group over its budget is trimmed to this share of it.
+#: A release or request group over its budget is trimmed to this share of it (the whole-block amount at or above it:
+#: ``BudgetEnforcer.enforce``), so a release whose nodes are each at their share ends within 10 % of its budget.
 BUDGET_LOW_WATER = 0.9
 #: Default seconds between reconciles with the Store (each leases the checked objects for the master's
 #: ``--default_kv_lease_ttl``, 10 s by default in Mooncake 0.3.13.post1: keep this well above it).
@@ -276,7 +278,8 @@ class Maintenance:
         return any(self.budget.used_bytes(b.scopes) > b.node_budget_bytes for b in budgets)
 
     def enforce_budgets(self, budgets: Iterable[Budget]) -> int:
-        """Trim every budget passed to ``BUDGET_LOW_WATER`` of it; returns blocks removed."""
+        """Trim every budget passed to ``BUDGET_LOW_WATER`` of it (in whole blocks, at or above it); returns blocks
+        removed."""
         from agent.datapath.budget import store_remover
 
         removed = 0
