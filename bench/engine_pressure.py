@@ -285,7 +285,8 @@ def human_line(name: str, arm: Mapping[str, Any]) -> str:
         f"unreachable in all) of {arm['keys_present']} keys present; ledger error max "
         f"{arm['ledger_error_max']:.1%} (mean {arm['ledger_error_mean']:.1%}), settled within "
         f"{arm.get('ledger_settle_s')} s of each of {arm.get('eviction_rounds_sampled')} master eviction round(s) "
-        f"({arm.get('ledger_unsettled_rounds')} never); "
+        f"({arm.get('ledger_unsettled_rounds')} never; {arm.get('agent_signal_reconciles')} reconciles on the "
+        f"eviction signal, {arm.get('agent_metrics_errors')} failed reads of the counters); "
         f"tenant peak {arm['tenant_charged_max'] >> 10} KiB of {arm['eviction_point_bytes'] >> 10} KiB eviction "
         f"point; agent CPU {arm['agent_cpu_s']} s; {arm['requests_per_s']} requests/s")
 
@@ -325,6 +326,16 @@ def log_counts(text: str) -> tuple[int, int, int, int]:
     unconfirmed = sum(int(n) for n in re.findall(r"reported (\d+) Store write\(s\) the Store does not hold", text))
     refused = sum(int(n) for n in re.findall(r"over its budget of \d+ bytes \((\d+) refused", text))
     return budget, orphaned, unconfirmed, refused
+
+
+def signal_counts(text: str) -> tuple[int, int]:
+    """Reconciles an agent log says it ran on a master eviction signal (``agent.datapath.maintenance``) and failed
+    reads of the master's eviction counters (``agent.datapath.eviction_signal``): a bench whose agents never read the
+    counters measures the scheduled reconcile, not the signal."""
+    import re
+
+    return (len(re.findall(r"the master evicted: reconciled tenant", text)),
+            len(re.findall(r"master eviction counters: ", text)))
 
 
 def store_exists(endpoints: Mapping[str, Any], tenant_id: str, keys: Sequence[str], workdir: Path) -> set[str]:
@@ -467,6 +478,9 @@ class PressureBench:
 
         settings.KVPOOL_MASTER_ADDRESS = master.rpc_address
         settings.KVPOOL_METADATA_SERVER = master.metadata_server
+        # the agents poll this arm's master's eviction counters (NodeSettings.master_metrics_urls); without it they
+        # polled the default admin URL, where nothing listens, and learnt of evictions only at reconciles
+        settings.KVPOOL_MASTER_ADMIN_URL = master.admin_url
         settings.KVPOOL_GLOBAL_SEGMENT_SIZE = 256 << 20  # embedded nodes only; these are standalone-store
         settings.KVPOOL_LOCAL_BUFFER_SIZE = 64 << 20
         version = ensure_version(node).version
@@ -636,6 +650,9 @@ class PressureBench:
         figures["agent_orphans_removed"] = sum(r[1] for r in removed)
         figures["agent_unconfirmed"] = sum(r[2] for r in removed)
         figures["agent_budget_refused"] = sum(r[3] for r in removed)
+        signals = [signal_counts(s.log_text()) for s in agents]
+        figures["agent_signal_reconciles"] = sum(n for n, _ in signals)
+        figures["agent_metrics_errors"] = sum(n for _, n in signals)
         figures["wall_s"] = round(time.monotonic() - started, 1)
         return figures
 

@@ -23,6 +23,7 @@ No Django. Sizes are bytes; times are the ledger's clock in seconds.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -137,9 +138,12 @@ class BudgetEnforcer:
                 remove_fn: RemoveFn, *, low_water: float = 1.0) -> list[str]:
         """Hold ``scopes`` (one request group, or every group of a release) under ``budget_bytes``.
 
-        Nothing happens while the ledger's bytes are at most the budget. Over it, blocks are removed until the
-        bytes are at most ``low_water * budget_bytes``; with several scopes each gives up bytes in proportion
-        to what it holds, chosen by its own policy. Blocks are removed leaf-first in waves through
+        Nothing happens while the ledger's bytes are at most the budget. Over it, blocks are removed down to the
+        **low-water mark** ``ceil(low_water * budget_bytes)`` in whole blocks: the fewest planned blocks that bring
+        the bytes to at most ``min(budget_bytes, mark + m - 1)`` (``m`` the largest planned block), so a trim that
+        is not refused ends at or above the mark and less than one block above it (never above the budget) —
+        rounding to whole blocks does not waste budget, on any node. With several scopes each gives up bytes in
+        proportion to what it holds, chosen by its own policy. Blocks are removed leaf-first in waves through
         ``remove_fn``; a block the store refused (read lease) stays, with its ancestors, and is tried again at
         the next call.
 
@@ -158,21 +162,22 @@ class BudgetEnforcer:
         ids = _scopes(scopes)
         if self.used_bytes(ids) <= budget_bytes:
             return []
-        target = int(budget_bytes * low_water)
+        target = min(budget_bytes, math.ceil(budget_bytes * low_water))
         removed: list[str] = []
         blocked: set[str] = set()  # refused by the store, or above a refused block: kept until the next call
         for _ in range(MAX_ROUNDS):
-            plan = self._plan(ids, target, blocked)
+            plan = self._plan(ids, target, budget_bytes, blocked)
             if not plan:
                 break
             removed.extend(self._remove_waves(plan, remove_fn, blocked))
-            if self.used_bytes(ids) <= target:
-                break
         return removed
 
-    def _plan(self, ids: list[CacheScope], target: int, blocked: set[str]) -> list[tuple[ScopeTable, str]]:
+    def _plan(self, ids: list[CacheScope], target: int, budget_bytes: int,
+              blocked: set[str]) -> list[tuple[ScopeTable, str]]:
         """Victims per scope for its share of the bytes above ``target``, ``blocked`` keys left out (asked
-        for on top, so the plan reaches past them)."""
+        for on top, so the plan reaches past them), cut to the fewest that leave at most ``min(budget_bytes,
+        target + m - 1)`` bytes (``m`` the largest victim): planned blocks dropped from the end of a scope's list
+        (a prefix of a plan never orphans) while the rest still frees enough. Empty once the bytes are there."""
         with self.ledger.lock:
             tables = [self.ledger.table(i) for i in ids]
             used = [t.bytes for t in tables]
@@ -180,17 +185,34 @@ class BudgetEnforcer:
             if need <= 0:
                 return []
             total = sum(used)
-            plan: list[tuple[ScopeTable, str]] = []
+            lists: list[list[tuple[ScopeTable, str, int]]] = []
             for table, held in zip(tables, used):
                 if held <= 0:
                     continue
                 share = -(-need * held // total)  # ceil: the shares together free at least ``need``
                 policy = self.policy(table.scope)
                 stuck = sum(block.size for k in blocked if k in policy and (block := policy.tree.get(k)) is not None)
+                victims = []
                 for key in policy.select_victims(share + stuck, self.ledger.clock()):
-                    if key not in blocked:
-                        plan.append((table, cast(str, key)))  # the policy holds the ledger's keys
-            return plan
+                    entry = table.get(cast(str, key))  # the policy holds the ledger's keys
+                    if key not in blocked and entry is not None:
+                        victims.append((table, cast(str, key), entry.size))
+                lists.append(victims)
+            largest = max((size for victims in lists for _, _, size in victims), default=0)
+            # free at least this much: the bytes end at most one block (less a byte) above ``target``, never
+            # above the budget; removing fewer planned blocks than that never takes the bytes below ``target``
+            floor = total - min(budget_bytes, target + largest - 1)
+            if floor <= 0:
+                return []
+            freed = sum(size for victims in lists for _, _, size in victims)
+            dropped = True
+            while dropped:
+                dropped = False
+                for victims in lists:
+                    if victims and freed - victims[-1][2] >= floor:
+                        freed -= victims.pop()[2]
+                        dropped = True
+            return [(table, key) for victims in lists for table, key, _ in victims]
 
     def _remove_waves(self, plan: list[tuple[ScopeTable, str]], remove_fn: RemoveFn,
                       blocked: set[str]) -> list[str]:

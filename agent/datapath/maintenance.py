@@ -5,8 +5,9 @@ This is the one implementation of the node-maintenance policy. The agent runs it
 the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this order:
 
 1. **budgets** — every release and request group over its budget (:class:`Budget`, from the applied document:
-   :func:`document_budgets`; each node holds its own share) is trimmed to ``BUDGET_LOW_WATER`` of it by
-   ``agent.datapath.budget.BudgetEnforcer`` (the prefix-aware policy): leaf blocks only, removed by exact key,
+   :func:`document_budgets`; each node holds its own share) is trimmed to ``BUDGET_LOW_WATER`` of it in whole blocks
+   (at or above it, less than a block above: no budget lost to rounding) by ``agent.datapath.budget.BudgetEnforcer``
+   (the prefix-aware policy): leaf blocks only, removed by exact key,
    never forced (``agent.datapath.budget.store_remover``), so no block is orphaned, and a block another client reads
    (a read lease) stays until a later round;
 2. **orphans** — blocks of this node below a block known to be gone (evicted by the master, removed by another
@@ -32,11 +33,15 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    the enforcer waits to remove.
 4. **eviction signal** — the master's eviction counters (``agent.datapath.eviction_signal.EvictionWatch`` over the
    ``/metrics`` URLs of the applied document's ``NodeSettings.master_metrics_urls``: one small HTTP read, no lease)
-   are polled every ``poll_interval`` seconds (at a round: as often as the caller runs rounds); a tenant whose
+   are polled every ``poll_interval`` seconds (at a round: as often as the caller runs rounds, or light rounds of
+   this step alone, :meth:`Maintenance.signal_round`, between them: the real-engine agent does); a tenant whose
    counter grew (every tenant when only a global one grew, or the master restarted) gets a full reconcile at once,
    not at the next interval, so the ledger follows the Store within seconds of an eviction round. Lease-aware:
-   only on a signal, and at most once per ``signal_gap`` seconds per tenant (a signal inside the gap waits for its
-   end). That reconcile stands for the round's scheduled reconcile or probe of that tenant.
+   only on a signal, at most once per ``signal_gap`` seconds per tenant (a signal inside the gap waits for its
+   end), and not while one of the tenant's budgets is still over after the trim (the reconcile's leases would refuse
+   the trim's removals for 10 s and the master would evict at the quota instead: ``docs/eviction.md`` §8, "How soon
+   the ledger follows a master eviction"). That reconcile stands for the round's scheduled reconcile or probe of
+   that tenant.
 
 Store clients come from the caller (``store_for(tenant_id)``, one per tenant, None while it cannot be opened). A
 failing step is reported through ``on_problem(part, message)`` (``budget``, ``orphans``, ``store:<tenant>``) and
@@ -55,7 +60,8 @@ from agent.datapath.eviction_signal import EvictionWatch
 
 log = logging.getLogger("kvpool.agent.maintenance")
 
-#: A release or request group over its budget is trimmed to this share of it.
+#: A release or request group over its budget is trimmed to this share of it (the whole-block amount at or above it:
+#: ``BudgetEnforcer.enforce``), so a release whose nodes are each at their share ends within 10 % of its budget.
 BUDGET_LOW_WATER = 0.9
 #: Default seconds between reconciles with the Store (each leases the checked objects for the master's
 #: ``--default_kv_lease_ttl``, 10 s by default in Mooncake 0.3.13.post1: keep this well above it).
@@ -216,7 +222,7 @@ class Maintenance:
             reconcile = self.last_reconcile is None or now - self.last_reconcile >= self.reconcile_interval
         orphans = self.collect_orphans(self.orphan_tenants(budgets, tenants, now), now) if enforce else 0
         removed = self.enforce_budgets(budgets) if enforce else 0
-        checked, missing, done = self._on_eviction_signal(tenants, now)
+        checked, missing, done = self._on_eviction_signal(tenants, now, budgets)
         tenants = [t for t in tenants if t not in done]  # just checked every block of these
         if reconcile:
             self.last_reconcile = self.last_probe = now
@@ -229,12 +235,24 @@ class Maintenance:
             checked, missing = checked + probed[0], missing + probed[1]
         return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
 
+    def signal_round(self, budgets: list[Budget], tenants: Iterable[str], *,
+                     now: float | None = None) -> tuple[int, int]:
+        """Only step 4 (a caller's light round between full rounds): poll the eviction counters when due and reconcile
+        every block of each signalled tenant of ``tenants`` whose last such reconcile is ``signal_gap`` old and none
+        of whose ``budgets`` is over (no trim waits on leases). Returns ``(checked, missing)`` blocks."""
+        now = time.monotonic() if now is None else now
+        checked, missing, _ = self._on_eviction_signal(sorted(set(tenants)), now, budgets)
+        return checked, missing
+
     # --- the steps ----------------------------------------------------------------------------------------
 
-    def _on_eviction_signal(self, tenants: list[str], now: float) -> tuple[int, int, set[str]]:
+    def _on_eviction_signal(self, tenants: list[str], now: float,
+                            budgets: Iterable[Budget] = ()) -> tuple[int, int, set[str]]:
         """Poll the eviction counters when due; reconcile every block of each signalled tenant of ``tenants`` whose
-        last such reconcile is ``signal_gap`` old (the others wait). Returns ``(checked, missing, tenants
-        reconciled)``."""
+        last such reconcile is ``signal_gap`` old and none of whose ``budgets`` is still over (the others wait: the
+        reconcile would lease every block of the tenant for ``--default_kv_lease_ttl``, 10 s, refusing the very
+        removals the trim waits on, while the master then evicts at the quota instead; the scheduled reconcile still
+        runs). Returns ``(checked, missing, tenants reconciled)``."""
         watch = self.eviction_watch
         if watch.due(now):
             signal = watch.poll(now)
@@ -244,7 +262,8 @@ class Maintenance:
             self.signalled.update(affected)
             self._pressed_at.update(dict.fromkeys(affected, now))
         self.signalled &= set(tenants)
-        ready = sorted(t for t in self.signalled
+        trimming = {b.tenant_id for b in budgets if self.budget.used_bytes(b.scopes) > b.node_budget_bytes}
+        ready = sorted(t for t in self.signalled - trimming
                        if t not in self._signal_reconciled or now - self._signal_reconciled[t] >= self.signal_gap)
         if not ready:
             return 0, 0, set()
@@ -276,7 +295,8 @@ class Maintenance:
         return any(self.budget.used_bytes(b.scopes) > b.node_budget_bytes for b in budgets)
 
     def enforce_budgets(self, budgets: Iterable[Budget]) -> int:
-        """Trim every budget passed to ``BUDGET_LOW_WATER`` of it; returns blocks removed."""
+        """Trim every budget passed to ``BUDGET_LOW_WATER`` of it (in whole blocks, at or above it); returns blocks
+        removed."""
         from agent.datapath.budget import store_remover
 
         removed = 0

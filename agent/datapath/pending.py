@@ -16,6 +16,8 @@ a key is visible to ``batch_is_exist`` as soon as the put returned (1.2 ms later
 real-engine test was confirmed at its first check, so the grace (``DEFAULT_GRACE_S``) only covers a slow master.
 Before it drops them, :meth:`confirm` can look expired blocks up under other key prefixes (``alternates``: the
 namespaces the instance's engine really writes under, when something found them; counted per namespace, not booked).
+The Store cannot name them itself: Mooncake 0.3.13.post1's Python client lists no keys and the master's HTTP key
+listing sees only the ``default`` tenant (``docs/design.md``, "Not from the Store's keys alone").
 
 A child whose parent is still waiting waits too; a child whose parent was dropped is booked below an absent parent
 (an orphan, as the ledger defines it). ``recheck`` takes blocks an engine said it removed (``BlockRemoved``): they

@@ -27,7 +27,10 @@ the account its launch names (``LaunchSpec.user``), which must own its socket. A
 uses its own account for every instance and logs it once.
 
 A maintenance thread (every ``interval`` seconds, :meth:`NodeEngines.tick`) books engine-written blocks and then
-runs the node-maintenance policy the simulator runs too (``agent.datapath.maintenance``):
+runs the node-maintenance policy the simulator runs too (``agent.datapath.maintenance``); while the applied document
+names the masters' metrics it also wakes every eviction-counter poll interval (1 s) between those ticks for a light
+round (:meth:`NodeEngines.signal_tick`: confirm, then only the eviction signal), so the ledger follows a master
+eviction within about a second of its counter moving, not a whole tick:
 
 * **confirm** (first) — engine events are hints: an attributed block waits in its instance's pending set until the
   Store client of the instance's tenant finds its key (:meth:`NodeEngines.confirm_writes`,
@@ -397,11 +400,39 @@ class NodeEngines:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        last_tick = time.monotonic()
+        while not self._stop.wait(self._wait(last_tick)):
+            now = time.monotonic()
             try:
-                self.tick()
+                if now - last_tick >= self.interval:
+                    last_tick = now
+                    self.tick()
+                else:
+                    self.signal_tick()
             except Exception:  # never let maintenance die; the next tick retries
                 log.exception("node %s: engine maintenance tick failed", self.node)
+
+    def _wait(self, last_tick: float) -> float:
+        """Seconds until the next round: the next full tick (``interval`` after the last), or sooner, the eviction
+        counters' poll interval, while the applied document names the masters' metrics."""
+        until_tick = max(0.0, last_tick + self.interval - time.monotonic())
+        maintenance = self.maintenance
+        if maintenance is None or not maintenance.eviction_watch.active:
+            return until_tick
+        return min(until_tick, maintenance.eviction_watch.poll_interval)
+
+    def signal_tick(self) -> dict[str, int]:
+        """A light round between full ticks: confirm the engines' reported writes, then the eviction-signal step
+        (``Maintenance.signal_round``: poll the master's eviction counters when due; a full reconcile of each tenant
+        whose counter grew). So the ledger follows the Store within about ``poll_interval`` (1 s) of a write or a
+        master eviction, not ``interval`` (2 s). Returns ``checked`` and ``missing`` blocks."""
+        maintenance = self.maintenance
+        if not self.observe or maintenance is None:
+            return {"checked": 0, "missing": 0}
+        with self._tick_lock:
+            self.confirm_writes()
+            checked, missing = maintenance.signal_round(self.budgets(), self._tenants())
+            return {"checked": checked, "missing": missing}
 
     def tick(self, *, reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
         """One maintenance round: credit engine hits, confirm the engines' reported writes, then the node-maintenance

@@ -46,8 +46,8 @@ WINDOW_ROWS = 30
 SILENT_LOOKBACK_SECONDS = 3600
 #: The floor of a node: this fraction of its writer-proportional share.
 FLOOR_FRACTION = 0.1
-#: A node holding at least this fraction of its share is at its share (the agent trims to 90 % of it,
-#: ``agent.datapath.maintenance.BUDGET_LOW_WATER``).
+#: A node holding at least this fraction of its share is at its share (the agent trims to the whole-block amount at or
+#: above 90 % of it, ``agent.datapath.maintenance.BUDGET_LOW_WATER``).
 PRESSED = 0.95
 #: A node under its share keeps what it holds plus this fraction; it gives the rest back.
 HEADROOM = 0.15

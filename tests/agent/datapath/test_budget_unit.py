@@ -3,6 +3,8 @@ orphans, SGLang halves removed together (the same paths run on a real master in 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from agent.datapath.budget import BudgetEnforcer, connector_remover
@@ -138,3 +140,32 @@ def test_the_enforcer_adopts_blocks_stored_before_it_existed() -> None:
     put(connector, ns, [1, 2, 3])
     late = BudgetEnforcer(ledger)
     assert len(late.policy(ns)) == 3 and late.stats(ns)["orphaned_blocks"] == 0
+
+
+@pytest.mark.parametrize("budget_blocks", [3, 9, 13, 16, 17, 19])
+@pytest.mark.parametrize("low_water", [0.9, 0.75, 1.0])
+def test_the_trim_ends_at_the_low_water_mark_in_whole_blocks_across_groups(budget_blocks, low_water) -> None:
+    """Two request groups of a release, 10 blocks each, over a budget of whole blocks and a byte more: the trim
+    ends on the whole-block amount at or above ``ceil(low_water * budget)`` (at most the budget), the same for
+    any split between the groups — never a block per group below it, as a per-group rounding would."""
+    store, ns, ledger, connector, enforcer = make(policy=LeafLRUPolicy)
+    size = connector.block_bytes
+    other = ns.replace(cache_salt="s2", request_group="g2")
+    put(connector, ns, [1, 2, 3, 4, 5])
+    put(connector, ns, [1, 2, 6, 7, 8, 9])
+    connector.put(list(range(10)), other.trace_hashes(list(range(20, 30))), keyspace=other)
+    for budget in (budget_blocks * size, budget_blocks * size + 1):
+        mark = min(budget, math.ceil(budget * low_water))
+        expected = min(budget // size, -(-mark // size))  # brute force: the whole blocks in [mark, budget]
+        held = ledger.table(ns).blocks + ledger.table(other).blocks
+        removed = enforcer.enforce([ns.scope, other.scope], budget, connector_remover(connector),
+                                   low_water=low_water)
+        after = ledger.table(ns).blocks + ledger.table(other).blocks
+        if held * size <= budget:
+            assert removed == [] and after == held
+        else:
+            assert after == expected, (budget / size, low_water, after, expected)
+            assert len(removed) == held - after
+        assert len(store.objects) == after
+        check_no_orphans(ledger, ns, store)
+        check_no_orphans(ledger, other, store)

@@ -16,7 +16,7 @@ from agent.datapath.eviction_signal import (
     parse_eviction_counters,
     read_metrics,
 )
-from agent.datapath.maintenance import Maintenance
+from agent.datapath.maintenance import Budget, Maintenance
 from tests.agent.datapath.test_budget_unit import make, put
 
 
@@ -200,3 +200,50 @@ def test_read_metrics_is_bounded_in_time_and_size(server):
         read_metrics("http://127.0.0.1:1/metrics")
     with pytest.raises(MetricsError, match="not an http"):
         read_metrics("file:///etc/passwd")
+
+
+def test_a_light_signal_round_reconciles_between_full_rounds_and_trims_nothing():
+    """``Maintenance.signal_round`` (the real-engine agent's round between its 2 s ticks): only the eviction signal —
+    a poll when due and the signalled tenant's full reconcile — and no budget trim, even over a budget."""
+    store, ns, ledger, connector, enforcer = make()
+    size = connector.block_bytes
+    hashes = put(connector, ns, list(range(1, 9)))
+    fake = FakeMetrics()
+    maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0)
+    maintenance.last_reconcile = 0.0
+    assert maintenance.signal_round([], ["alpha"], now=1.0) == (0, 0) and fake.reads == 1  # the baseline
+    assert maintenance.signal_round([], ["alpha"], now=1.5) == (0, 0) and fake.reads == 1  # not due yet (1 s)
+    for key in ns.keys_for(hashes[-1]):                 # the master evicts the last block
+        del store.objects[key]
+    fake.text = metrics(1, {"alpha": size})
+    assert maintenance.signal_round([], ["alpha"], now=2.0) == (8, 1)
+    assert ledger.table(ns).blocks == 7 and maintenance.signal_reconciles == 1
+    fake.text = metrics(2, {"alpha": 2 * size})        # another eviction; the tenant is over a budget now
+    budgets = [Budget([ns.scope], 2 * size, "alpha")]
+    assert maintenance.signal_round(budgets, ["alpha"], now=6.0) == (0, 0) and ledger.table(ns).blocks == 7
+    assert maintenance.signalled == {"alpha"}          # no trim here, and no reconcile while the trim waits
+
+
+def test_a_signalled_tenant_over_its_budget_is_trimmed_before_it_is_reconciled():
+    """A reconcile leases every block it finds for the master's lease (10 s), which would refuse the trim's removals
+    (and the master then evicts at the quota instead): while a budget of the signalled tenant is still over after
+    the round's trim, its reconcile waits; once the trim held the budget, it runs."""
+    store, ns, ledger, connector, enforcer = make()
+    size = connector.block_bytes
+    hashes = put(connector, ns, list(range(1, 9)))
+    fake = FakeMetrics()
+    maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0)
+    maintenance.last_reconcile = 0.0
+    maintenance.tick([], ["alpha"], now=1.0)            # the baseline reading
+    budgets = [Budget([ns.scope], 4 * size, "alpha")]
+    leased = [k for h in hashes[4:] for k in ns.keys_for(h)]
+    for key in leased:                                  # read leases: the trim is refused
+        store.fail[key] = -706
+    fake.text = metrics(1, {"alpha": size})
+    counts = maintenance.tick(budgets, ["alpha"], now=5.0)
+    assert counts["removed"] == 0 and counts["checked"] == 0 and maintenance.signalled == {"alpha"}
+    for key in leased:                                  # the leases ran out: the trim goes, then the reconcile
+        del store.fail[key]
+    counts = maintenance.tick(budgets, ["alpha"], now=9.0)
+    assert counts["removed"] > 0 and counts["checked"] == ledger.table(ns).blocks > 0
+    assert not maintenance.signalled and maintenance.signal_reconciles == 1
