@@ -26,6 +26,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -235,17 +236,21 @@ def _instance(assignment, groups: Iterable[RequestGroup], node_writers: int = 1,
 
 
 def render_contents(nodes) -> dict[str, dict[str, Any]]:
-    """Document contents of ``nodes`` (``tenants.models.Node``), keyed by node name, in two queries.
+    """Document contents of ``nodes`` (``tenants.models.Node``), keyed by node name.
 
     Each content is a JSON-ready dict without version, issued_at or signature; instances are ordered by port.
     Raises pydantic's ``ValidationError`` only if the registry holds something the schema refuses (a bug).
     """
-    from tenants.models import InstanceAssignment, RequestGroup
+    from tenants.models import InstanceAssignment, Release, RequestGroup
 
     nodes = list(nodes)
     by_node: dict[int, list] = {node.pk: [] for node in nodes}
-    for assignment in (InstanceAssignment.objects.filter(node__in=nodes)
-                       .select_related("node", "release__model__tenant").order_by("node_id", "port", "pk")):
+    node_of = {node.pk: node for node in nodes}
+    assignments = list(InstanceAssignment.objects.filter(node__in=nodes).order_by("node_id", "port", "pk"))
+    # one Release (with its model and tenant) per release, shared by its instances: a join would build them per row
+    releases = Release.objects.select_related("model__tenant").in_bulk({a.release_id for a in assignments})
+    for assignment in assignments:
+        assignment.node, assignment.release = node_of[assignment.node_id], releases[assignment.release_id]
         by_node[assignment.node_id].append(assignment)
     tenant_pks = {a.release.model.tenant_id for items in by_node.values() for a in items}
     groups: dict[int, list[RequestGroup]] = {pk: [] for pk in tenant_pks}
@@ -283,6 +288,17 @@ def render_content(node) -> dict[str, Any]:
 def content_digest(content: dict[str, Any]) -> str:
     """SHA-256 hex of the canonical document without its volatile members."""
     return signing.digest({k: v for k, v in content.items() if k not in VOLATILE_FIELDS})
+
+
+#: Attribute of a ``ConfigVersion`` created by ``ensure_versions`` in this process: its document's members, each
+#: canonically encoded (``agent.contract.signing.encoded_members``), so ``send_many`` signs it without encoding
+#: the whole document again (a version read from the database has none: its document is encoded then).
+ENCODED_MEMBERS = "_kvpool_encoded_members"
+
+
+def _members_digest(members: dict[str, bytes]) -> str:
+    """SHA-256 hex of the canonical encoding of the document with these encoded members (``signing.digest``)."""
+    return hashlib.sha256(signing.joined(members)).hexdigest()
 
 
 def _issued_at(now: datetime) -> str:
@@ -324,7 +340,10 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
         issued_at = _issued_at(timezone.now())
         for name in names:
             state, content = states[name], contents[name]
-            cdigest = content_digest(content)
+            # the content is encoded once: its digest, the document's digest and the signed delivery are joined
+            # from its members' encodings (signing.joined), each the bytes signing.canonical_bytes would give
+            members = signing.encoded_members({k: v for k, v in content.items() if k not in VOLATILE_FIELDS})
+            cdigest = _members_digest(members)
             current = latest.get(name)
             if (current is not None and current.content_digest == cdigest
                     and state.version_floor < state.desired_version):
@@ -333,8 +352,10 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
             number = max(state.desired_version, state.version_floor) + 1
             document = {**content, "version": number, "issued_at": issued_at}
             parse_document(document)  # the agent would refuse it otherwise: fail here, loudly
-            version = ConfigVersion(node_name=name, version=number, digest=signing.digest(document),
+            members.update(signing.encoded_members({"version": number, "issued_at": issued_at}))
+            version = ConfigVersion(node_name=name, version=number, digest=_members_digest(members),
                                     content_digest=cdigest, document=document)
+            setattr(version, ENCODED_MEMBERS, members)
             created.append(version)
             state.desired_version, state.desired_digest = number, version.digest
             result[name] = Ensured(version, True, state)
@@ -458,13 +479,16 @@ def send_many(pairs) -> int:
     ``pushed_version``/``pushed_at`` (one UPDATE per distinct version).
     """
     errors: dict[str, str] = {}
-    sent_at = _issued_at(timezone.now())
+    stamp = signing.encoded_members({signing.SENT_AT_FIELD: _issued_at(timezone.now())})
     documents: list[tuple[str, int, dict[str, Any]]] = []
     versions: dict[str, int] = {}
     for node, config_version in pairs:
         try:
-            stamped = {**config_version.document, signing.SENT_AT_FIELD: sent_at}  # this delivery's freshness
-            plaintext = signing.signed_bytes(stamped, node.signing_secret)
+            members = getattr(config_version, ENCODED_MEMBERS, None)
+            if members is None:
+                members = signing.encoded_members(config_version.document)
+            # this delivery's freshness stamp, signed with the document (one canonical encoding, signing.joined)
+            plaintext = signing.signed_payload(signing.joined({**members, **stamp}), node.signing_secret)
             documents.append((node.name, config_version.version,
                               seal_bytes(plaintext, node.signing_secret, node=node.name)))
         except ValueError as exc:  # an empty secret: nothing the agent could verify
