@@ -9,11 +9,14 @@
   request groups with salts, budgets — this node's share of each (``budget_shares.ShareBook``: demand-weighted
   when several nodes write the release, else ``budget_share``) of the release's effective
   budget, its own or the implicit one (``dashboard.master.room``) — and its ``launch``:
-  ``render_assignment(...).launch_spec()``), ordered by port. Validated through the shared schema, so the
-  dashboard never sends what the agent would refuse as ``invalid``.
+  ``render_assignment(...).launch_form()``, the JSON form of ``launch_spec()``), ordered by port. Each document is
+  validated once, whole, through the shared schema (``ensure_versions``), so the dashboard never sends what the
+  agent would refuse as ``invalid``.
 * ``ensure_versions(nodes)`` — in one transaction with the nodes' ``NodeState`` rows locked: a new
   ``ConfigVersion`` (version = counter + 1) only when the content changed (``content_digest``) or an agent
-  reported running a version at/above the counter (``version_floor``).
+  reported running a version at/above the counter (``version_floor``). The content is canonically encoded once,
+  member by member (``agent.contract.signing.encoded_members``): its digest, the document's digest, the stored
+  JSON text and the signed delivery are joined from those bytes (``signing.joined``), never encoded again whole.
 * ``send_many(pairs)`` — stamps each delivery's ``sent_at`` (the agent's freshness check), signs with each node's
   current ``signing_secret``, seals the signed document to the node
   (``agent.contract.sealing``: AES-256-GCM under a key derived from that secret) and publishes the Celery task

@@ -147,6 +147,25 @@ def test_a_new_version_and_its_resend_deliver_the_same_signed_document(fleet):
     assert stored.content_digest == push.content_digest(stored.document)
 
 
+def test_the_launch_form_a_document_carries_is_the_validated_launch_spec_in_json_form(fleet):
+    """``launch_form()`` (unvalidated, validated with its document) gives what ``launch_spec().to_dict()`` gives,
+    for every instance of the fleet (both engines' roles, standalone-store nodes); a broken launch is still refused
+    when the document is validated."""
+    from tenants.models import InstanceAssignment
+    from tenants.rendering import RenderTarget, render_assignment
+
+    target = RenderTarget.from_settings()
+    assignments = list(InstanceAssignment.objects.select_related("node", "release__model__tenant"))
+    assert len(assignments) > 55
+    for assignment in assignments:
+        rendered = render_assignment(assignment, target)
+        assert rendered.launch_form() == rendered.launch_spec().to_dict()
+    content = render_contents(Node.objects.filter(name=fleet[0]))[fleet[0]]
+    content["instances"][0]["launch"]["files"]["../escape"] = "x"
+    with pytest.raises(ValueError, match="invalid instance file name"):
+        parse_document({**content, "version": 1, "issued_at": "2026-12-02T00:00:00.000000Z"})
+
+
 def _published(send) -> dict:
     """The arguments the producer's ``publish`` got from ``send(producer)`` (one message)."""
     from dashboard.celery import app
