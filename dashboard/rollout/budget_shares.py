@@ -212,8 +212,9 @@ class ShareBook:
             return book
         node_ids = set().union(*(nodes_of[r] for r in multi))
         book.node_names = dict(Node.objects.filter(pk__in=node_ids).values_list("pk", "name"))
-        book.releases = {r.pk: (r.model.tenant.tenant_id, r.model.served_model_name, r.namespace)
-                         for r in Release.objects.filter(pk__in=multi).select_related("model__tenant")}
+        book.releases = {pk: (tenant_id, served_model_name, namespace) for pk, tenant_id, served_model_name, namespace
+                         in Release.objects.filter(pk__in=multi).values_list(
+                             "pk", "model__tenant__tenant_id", "model__served_model_name", "namespace")}
         names = list(book.node_names.values())
         scopes = set(book.releases.values())
         fields = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group", "ts", "bytes",

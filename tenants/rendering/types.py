@@ -117,8 +117,15 @@ class RenderedConfig:
         the rendered path of one of them moved to ``file_env``.
 
         Raises:
-            ValueError: not an engine instance (no ``instance_id``), or a file outside ``instance_dir``.
+            ValueError: not an engine instance (no ``instance_id``), a file outside ``instance_dir``, or what
+                ``LaunchSpec`` refuses.
         """
+        return LaunchSpec.model_validate(self.launch_form())
+
+    def launch_form(self) -> dict[str, Any]:
+        """:meth:`launch_spec` in its JSON form (``LaunchSpec.to_dict()``) without validating it as a ``LaunchSpec``:
+        for a caller that validates the whole message carrying it (the config push validates each document once,
+        ``dashboard.rollout.push``). Raises ``ValueError`` as :meth:`launch_spec` does for its own checks."""
         if not self.instance_id or not self.instance_dir:
             raise ValueError(f"a {self.kind} config is not an engine instance; it has no launch spec")
         prefix = self.instance_dir.rstrip("/") + "/"
@@ -135,8 +142,8 @@ class RenderedConfig:
                 file_env[name] = value[len(prefix):]
             else:
                 env[name] = value
-        return LaunchSpec(instance_id=self.instance_id, argv=self.argv, env=env, file_env=file_env, files=files,
-                          user=self.user)
+        return {"instance_id": self.instance_id, "argv": list(self.argv), "env": env, "file_env": file_env,
+                "files": files, "user": self.user}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form used by the REST API and ``render_config`` (``instance_id`` for engine instances)."""

@@ -106,6 +106,66 @@ def test_signed_bytes_decode_to_the_signed_document_and_verify():
     assert opened == unseal(seal(signing.signed(document, "secret"), "secret", node="n-ü"), "secret", node="n-ü")
 
 
+@pytest.mark.parametrize("document", [
+    {"node": "n-ü", "version": 3, "b": [1, {"z": None, "a": "x\n\"y"}], "signature": "stale", "\u00e9": "\u2028\t"},
+    {"a": 1},
+    {"z": {}, "y": [], "x": True, "w": -(2 ** 70), "v": "", "\x7f": "\x00\ud7ff"},
+])
+def test_members_encoded_once_join_to_the_canonical_bytes_of_any_document_made_of_them(document):
+    members = signing.encoded_members(document)
+    assert "signature" not in members
+    assert signing.joined(members) == signing.canonical_bytes(document)
+    stamp = {"sent_at": "2026-12-02T00:00:00.000000Z", "version": 4}  # a member replaced, one added
+    merged = {**members, **signing.encoded_members(stamp)}
+    assert signing.joined(merged) == signing.canonical_bytes({**document, **stamp})
+    assert signing.signed_payload(signing.joined(merged), "secret") == signing.signed_bytes({**document, **stamp},
+                                                                                           "secret")
+    with pytest.raises(ValueError, match="empty"):
+        signing.signed_payload(signing.joined({}), "secret")
+    with pytest.raises(ValueError):
+        signing.encoded_members({"a": float("nan")})
+
+
+def test_a_new_version_and_its_resend_deliver_the_same_signed_document(fleet):
+    """What ``send_many`` signs from the members ``ensure_versions`` encoded is what it signs from the stored
+    document (a re-send), byte for byte but the ``sent_at`` stamp and signature; the digests are the canonical ones."""
+    from dashboard.rollout import push
+
+    name = fleet[3]
+    node = Node.objects.get(name=name)
+    with mock.patch("dashboard.rollout.push._publish_documents") as publish:
+        push_nodes([name])
+        push_nodes([name], force=True)
+    first, again = (call.args[0][0][2] for call in publish.call_args_list)
+    opened = [unseal(envelope, node.signing_secret, node=name) for envelope in (first, again)]
+    for document in opened:
+        signing.verify(document, node.signing_secret)
+    stored = ConfigVersion.objects.get(node_name=name)
+    strip = ("sent_at", "signature")
+    assert [{k: v for k, v in d.items() if k not in strip} for d in opened] == [stored.document] * 2
+    assert stored.digest == signing.digest(stored.document) == signing.document_digest(opened[0])
+    assert stored.content_digest == push.content_digest(stored.document)
+
+
+def test_the_launch_form_a_document_carries_is_the_validated_launch_spec_in_json_form(fleet):
+    """``launch_form()`` (unvalidated, validated with its document) gives what ``launch_spec().to_dict()`` gives,
+    for every instance of the fleet (both engines' roles, standalone-store nodes); a broken launch is still refused
+    when the document is validated."""
+    from tenants.models import InstanceAssignment
+    from tenants.rendering import RenderTarget, render_assignment
+
+    target = RenderTarget.from_settings()
+    assignments = list(InstanceAssignment.objects.select_related("node", "release__model__tenant"))
+    assert len(assignments) > 55
+    for assignment in assignments:
+        rendered = render_assignment(assignment, target)
+        assert rendered.launch_form() == rendered.launch_spec().to_dict()
+    content = render_contents(Node.objects.filter(name=fleet[0]))[fleet[0]]
+    content["instances"][0]["launch"]["files"]["../escape"] = "x"
+    with pytest.raises(ValueError, match="invalid instance file name"):
+        parse_document({**content, "version": 1, "issued_at": "2026-12-02T00:00:00.000000Z"})
+
+
 def _published(send) -> dict:
     """The arguments the producer's ``publish`` got from ``send(producer)`` (one message)."""
     from dashboard.celery import app
