@@ -27,7 +27,7 @@ from django.db.models import F, Max, Window
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
-from dashboard.models import MasterQuotaSample, OccupancySample
+from dashboard.models import MasterQuotaSample, OccupancySample, ScopeSeries
 from dashboard.telemetry import vendor_sql
 
 #: Eviction causes in display order (``cause`` label values), and the sample counter of each.
@@ -47,6 +47,9 @@ WINDOW_LABELS: dict[str, str] = {
     "15m": "15 minutes", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days", "30d": "30 days",
 }
 DEFAULT_WINDOW = "1h"
+#: Window -> the ``ScopeSeries`` width its buckets are made of (occupancy summed over nodes,
+#: ``dashboard.telemetry.series``); ``None``: the samples themselves (every node's rows).
+WINDOW_TIERS: dict[str, int | None] = {"15m": None, "1h": 60, "6h": 300, "24h": 300, "7d": 3600, "30d": 3600}
 
 #: Seconds a node's newest sample may be old and still count as "current" occupancy.
 CURRENT_WINDOW_SECONDS = 15 * 60
@@ -246,17 +249,47 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     """
 
 
+def _tier_sql(vendor: str, base_sql: str) -> str:
+    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
+    ``width``, ``last`` bucket index follow ``base_sql``'s), returning rows like ``_series_sql``'s: kind 0 per
+    bucket and release (``a`` = the mean of its rows' bytes, rounded half up; the counters' increases summed), kind
+    1 per release (``a`` = in-flight requests, ``b`` = orphaned bytes of its newest row)."""
+    release = ", ".join(_RELEASE)
+    index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
+    sums = ", ".join(f"CAST(sum({name}) AS BIGINT)" for name in _COUNTERS)  # integers, not numeric
+    zeros = ", ".join("0" for _ in _COUNTERS)
+    mean = vendor_sql.half_up_average(vendor, "sum(bytes)", "count(*)")
+    same = " AND ".join(f"n.{name} = base.{name}" for name in (*_RELEASE, "ts"))
+    # the newest row per release: a join with the newest times (hash joins; a window over every row sorted them)
+    return f"""
+        WITH base AS ({base_sql})
+        SELECT 0, idx, {release}, CAST({mean} AS BIGINT), 0, {sums}
+        FROM (SELECT {index} AS idx, base.* FROM base) b GROUP BY idx, {release}
+        UNION ALL
+        SELECT 1, 0, {", ".join(f"base.{name}" for name in _RELEASE)}, base.in_flight_requests, base.orphaned_bytes,
+               {zeros}
+        FROM base JOIN (SELECT {release}, max(ts) AS ts FROM base GROUP BY {release}) n ON {same}
+    """
+
+
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
                      now: datetime | None = None) -> OccupancySeries:
     """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
 
-    In each bucket, a node's value for one scope (release and request group) is the sample-weighted average of
-    its rows in that bucket (rollup rows weigh ``samples``; rounded half up); a release's value is the sum of
-    those over nodes and request groups; ``None`` when no row of the release fell in the bucket. Hit and miss
-    blocks count the increases of the agents' cumulative counters between consecutive rows (a decrease is an
-    agent restart: the new value counts from zero); an increase counts in the bucket of the row that ends it.
-    Evicted blocks by cause are counted the same way. In-flight requests and orphaned bytes: of each node's and
-    scope's last row, summed. Raises ``KeyError`` for an unknown window.
+    Windows of an hour and longer (``WINDOW_TIERS``) read the occupancy summed over nodes (``ScopeSeries``, one
+    row per release or request group and 1-minute, 5-minute or 1-hour bucket, ``dashboard.telemetry.series``):
+    a release's value in a bucket is the mean of its rows' bytes in it (each the release's, or the selected
+    request group's, bytes summed over nodes; rounded half up), ``None`` without a row; counters are the increases
+    summed; in-flight requests and orphaned bytes those of its newest row in the window. Those rows are written
+    by the rollup for each minute ``series.SETTLE_SECONDS`` after it ends: the newest minutes are not shown yet.
+
+    The 15-minute window reads every node's samples: in each bucket, a node's value for one scope (release and
+    request group) is the sample-weighted average of its rows in that bucket (rollup rows weigh ``samples``;
+    rounded half up); a release's value is the sum of those over nodes and request groups; ``None`` when no row of
+    the release fell in the bucket. Hit and miss blocks count the increases of the agents' cumulative counters
+    between consecutive rows (a decrease is an agent restart: the new value counts from zero); an increase counts
+    in the bucket of the row that ends it. Evicted blocks by cause are counted the same way. In-flight requests
+    and orphaned bytes: of each node's and scope's last row, summed. Raises ``KeyError`` for an unknown window.
     """
     length, width = WINDOWS[window]
     filters = filters or OccupancyFilter()
@@ -264,6 +297,34 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     start = _floor(end - timedelta(seconds=length), width)
     count = int((end - start).total_seconds() // width) + 1
     buckets = [start + timedelta(seconds=width * i) for i in range(count)]
+    tier = WINDOW_TIERS[window]
+    if tier is None:
+        rows = _sample_rows(filters, start, end, width, count)
+    else:
+        rows = _tier_rows(filters, tier, start, end, width, count)
+    return _assemble(rows, window, width, start, end, buckets)
+
+
+def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
+               count: int) -> list[tuple]:
+    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows."""
+    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
+    if filters.request_group is None:
+        base = base.filter(request_group__isnull=True)  # the release rows
+    base_sql, base_params = base.values("ts", *_RELEASE, "bytes", "in_flight_requests", "orphaned_bytes",
+                                        *_COUNTERS).query.sql_with_params()
+    settings_sql = vendor_sql.analytic_settings(connection.vendor)
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
+            cursor.execute(statement)
+        cursor.execute(_tier_sql(connection.vendor, base_sql), [*base_params, int(start.timestamp()), width,
+                                                                count - 1])
+        return cursor.fetchall()
+
+
+def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width: int, count: int) -> list[tuple]:
+    """``_series_sql``'s rows for ``filters`` over ``[start, end]`` from every node's samples."""
     # every level: each time is held by one (a rollup deletes what it folds); level IN (...) lets the (level, ts)
     # indexes serve the time range
     base = filters.apply(OccupancySample.objects.filter(level__in=list(OccupancySample.Level.values),
@@ -277,7 +338,13 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             cursor.execute(statement)
         cursor.execute(_series_sql(connection.vendor, base_sql),
                        [int(start.timestamp()), width, count - 1, *base_params])
-        rows = cursor.fetchall()
+        return cursor.fetchall()
+
+
+def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: datetime,
+              buckets: list[datetime]) -> OccupancySeries:
+    """The ``OccupancySeries`` of ``_series_sql`` / ``_tier_sql`` rows."""
+    count = len(buckets)
     data: dict[CacheScope, list[int | None]] = {}
     per_bucket: dict[CacheScope, list[list[int]]] = {}
     last: dict[CacheScope, tuple[int, int]] = {}
@@ -286,9 +353,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
         if kind == 1:
             last[key] = (int(first), int(second))
             continue
-        data.setdefault(key, [None] * count)[index] = int(first)
-        columns = per_bucket.setdefault(key, [[0] * count for _ in _COUNTERS])
-        for column, value in zip(columns, counters, strict=True):
+        values = data.get(key)
+        if values is None:  # the lists are made once per release, not per row
+            values = data[key] = [None] * count
+            per_bucket[key] = [[0] * count for _ in _COUNTERS]
+        values[index] = int(first)
+        for column, value in zip(per_bucket[key], counters, strict=True):
             column[index] = int(value)
     series = []
     for key in sorted(data):
