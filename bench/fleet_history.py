@@ -125,18 +125,18 @@ def _load_series(cursor, now: datetime, start: datetime, epoch0: int) -> dict[st
         names = ", ".join(ScopeSeries.COUNTERS)
         cursor.execute(f"""
             INSERT INTO {table} (width, ts, tenant_id, served_model_name, namespace, request_group, bytes,
-                orphaned_bytes, in_flight_requests, {names})
+                orphaned_bytes, in_flight_requests, {names}, samples)
             SELECT %s, g.ts, f.tenant_id, f.served_model_name, f.namespace, f.request_group, sum({size}),
-                sum((f.p %% 5)::bigint << 20), sum(f.p %% 7), {increases}
+                sum((f.p %% 5)::bigint << 20), sum(f.p %% 7), {increases}, count(*) * {width // RAW_SECONDS}
             FROM generate_series(%s::timestamptz, %s::timestamptz, %s::interval) AS g(ts) CROSS JOIN fleet_pairs f
             GROUP BY g.ts, f.tenant_id, f.served_model_name, f.namespace, f.request_group ORDER BY g.ts""",
                        [width, first, last, f"{width} seconds"])
         written = cursor.rowcount
         sums = ", ".join(f"sum({name})" for name in ("bytes", "orphaned_bytes", "in_flight_requests",
-                                                      *ScopeSeries.COUNTERS))
+                                                      *ScopeSeries.COUNTERS, "samples"))
         cursor.execute(f"""
             INSERT INTO {table} (width, ts, tenant_id, served_model_name, namespace, request_group, bytes,
-                orphaned_bytes, in_flight_requests, {names})
+                orphaned_bytes, in_flight_requests, {names}, samples)
             SELECT width, ts, tenant_id, served_model_name, namespace, NULL, {sums} FROM {table}
             WHERE width = %s AND request_group IS NOT NULL
             GROUP BY width, ts, tenant_id, served_model_name, namespace ORDER BY ts""", [width])

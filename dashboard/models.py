@@ -258,10 +258,10 @@ class ScopeSeries(models.Model):
     ``OccupancySample`` rows, by the rollup). ``request_group`` ``NULL``: the whole release (its scopes summed,
     ``CacheScope.release_scope()``); ``""``: the rows without a request group.
 
-    ``bytes`` (a gauge): in a 1-minute row, the sum over nodes of each node's sample-weighted average in the
-    minute (rounded half up, bytes); in a coarser row, the mean of the finer tier's rows in its bucket (rounded
-    half up). ``in_flight_requests`` / ``orphaned_bytes``: of each node's last sample in the minute, summed; in a
-    coarser row those of the last finer row. Counters (``hit_blocks``, ``miss_blocks`` and the evicted blocks by
+    Gauges (``bytes``, ``orphaned_bytes``, ``in_flight_requests``): in a 1-minute row, the sum over nodes of each
+    node's sample-weighted average in the minute (rounded half up); in a coarser row, the mean of the finer tier's
+    rows in its bucket (rounded half up). ``samples``: the samples summed (each weighing its own ``samples``).
+    Counters (``hit_blocks``, ``miss_blocks`` and the evicted blocks by
     cause, ``OccupancySample.EVICTION_CAUSES``) are the **increases** counted in the bucket (summed over nodes and
     finer rows; a decrease of an agent's cumulative counter is a restart: the new value counts from zero).
     ``ts`` is the bucket start (UTC).
@@ -287,6 +287,7 @@ class ScopeSeries(models.Model):
     store_evicted_blocks = models.BigIntegerField(default=0)
     budget_evicted_blocks = models.BigIntegerField(default=0)
     orphan_removed_blocks = models.BigIntegerField(default=0)
+    samples = models.BigIntegerField(default=0)
 
     class Meta:
         indexes = [

@@ -31,6 +31,7 @@ class Migration(migrations.Migration):
                 ('store_evicted_blocks', models.BigIntegerField(default=0)),
                 ('budget_evicted_blocks', models.BigIntegerField(default=0)),
                 ('orphan_removed_blocks', models.BigIntegerField(default=0)),
+                ('samples', models.BigIntegerField(default=0)),
             ],
             options={
                 'indexes': [models.Index(fields=['width', 'request_group', 'ts'], name='dashboard_series_group_ts'), models.Index(fields=['width', 'tenant_id', 'request_group', 'ts'], name='dashboard_series_tenant_ts')],

@@ -19,8 +19,8 @@ PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique 
 the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
-last run and written again for the minutes the raw fold just moved (their samples changed: late ones, rounding), and
-its tiers' retention applied. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master
+last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
+tiers' retention applied. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master
 quota samples older than ``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than the
 1-minute horizon (a duplicate delivered later than that would be stored again), engine facts (``InstanceStats``) no
 report refreshed within that horizon, and config versions older than the retention except each node's newest; each
@@ -182,8 +182,9 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
     }
     written = series.summarize(now)
     counts["series_minutes"] = 0 if written is None else int((written[1] - written[0]).total_seconds() // 60)
-    for start, end in _spans(folded):  # samples folded (late ones among them): their minutes summed again
-        series.resummarize(start, end, now)
+    for span in _spans(folded):  # minutes folded whose samples changed since they were summed (late ones)
+        for start, end in series.changed(*span):
+            series.resummarize(start, end, now)
     counts["series_deleted"] = series.prune(now)
     counts["hour_deleted"] = OccupancySample.objects.filter(level=Level.HOUR, ts__lt=retention_cutoff).delete()[0]
     counts["receipts_deleted"] = Report.objects.filter(sent_at__lt=minute_cutoff).delete()[0]

@@ -6,22 +6,26 @@ Tiers, each computed set-based in SQL (``DELETE`` of the range, then ``INSERT ..
 transaction under an advisory lock on PostgreSQL):
 
 * **1 minute**, from the ``OccupancySample`` rows of the minute (any level): per node and cache scope the
-  sample-weighted average of ``bytes`` (rounded half up), then summed over nodes; counters (hit, miss, evicted
-  blocks by cause) as the increases between each node's consecutive rows (``LAG``; a decrease is an agent restart:
-  the new value counts from zero), counted in the minute of the later row, summed; in-flight requests and orphaned
-  bytes of each node's last row in the minute, summed. An increase counts only when the previous row is in the
-  same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node silent for longer counts its counters from its
-  next row; a rule by minute, so folding raw rows into 1-minute rows changes no increase but a restart's). The
-  release rows (``request_group`` NULL) sum the release's scope rows of the minute.
-* **5 minutes** from the 1-minute rows, **1 hour** from the 5-minute rows, per scope and per release: ``bytes`` the
-  mean of the finer rows in the bucket (rounded half up), counters summed, in-flight requests and orphaned bytes
-  those of the last finer row. A coarser bucket is written once every finer bucket of it is.
+  sample-weighted average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up),
+  then summed over nodes; counters (hit, miss, evicted blocks by cause) as the increases between each node's
+  consecutive rows (``LAG``; a decrease is an agent restart: the new value counts from zero), counted in the minute
+  of the later row, summed; ``samples`` the samples summed (a rollup row weighs its ``samples``). An increase
+  counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
+  silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
+  changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
+  the minute.
+* **5 minutes** from the 1-minute rows, **1 hour** from the 5-minute rows, per scope and per release: each gauge the
+  mean of the finer rows in the bucket (rounded half up), counters and samples summed. A coarser bucket is written
+  once every finer bucket of it is.
 
 ``summarize(now)`` (each rollup run) computes the minutes from the newest 1-minute bucket written up to
-``SETTLE_SECONDS`` before ``now``; ``resummarize(start, end, now)`` recomputes a range whose samples changed (the
-rollup folded raw rows into 1-minute rows there, late samples included), with the coarser buckets over it. So a
-sample arriving more than ``SETTLE_SECONDS`` after its minute enters the series when the rollup folds it
-(``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the 1-minute tier's retention by then.
+``SETTLE_SECONDS`` before ``now``. Folding a minute's raw samples into a 1-minute row changes none of its values
+(weighted averages, the largest counter, the samples summed; but an agent restart within the minute), so after a
+fold ``changed(start, end)`` finds the minutes whose samples no longer add up to the series' ``samples`` (a sample
+stored after its minute was summed: late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them
+again, with the coarser buckets over them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters
+the series when the rollup folds it (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the
+1-minute tier's retention by then.
 ``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5-minute rows
 the larger of 2 days and that + 1 hour, 1-hour rows ``KVPOOL_RETENTION_SECONDS``.
 """
@@ -50,7 +54,8 @@ ADVISORY_LOCK = 0x6B76_706F_6F6C_0002
 _COUNTERS = ScopeSeries.COUNTERS
 _SCOPE = ScopeSeries.SCOPE
 _RELEASE = ("tenant_id", "served_model_name", "namespace")
-_COLUMNS = (*_SCOPE, "bytes", "orphaned_bytes", "in_flight_requests", *_COUNTERS)
+_GAUGES = ScopeSeries.GAUGES
+_COLUMNS = (*_SCOPE, *_GAUGES, *_COUNTERS, "samples")
 _FINER = {Width.FIVE_MINUTES: Width.MINUTE, Width.HOUR: Width.FIVE_MINUTES}
 
 
@@ -94,32 +99,30 @@ def _minute_sql(vendor: str) -> str:
     increases = ", ".join(
         f"sum(CASE WHEN prev_ts IS NULL OR {gap} > {LOOKBACK_MINUTES} THEN 0 "
         f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
-    last = "next_ts IS NULL OR {} <> bucket".format(vendor_sql.bucket_start(vendor, "next_ts", 60))
-    cell_bytes = vendor_sql.half_up_average(
-        vendor, f"sum({vendor_sql.weighted(vendor, 'bytes', 'weight')})", "sum(weight)")
+    averages = ", ".join(vendor_sql.half_up_average(
+        vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
+        for name in _GAUGES)
     return f"""
         WITH rows AS (
             SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes,
                    CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight, in_flight_requests, orphaned_bytes,
-                   {", ".join(_COUNTERS)}, {lags}, LAG(ts) OVER w AS prev_ts, LEAD(ts) OVER w AS next_ts
+                   {", ".join(_COUNTERS)}, {lags}, LAG(ts) OVER w AS prev_ts
             FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
             WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
         ), cells AS (
-            SELECT bucket, {", ".join(pair)}, {cell_bytes} AS bytes,
-                   sum(CASE WHEN {last} THEN orphaned_bytes ELSE 0 END) AS orphaned_bytes,
-                   sum(CASE WHEN {last} THEN in_flight_requests ELSE 0 END) AS in_flight_requests, {increases}
+            SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
             FROM rows WHERE ts >= %(start)s GROUP BY bucket, {", ".join(pair)}
         )
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
-        SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)}, sum(bytes), sum(orphaned_bytes),
-               sum(in_flight_requests), {", ".join(f"sum({name})" for name in _COUNTERS)}
+        SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
+               {", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))}
         FROM cells GROUP BY bucket, {", ".join(_SCOPE)}
     """
 
 
 def _release_sql() -> str:
     """The release rows (``request_group`` NULL) of one width over ``[start, end)``: its scope rows summed."""
-    sums = ", ".join(f"sum({name})" for name in ("bytes", "orphaned_bytes", "in_flight_requests", *_COUNTERS))
+    sums = ", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))
     return (f"INSERT INTO {_table()} (width, ts, {', '.join(_COLUMNS)}) "
             f"SELECT width, ts, {', '.join(_RELEASE)}, NULL, {sums} FROM {_table()} "
             f"WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s AND request_group IS NOT NULL "
@@ -130,18 +133,12 @@ def _coarser_sql(vendor: str, width: int) -> str:
     """The ``width`` rows (scopes and releases) of ``[start, end)`` from the finer tier's rows."""
     bucket = vendor_sql.bucket_start(vendor, "ts", width)
     scope = ", ".join(_SCOPE)
-    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in _SCOPE)
-    mean = vendor_sql.half_up_average(vendor, "sum(bytes)", "count(*)")
+    means = ", ".join(vendor_sql.half_up_average(vendor, f"sum({name})", "count(*)") for name in _GAUGES)
     return f"""
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
-        SELECT {int(width)}, bucket, {scope}, {mean},
-               sum(CASE WHEN is_last THEN orphaned_bytes ELSE 0 END),
-               sum(CASE WHEN is_last THEN in_flight_requests ELSE 0 END),
-               {", ".join(f"sum({name})" for name in _COUNTERS)}
-        FROM (SELECT {scope}, bucket, bytes, orphaned_bytes, in_flight_requests, {", ".join(_COUNTERS)},
-                     LEAD(ts) OVER (PARTITION BY {partition}, bucket ORDER BY ts) IS NULL AS is_last
-              FROM (SELECT *, {bucket} AS bucket FROM {_table()}
-                    WHERE width = %(finer)s AND ts >= %(start)s AND ts < %(end)s) finer) f
+        SELECT {int(width)}, bucket, {scope}, {means}, {", ".join(f"sum({name})" for name in (*_COUNTERS, "samples"))}
+        FROM (SELECT *, {bucket} AS bucket FROM {_table()}
+              WHERE width = %(finer)s AND ts >= %(start)s AND ts < %(end)s) finer
         GROUP BY bucket, {scope}
     """
 
@@ -188,6 +185,38 @@ def resummarize(start: datetime, end: datetime, now: datetime) -> None:
         start = _floor(start, width)
         end = min(_ceil(end, width), _floor(watermark, width))
         _write(width, start, end)
+
+
+def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """The minutes of ``[start, end)`` (whole minutes) where a cache scope's samples (of every level, each weighing
+    its ``samples``) do not add up to the ``samples`` of its row in the 1-minute tier, as ranges of adjacent
+    minutes."""
+    vendor = connection.vendor
+    samples = connection.ops.quote_name(OccupancySample._meta.db_table)
+    bucket = vendor_sql.bucket_start(vendor, "ts", 60)
+    scope = ", ".join(_SCOPE)
+    params = _params(start=_floor(start, 60), end=_ceil(end, 60))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {bucket}, {scope}, sum(CASE WHEN samples > 1 THEN samples ELSE 1 END) FROM {samples} "
+                       f"WHERE ts >= %(start)s AND ts < %(end)s GROUP BY {bucket}, {scope}", params)
+        stored = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+        cursor.execute(f"SELECT ts, {scope}, samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
+                       f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s", params)
+        summed = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+    ranges: list[tuple[datetime, datetime]] = []
+    for minute in sorted({key[0] for key in stored.keys() | summed.keys() if stored.get(key) != summed.get(key)}):
+        if ranges and ranges[-1][1] == minute:
+            ranges[-1] = (ranges[-1][0], minute + timedelta(minutes=1))
+        else:
+            ranges.append((minute, minute + timedelta(minutes=1)))
+    return ranges
+
+
+def _aware(value) -> datetime:
+    """A bucket start as the backend returns it (a datetime, or SQLite's text) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _watermark() -> datetime | None:

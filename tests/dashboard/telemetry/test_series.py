@@ -21,6 +21,7 @@ SCOPES = (CacheScope("acme", "qwen3-8b", "prod", ""), CacheScope("acme", "qwen3-
           CacheScope("acme", "llama-70b", "canary", ""), CacheScope("globex", "qwen3-8b", "prod", "app-1"))
 NODES = ("node-a", "node-b", "node-c")
 COUNTERS = ScopeSeries.COUNTERS
+GAUGES = ScopeSeries.GAUGES  # bytes, orphaned_bytes, in_flight_requests: the column order of the brute force
 FILTERS = (OccupancyFilter(), OccupancyFilter(tenant_id="acme"), OccupancyFilter(served_model_name="qwen3-8b"),
            OccupancyFilter(tenant_id="acme", served_model_name="qwen3-8b", namespace="prod"),
            OccupancyFilter(request_group="app-1"), OccupancyFilter(request_group=""),
@@ -48,11 +49,11 @@ def _brute_minutes(rows: list[OccupancySample], start: datetime, end: datetime) 
         for row in ordered:
             if start <= row.ts < end:
                 cell = cells.setdefault((_floor(row.ts, 60), node, scope),
-                                        {"total": 0, "weight": 0, "last": row, "inc": [0] * len(COUNTERS)})
+                                        {"totals": [0] * len(GAUGES), "weight": 0, "inc": [0] * len(COUNTERS)})
                 weight = max(row.samples, 1)
-                cell["total"] += row.bytes * weight
+                for n, name in enumerate(GAUGES):
+                    cell["totals"][n] += getattr(row, name) * weight
                 cell["weight"] += weight
-                cell["last"] = row
                 if previous is not None and int(row.ts.timestamp()) // 60 - int(previous.ts.timestamp()) // 60 <= 1:
                     for n, name in enumerate(COUNTERS):
                         value, was = getattr(row, name), getattr(previous, name)
@@ -61,12 +62,12 @@ def _brute_minutes(rows: list[OccupancySample], start: datetime, end: datetime) 
     out: dict = {}
     for (minute, _node, scope), cell in cells.items():
         for key in ((60, minute, scope), (60, minute, scope.release_scope())):
-            values = out.setdefault(key, [0] * (3 + len(COUNTERS)))
-            values[0] += _half_up(cell["total"], cell["weight"])
-            values[1] += cell["last"].orphaned_bytes
-            values[2] += cell["last"].in_flight_requests
+            values = out.setdefault(key, [0] * (len(GAUGES) + len(COUNTERS) + 1))
+            for n, total in enumerate(cell["totals"]):
+                values[n] += _half_up(total, cell["weight"])
             for n, increase in enumerate(cell["inc"]):
-                values[3 + n] += increase
+                values[len(GAUGES) + n] += increase
+            values[-1] += cell["weight"]
     return out
 
 
@@ -77,23 +78,19 @@ def _brute_coarser(finer: dict, width: int, end: datetime) -> dict:
         bucket = _floor(ts, width)
         if bucket + timedelta(seconds=width) <= end:
             groups[(width, bucket, scope)].append((ts, values))
-    out = {}
-    for key, members in groups.items():
-        members.sort(key=lambda m: m[0])
-        last = members[-1][1]
-        out[key] = [_half_up(sum(v[0] for _, v in members), len(members)), last[1], last[2],
-                    *(sum(v[3 + n] for _, v in members) for n in range(len(COUNTERS)))]
-    return out
+    return {key: [*(_half_up(sum(v[n] for _, v in members), len(members)) for n in range(len(GAUGES))),
+                  *(sum(v[n] for _, v in members) for n in range(len(GAUGES), len(GAUGES) + len(COUNTERS) + 1))]
+            for key, members in groups.items()}
 
 
 def _stored() -> dict:
     return {(row.width, row.ts, CacheScope(row.tenant_id, row.served_model_name, row.namespace, row.request_group)):
-            [row.bytes, row.orphaned_bytes, row.in_flight_requests, *(getattr(row, name) for name in COUNTERS)]
+            [*(getattr(row, name) for name in (*GAUGES, *COUNTERS, "samples"))]
             for row in ScopeSeries.objects.all()}
 
 
 def _random_rows(rng: random.Random, start: datetime, end: datetime, count: int, *, restarts: bool = True,
-                 levels=(OccupancySample.Level.RAW,)) -> list[OccupancySample]:
+                 levels=(OccupancySample.Level.RAW,), samples=(0, 1, 6)) -> list[OccupancySample]:
     rows = []
     counters: dict = {}
     span = int((end - start).total_seconds())
@@ -106,7 +103,7 @@ def _random_rows(rng: random.Random, start: datetime, end: datetime, count: int,
         counters[(node, scope)] = value
         rows.append(OccupancySample(
             level=rng.choice(levels), ts=ts, node_name=node, **scope._asdict(), bytes=rng.randrange(10**12),
-            samples=rng.choice((0, 1, 6)), in_flight_requests=rng.randrange(9), orphaned_bytes=rng.randrange(10**6),
+            samples=rng.choice(samples), in_flight_requests=rng.randrange(9), orphaned_bytes=rng.randrange(10**6),
             **{name: value + n for n, name in enumerate(COUNTERS)}))
     return rows
 
@@ -140,7 +137,7 @@ def _chart_brute_force(tiers: dict, window: str, filters: OccupancyFilter) -> di
             release, ([None] * count, [[0] * count for _ in COUNTERS], newest[release][1][2], newest[release][1][1]))
         data[index] = _half_up(sum(m[0] for m in members), len(members))
         for n in range(len(COUNTERS)):
-            columns[n][index] = sum(m[3 + n] for m in members)
+            columns[n][index] = sum(m[len(GAUGES) + n] for m in members)
     return out
 
 
@@ -197,14 +194,23 @@ def test_counters_count_increases_not_totals():
 
 
 def test_rollup_keeps_the_series_of_the_samples_it_folds(settings):
-    """Runs of the rollup a minute apart, late samples arriving for minutes already summed: once folded, the series
-    equals a brute force over the samples left; retention drops each tier's old rows."""
+    """Runs of the rollup three minutes apart, late samples arriving for minutes already summed (and folded): once
+    folded, the series equals a brute force over the samples left; retention drops each tier's old rows."""
     settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS = 600  # 1-minute series kept 70 min
     settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS = 4 * 3600
     settings.KVPOOL_RETENTION_SECONDS = 30 * 86400
     rng = random.Random(3)
     begin = NOW - timedelta(minutes=90)
-    rows = _random_rows(rng, begin, NOW, 1200, restarts=False)
+    rows = []  # every node reports each scope every 10 s, as agents do (raw rows as ingest stores them)
+    for node in NODES:
+        for scope in SCOPES:
+            value = rng.randrange(1000)
+            for step in range(90 * 6):
+                value += rng.randrange(0, 100)
+                rows.append(OccupancySample(
+                    ts=begin + timedelta(seconds=10 * step, microseconds=rng.randrange(10**6)), node_name=node,
+                    **scope._asdict(), bytes=rng.randrange(10**12), in_flight_requests=rng.randrange(9),
+                    orphaned_bytes=rng.randrange(10**6), **{name: value + n for n, name in enumerate(COUNTERS)}))
     late = [row for row in rows if rng.random() < 0.1]
     on_time = [row for row in rows if row not in late]
     for step in range(0, 91, 3):
