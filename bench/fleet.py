@@ -397,16 +397,24 @@ def load_history(fleet, days: int, minute_hours: int, now: datetime) -> dict:
 
 def phase_rollup(fleet, opts: Options) -> dict:
     """``rollup()`` of ``opts.rollup_minutes`` of raw samples of ``opts.rollup_nodes`` nodes, scaled to one hour of
-    the fleet's samples (by rows folded)."""
+    the fleet's samples (by rows folded): the samples end a minute past the raw horizon, and ``rollup()`` runs
+    twice, as the periodic task would have: once 90 s after they end (the occupancy summed over nodes of their
+    minutes, from the raw rows) and once now (their fold; a check that their minutes' samples did not change);
+    both timed."""
+    from django.conf import settings
+
     from dashboard.models import OccupancySample
     from dashboard.telemetry.rollup import floor_minute, rollup
 
-    stop = floor_minute(datetime.now(UTC) - timedelta(hours=2))
+    now = datetime.now(UTC)
+    stop = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS + 60))
     raw = insert_samples(fleet, OccupancySample.Level.RAW, stop - timedelta(minutes=opts.rollup_minutes), stop,
                          REPORT_INTERVAL_S, fleet.node_names[:opts.rollup_nodes])
     started = time.perf_counter()
-    counts = rollup()
+    summed = rollup(stop + timedelta(seconds=90))
+    counts = rollup(now)
     elapsed = time.perf_counter() - started
+    _say(f"rollup runs: {summed}, {counts}")
     hour_rows = sum(len(scopes) for scopes in fleet.scopes_by_node.values()) * 3600 // REPORT_INTERVAL_S
     folded = max(counts["raw_folded"], 1)
     return {"rollup_hour_s": round(elapsed * hour_rows / folded, 2),

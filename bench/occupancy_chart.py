@@ -92,8 +92,10 @@ def measure(scopes, repeats: int, explain, windows: list[str], names: list[str])
                             series = series.filter(request_group__isnull=True)
                         sql, params = series.values("ts", *queries._RELEASE, "bytes", "in_flight_requests",
                                                     "orphaned_bytes", *queries._COUNTERS).query.sql_with_params()
+                        for statement in vendor_sql.analytic_settings(connection.vendor):
+                            cursor.execute(statement)
                         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries._tier_sql(connection.vendor, sql),
-                                       [*params, int(start.timestamp()), width, last])
+                                       [int(start.timestamp()), width, last, *params])
                     else:
                         base = filters.apply(OccupancySample.objects.filter(
                             level__in=list(OccupancySample.Level.values), ts__gte=start, ts__lte=now))

@@ -250,25 +250,18 @@ def _series_sql(vendor: str, base_sql: str) -> str:
 
 
 def _tier_sql(vendor: str, base_sql: str) -> str:
-    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
-    ``width``, ``last`` bucket index follow ``base_sql``'s), returning rows like ``_series_sql``'s: kind 0 per
-    bucket and release (``a`` = the mean of its rows' bytes, rounded half up; the counters' increases summed), kind
-    1 per release (``a`` = in-flight requests, ``b`` = orphaned bytes of its newest row)."""
+    """One aggregation of the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
+    ``width``, ``last`` bucket index follow ``base_sql``'s), returning per bucket and release ``(index, tenant_id,
+    served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes, *increases)``: each gauge the mean of
+    its rows (rounded half up), the counters' increases summed."""
     release = ", ".join(_RELEASE)
     index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
+    means = ", ".join(f"CAST({vendor_sql.half_up_average(vendor, f'sum({name})', 'count(*)')} AS BIGINT)"
+                      for name in ("bytes", "in_flight_requests", "orphaned_bytes"))
     sums = ", ".join(f"CAST(sum({name}) AS BIGINT)" for name in _COUNTERS)  # integers, not numeric
-    zeros = ", ".join("0" for _ in _COUNTERS)
-    mean = vendor_sql.half_up_average(vendor, "sum(bytes)", "count(*)")
-    same = " AND ".join(f"n.{name} = base.{name}" for name in (*_RELEASE, "ts"))
-    # the newest row per release: a join with the newest times (hash joins; a window over every row sorted them)
     return f"""
-        WITH base AS ({base_sql})
-        SELECT 0, idx, {release}, CAST({mean} AS BIGINT), 0, {sums}
-        FROM (SELECT {index} AS idx, base.* FROM base) b GROUP BY idx, {release}
-        UNION ALL
-        SELECT 1, 0, {", ".join(f"base.{name}" for name in _RELEASE)}, base.in_flight_requests, base.orphaned_bytes,
-               {zeros}
-        FROM base JOIN (SELECT {release}, max(ts) AS ts FROM base GROUP BY {release}) n ON {same}
+        SELECT idx, {release}, {means}, {sums}
+        FROM (SELECT {index} AS idx, base.* FROM ({base_sql}) base) b GROUP BY idx, {release}
     """
 
 
@@ -280,7 +273,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     row per release or request group and 1-minute, 5-minute or 1-hour bucket, ``dashboard.telemetry.series``):
     a release's value in a bucket is the mean of its rows' bytes in it (each the release's, or the selected
     request group's, bytes summed over nodes; rounded half up), ``None`` without a row; counters are the increases
-    summed; in-flight requests and orphaned bytes those of its newest row in the window. Those rows are written
+    summed; in-flight requests and orphaned bytes their mean in the release's newest bucket. Those rows are written
     by the rollup for each minute ``series.SETTLE_SECONDS`` after it ends: the newest minutes are not shown yet.
 
     The 15-minute window reads every node's samples: in each bucket, a node's value for one scope (release and
@@ -318,9 +311,16 @@ def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: dateti
     with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
         for statement in settings_sql:
             cursor.execute(statement)
-        cursor.execute(_tier_sql(connection.vendor, base_sql), [*base_params, int(start.timestamp()), width,
-                                                                count - 1])
-        return cursor.fetchall()
+        cursor.execute(_tier_sql(connection.vendor, base_sql), [int(start.timestamp()), width, count - 1,
+                                                                *base_params])
+        cells = cursor.fetchall()
+    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket)
+    newest: dict[tuple, tuple] = {}
+    for cell in cells:
+        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
+            newest[cell[1:4]] = cell
+    return [*((0, cell[0], *cell[1:4], cell[4], 0, *cell[7:]) for cell in cells),
+            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
 
 
 def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width: int, count: int) -> list[tuple]:

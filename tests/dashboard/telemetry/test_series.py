@@ -114,7 +114,6 @@ def _chart_brute_force(tiers: dict, window: str, filters: OccupancyFilter) -> di
     start = _floor(NOW - timedelta(seconds=length), width)
     count = int((NOW - start).total_seconds() // width) + 1
     cells: dict = defaultdict(list)
-    newest: dict = {}
     for (tier, ts, scope), values in tiers.items():
         if tier != WINDOW_TIERS[window] or not start <= ts <= NOW:
             continue
@@ -129,15 +128,19 @@ def _chart_brute_force(tiers: dict, window: str, filters: OccupancyFilter) -> di
         release = scope.release_scope()
         index = min(int((ts - start).total_seconds()) // width, count - 1)
         cells[(release, index)].append(values)
-        if release not in newest or newest[release][0] < ts:
-            newest[release] = (ts, values)
     out: dict = {}
-    for (release, index), members in cells.items():
-        data, columns, _, _ = out.setdefault(
-            release, ([None] * count, [[0] * count for _ in COUNTERS], newest[release][1][2], newest[release][1][1]))
-        data[index] = _half_up(sum(m[0] for m in members), len(members))
-        for n in range(len(COUNTERS)):
-            columns[n][index] = sum(m[len(GAUGES) + n] for m in members)
+    for release in {release for release, _ in cells}:
+        data: list = [None] * count
+        columns = [[0] * count for _ in COUNTERS]
+        for index in range(count):
+            members = cells.get((release, index))
+            if members:
+                data[index] = _half_up(sum(m[0] for m in members), len(members))
+                for n in range(len(COUNTERS)):
+                    columns[n][index] = sum(m[len(GAUGES) + n] for m in members)
+                newest = members  # in-flight and orphaned: their mean in the newest bucket
+        out[release] = (data, columns, _half_up(sum(m[2] for m in newest), len(newest)),
+                        _half_up(sum(m[1] for m in newest), len(newest)))
     return out
 
 
