@@ -95,12 +95,11 @@ def load_history(days: int, nodes: list[str], scopes: list[tuple[str, str, str, 
 
 
 def _load_series(cursor, now: datetime, start: datetime, epoch0: int) -> dict[str, int]:
-    """The ``ScopeSeries`` rows the rollup leaves over the same history (``dashboard.telemetry.series``): 1-hour
-    rows of every complete hour, 5-minute rows within their retention, 1-minute rows within theirs, up to the
-    newest minute the rollup sums; per cache scope (the sums over the ``fleet_pairs`` placed) and per release.
-    Values follow the samples' formulas at each bucket start (gauges summed over nodes; counters: their increase
-    over the bucket), so rows, sizes and densities are the rollup's, the numbers approximately. Returns rows
-    written per tier (``series_60`` ...)."""
+    """The ``ScopeSeries`` rows the rollup leaves over the same history (``dashboard.telemetry.series``): rows of
+    each width for every complete bucket within its retention, up to the newest minute the rollup sums; per cache
+    scope (the sums over the ``fleet_pairs`` placed) and per release. Values follow the samples' formulas at each
+    bucket start (gauges summed over nodes; counters: their increase over the bucket), so rows, sizes and densities
+    are the rollup's, the numbers approximately. Returns rows written per width (``series_60`` ...)."""
     from django.db import connection
 
     from dashboard.models import ScopeSeries
@@ -108,11 +107,11 @@ def _load_series(cursor, now: datetime, start: datetime, epoch0: int) -> dict[st
 
     table = connection.ops.quote_name(ScopeSeries._meta.db_table)
     newest = series._floor(now - timedelta(seconds=series.SETTLE_SECONDS), 60)  # the minutes summed so far
-    tiers = [(3600, start, series._floor(newest, 3600) - timedelta(hours=1)),
-             (300, max(start, series._ceil(now - timedelta(seconds=series.five_minute_keep_seconds()), 300)),
-              series._floor(newest, 300) - timedelta(seconds=300)),
-             (60, max(start, series._ceil(now - timedelta(seconds=series.minute_keep_seconds()), 300)),
-              newest - timedelta(seconds=60))]
+    keep = {60: series.minute_keep_seconds(), 300: series.five_minute_keep_seconds(),
+            900: series.five_minute_keep_seconds()}
+    tiers = [(width, max(start, series._ceil(now - timedelta(seconds=keep[width]), width)) if width in keep else
+              series._ceil(start, width), series._floor(newest, width) - timedelta(seconds=width))
+             for width in ScopeSeries.Width.values]
     counts = {}
     for width, first, last in tiers:
         if last < first:

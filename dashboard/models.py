@@ -252,11 +252,11 @@ class OccupancySample(models.Model):
 
 
 class ScopeSeries(models.Model):
-    """Occupancy of one cache scope summed over nodes, per bucket of ``width`` seconds (``Width``: 1 minute,
-    5 minutes, 1 hour): the occupancy chart's source for windows of an hour and longer, one row per scope (or
-    release) and bucket whatever the number of nodes. Written only by ``dashboard.telemetry.series`` (from
-    ``OccupancySample`` rows, by the rollup). ``request_group`` ``NULL``: the whole release (its scopes summed,
-    ``CacheScope.release_scope()``); ``""``: the rows without a request group.
+    """Occupancy of one cache scope summed over nodes, per bucket of ``width`` seconds (``Width``: 1 minute ... 6
+    hours, the bucket widths of the chart's windows): the occupancy chart's source for windows of an hour and
+    longer, one row per scope (or release) and bucket whatever the number of nodes. Written only by
+    ``dashboard.telemetry.series`` (from ``OccupancySample`` rows, by the rollup). ``request_group`` ``NULL``: the
+    whole release (its scopes summed, ``CacheScope.release_scope()``); ``""``: the rows without a request group.
 
     Gauges (``bytes``, ``orphaned_bytes``, ``in_flight_requests``): in a 1-minute row, the sum over nodes of each
     node's sample-weighted average in the minute (rounded half up); in a coarser row, the mean of the finer tier's
@@ -270,7 +270,10 @@ class ScopeSeries(models.Model):
     class Width(models.IntegerChoices):
         MINUTE = 60, "1 minute"
         FIVE_MINUTES = 300, "5 minutes"
+        QUARTER_HOUR = 900, "15 minutes"
         HOUR = 3600, "1 hour"
+        TWO_HOURS = 7200, "2 hours"
+        SIX_HOURS = 21600, "6 hours"
 
     width = models.PositiveIntegerField(choices=Width.choices)
     ts = models.DateTimeField()

@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
             name='ScopeSeries',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('width', models.PositiveIntegerField(choices=[(60, '1 minute'), (300, '5 minutes'), (3600, '1 hour')])),
+                ('width', models.PositiveIntegerField(choices=[(60, '1 minute'), (300, '5 minutes'), (900, '15 minutes'), (3600, '1 hour'), (7200, '2 hours'), (21600, '6 hours')])),
                 ('ts', models.DateTimeField()),
                 ('tenant_id', models.CharField(max_length=128)),
                 ('served_model_name', models.CharField(blank=True, default='', max_length=255)),

@@ -49,7 +49,12 @@ WINDOW_LABELS: dict[str, str] = {
 DEFAULT_WINDOW = "1h"
 #: Window -> the ``ScopeSeries`` width its buckets are made of (occupancy summed over nodes,
 #: ``dashboard.telemetry.series``); ``None``: the samples themselves (every node's rows).
-WINDOW_TIERS: dict[str, int | None] = {"15m": None, "1h": 60, "6h": 300, "24h": 300, "7d": 3600, "30d": 3600}
+WINDOW_TIERS: dict[str, int | None] = {"15m": None, "1h": 60, "6h": 300, "24h": 900, "7d": 7200, "30d": 21600}
+
+#: Most series a chart holds: the releases with the most bytes over the window (the sum of their bucket values;
+#: ties by name), the others summed into one more series (``SeriesSummary.other``: how many). A fleet's thousands of
+#: releases would make megabytes of JSON no chart can show.
+CHART_MAX_SERIES = 40
 
 #: Seconds a node's newest sample may be old and still count as "current" occupancy.
 CURRENT_WINDOW_SECONDS = 15 * 60
@@ -121,11 +126,13 @@ class SeriesSummary:
     #: Blocks evicted during the window per cause (``EVICTION_CAUSES``), and per bucket (aligned with ``data``).
     evicted_blocks: dict[str, int] = field(default_factory=dict)
     evicted_blocks_data: dict[str, list[int]] = field(default_factory=dict)
+    #: 0: one release; N: the N releases beyond ``CHART_MAX_SERIES`` summed (``key`` is then all blank).
+    other: int = 0
 
     @property
     def label(self) -> str:
-        """``tenant/model/namespace`` (the chart's series label)."""
-        return self.key.label
+        """``tenant/model/namespace`` (the chart's series label); ``(other: N releases)`` for the rest summed."""
+        return f"(other: {self.other} releases)" if self.other else self.key.label
 
     @property
     def hit_ratio(self) -> float | None:
@@ -146,6 +153,7 @@ class SeriesSummary:
             "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
             "orphaned_bytes": self.orphaned_bytes, "hit_ratio_data": self.hit_ratio_data,
             "evicted_blocks": self.evicted_blocks, "evicted_blocks_data": self.evicted_blocks_data,
+            "other": self.other,
         }
 
 
@@ -250,18 +258,35 @@ def _series_sql(vendor: str, base_sql: str) -> str:
 
 
 def _tier_sql(vendor: str, base_sql: str) -> str:
-    """One aggregation of the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
-    ``width``, ``last`` bucket index follow ``base_sql``'s), returning per bucket and release ``(index, tenant_id,
-    served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes, *increases)``: each gauge the mean of
-    its rows (rounded half up), the counters' increases summed."""
+    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
+    ``width``, ``last`` bucket index before ``base_sql``'s, then ``CHART_MAX_SERIES`` three times), returning per
+    bucket and release ``(index, tenant_id, served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes,
+    *increases, 0)``: each gauge the mean of its rows (rounded half up), the counters' increases summed; for the
+    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``."""
     release = ", ".join(_RELEASE)
     index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
-    means = ", ".join(f"CAST({vendor_sql.half_up_average(vendor, f'sum({name})', 'count(*)')} AS BIGINT)"
-                      for name in ("bytes", "in_flight_requests", "orphaned_bytes"))
-    sums = ", ".join(f"CAST(sum({name}) AS BIGINT)" for name in _COUNTERS)  # integers, not numeric
+    gauges = ("bytes", "in_flight_requests", "orphaned_bytes")
+    means = ", ".join(f"CAST({vendor_sql.half_up_average(vendor, f'sum({name})', 'count(*)')} AS BIGINT) AS {name}"
+                      for name in gauges)
+    sums = ", ".join(f"CAST(sum({name}) AS BIGINT) AS {name}" for name in _COUNTERS)  # integers, not numeric
+    same = " AND ".join(f"c.{name} = r.{name}" for name in _RELEASE)
+    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
+    values = (*gauges, *_COUNTERS)
     return f"""
-        SELECT idx, {release}, {means}, {sums}
-        FROM (SELECT {index} AS idx, base.* FROM ({base_sql}) base) b GROUP BY idx, {release}
+        WITH cells AS (
+            SELECT idx, {release}, {means}, {sums}
+            FROM (SELECT {index} AS idx, base.* FROM ({base_sql}) base) b GROUP BY idx, {release}
+        ), ranked AS (
+            SELECT {release}, ROW_NUMBER() OVER (ORDER BY sum(bytes) DESC, {order}) AS rank,
+                   count(*) OVER () AS releases
+            FROM cells GROUP BY {release}
+        )
+        SELECT c.idx, {", ".join(f"c.{name}" for name in (*_RELEASE, *values))}, 0
+        FROM cells c JOIN ranked r ON {same} WHERE r.rank <= %s
+        UNION ALL
+        SELECT c.idx, NULL, NULL, NULL, {", ".join(f"CAST(sum(c.{name}) AS BIGINT)" for name in values)},
+               max(r.releases) - %s
+        FROM cells c JOIN ranked r ON {same} WHERE r.rank > %s GROUP BY c.idx
     """
 
 
@@ -312,14 +337,15 @@ def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: dateti
         for statement in settings_sql:
             cursor.execute(statement)
         cursor.execute(_tier_sql(connection.vendor, base_sql), [int(start.timestamp()), width, count - 1,
-                                                                *base_params])
+                                                                *base_params, *[CHART_MAX_SERIES] * 3])
         cells = cursor.fetchall()
-    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket)
+    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
+    # the releases beyond the cap under the key (None, None, None), their number last
     newest: dict[tuple, tuple] = {}
     for cell in cells:
         if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
             newest[cell[1:4]] = cell
-    return [*((0, cell[0], *cell[1:4], cell[4], 0, *cell[7:]) for cell in cells),
+    return [*((0, cell[0], *cell[1:4], cell[4], cell[-1], *cell[7:-1]) for cell in cells),
             *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
 
 
@@ -338,7 +364,32 @@ def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width
             cursor.execute(statement)
         cursor.execute(_series_sql(connection.vendor, base_sql),
                        [int(start.timestamp()), width, count - 1, *base_params])
-        return cursor.fetchall()
+        return _capped(cursor.fetchall())
+
+
+def _capped(rows: list[tuple]) -> list[tuple]:
+    """``_series_sql``'s rows with the releases beyond ``CHART_MAX_SERIES`` (ranked as ``_tier_sql`` ranks them)
+    summed under the key ``(None, None, None)``, their number in kind 0 rows' ``b``."""
+    totals: dict[tuple, int] = defaultdict(int)
+    for row in rows:
+        if row[0] == 0:
+            totals[row[2:5]] += int(row[5])
+    ranked = sorted(totals, key=lambda key: (-totals[key], key))
+    if len(ranked) <= CHART_MAX_SERIES:
+        return rows
+    kept = set(ranked[:CHART_MAX_SERIES])
+    others = len(ranked) - CHART_MAX_SERIES
+    out = [row for row in rows if row[2:5] in kept]
+    merged: dict[tuple[int, int], list[int]] = {}
+    for row in rows:
+        if row[2:5] in kept:
+            continue
+        cell = merged.setdefault((row[0], row[1]), [0] * (len(row) - 5))
+        for n, value in enumerate(row[5:]):
+            cell[n] += int(value)
+    for (kind, index), (first, second, *counters) in merged.items():
+        out.append((kind, index, None, None, None, first, others if kind == 0 else second, *counters))
+    return out
 
 
 def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: datetime,
@@ -348,11 +399,14 @@ def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: 
     data: dict[CacheScope, list[int | None]] = {}
     per_bucket: dict[CacheScope, list[list[int]]] = {}
     last: dict[CacheScope, tuple[int, int]] = {}
+    other_key, others = CacheScope("", "", ""), 0  # the releases beyond CHART_MAX_SERIES (key None in the rows)
     for kind, index, tenant_id, model, namespace, first, second, *counters in rows:
-        key = CacheScope(tenant_id, model, namespace)  # the whole release
+        key = CacheScope(tenant_id, model, namespace) if tenant_id is not None else other_key  # the whole release
         if kind == 1:
             last[key] = (int(first), int(second))
             continue
+        if tenant_id is None:
+            others = int(second)
         values = data.get(key)
         if values is None:  # the lists are made once per release, not per row
             values = data[key] = [None] * count
@@ -361,7 +415,7 @@ def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: 
         for column, value in zip(per_bucket[key], counters, strict=True):
             column[index] = int(value)
     series = []
-    for key in sorted(data):
+    for key in [*sorted(key for key in data if key is not other_key), *([other_key] if others else [])]:
         values, columns = data[key], per_bucket[key]
         present = [value for value in values if value is not None]
         totals = [sum(column) for column in columns]
@@ -375,6 +429,7 @@ def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: 
             hit_blocks_data=columns[0], miss_blocks_data=columns[1],
             evicted_blocks={cause: totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
             evicted_blocks_data={cause: columns[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
+            other=others if key is other_key else 0,
         ))
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,
                            series=series)

@@ -14,9 +14,10 @@ transaction under an advisory lock on PostgreSQL):
   silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
   changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
   the minute.
-* **5 minutes** from the 1-minute rows, **1 hour** from the 5-minute rows, per scope and per release: each gauge the
-  mean of the finer rows in the bucket (rounded half up), counters and samples summed. A coarser bucket is written
-  once every finer bucket of it is.
+* **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
+  tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
+  and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
+  summed. A coarser bucket is written once every finer bucket of it is.
 
 ``summarize(now)`` (each rollup run) computes the minutes from the newest 1-minute bucket written up to
 ``SETTLE_SECONDS`` before ``now``. Folding a minute's raw samples into a 1-minute row changes none of its values
@@ -26,8 +27,8 @@ stored after its minute was summed: late, re-delivered, deleted) and ``resummari
 again, with the coarser buckets over them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters
 the series when the rollup folds it (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the
 1-minute tier's retention by then.
-``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5-minute rows
-the larger of 2 days and that + 1 hour, 1-hour rows ``KVPOOL_RETENTION_SECONDS``.
+``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5- and 15-minute
+rows the larger of 2 days and that + 1 hour, coarser rows ``KVPOOL_RETENTION_SECONDS``.
 """
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ _SCOPE = ScopeSeries.SCOPE
 _RELEASE = ("tenant_id", "served_model_name", "namespace")
 _GAUGES = ScopeSeries.GAUGES
 _COLUMNS = (*_SCOPE, *_GAUGES, *_COUNTERS, "samples")
-_FINER = {Width.FIVE_MINUTES: Width.MINUTE, Width.HOUR: Width.FIVE_MINUTES}
+#: Each coarser tier and the finer one it is made of (its width divides the coarser one's), in order.
+_FINER = {Width.FIVE_MINUTES: Width.MINUTE, Width.QUARTER_HOUR: Width.FIVE_MINUTES, Width.HOUR: Width.QUARTER_HOUR,
+          Width.TWO_HOURS: Width.HOUR, Width.SIX_HOURS: Width.TWO_HOURS}
 
 
 def _floor(ts: datetime, seconds: int) -> datetime:
@@ -75,7 +78,8 @@ def minute_keep_seconds() -> int:
 
 
 def five_minute_keep_seconds() -> int:
-    """Seconds the 5-minute rows are kept: 2 days (the 24-hour chart reads them), or the 1-minute rows' + 1 hour."""
+    """Seconds the 5- and 15-minute rows are kept: 2 days (the 6- and 24-hour charts read them), or the 1-minute
+    rows' + 1 hour."""
     return max(2 * 86400, minute_keep_seconds() + 3600)
 
 
@@ -181,7 +185,7 @@ def resummarize(start: datetime, end: datetime, now: datetime) -> None:
         stop = min(_floor(chunk, CHUNK_SECONDS) + timedelta(seconds=CHUNK_SECONDS), end)
         _write(Width.MINUTE, chunk, stop)
         chunk = stop
-    for width in (Width.FIVE_MINUTES, Width.HOUR):
+    for width in _FINER:
         start = _floor(start, width)
         end = min(_ceil(end, width), _floor(watermark, width))
         _write(width, start, end)
@@ -231,7 +235,7 @@ def summarize(now: datetime) -> tuple[datetime, datetime] | None:
     minutes written, ``None`` when there was none."""
     end = _floor(now - timedelta(seconds=SETTLE_SECONDS), Width.MINUTE)
     watermark = _watermark()
-    oldest = _ceil(now - timedelta(seconds=minute_keep_seconds()), Width.HOUR)
+    oldest = _ceil(now - timedelta(seconds=minute_keep_seconds()), Width.FIVE_MINUTES)
     start = oldest if watermark is None or watermark < oldest else watermark
     if start >= end:
         return None
@@ -243,7 +247,7 @@ def summarize(now: datetime) -> tuple[datetime, datetime] | None:
     if _watermark() is None:  # no sample at all yet: nothing to coarsen, start over next time
         return None
     # a coarser bucket from before ``start`` (the 1-minute tier's retention) would lack finer rows: from ``start`` on
-    for width in (Width.FIVE_MINUTES, Width.HOUR):
+    for width in _FINER:
         _write(width, _floor(start, width), _floor(end, width))
     return start, end
 
@@ -252,6 +256,8 @@ def prune(now: datetime) -> int:
     """Delete the rows older than each tier's retention (module docstring); returns the rows deleted."""
     deleted = 0
     for width, seconds in ((Width.MINUTE, minute_keep_seconds()), (Width.FIVE_MINUTES, five_minute_keep_seconds()),
-                           (Width.HOUR, settings.KVPOOL_RETENTION_SECONDS)):
+                           (Width.QUARTER_HOUR, five_minute_keep_seconds()),
+                           *((width, settings.KVPOOL_RETENTION_SECONDS)
+                             for width in (Width.HOUR, Width.TWO_HOURS, Width.SIX_HOURS))):
         deleted += ScopeSeries.objects.filter(width=width, ts__lt=now - timedelta(seconds=seconds)).delete()[0]
     return deleted

@@ -12,7 +12,14 @@ import pytest
 from agent.contract.scope import CacheScope
 from dashboard.models import OccupancySample, ScopeSeries
 from dashboard.telemetry import series as series_mod
-from dashboard.telemetry.queries import EVICTION_CAUSES, WINDOW_TIERS, WINDOWS, OccupancyFilter, occupancy_series
+from dashboard.telemetry.queries import (
+    CHART_MAX_SERIES,
+    EVICTION_CAUSES,
+    WINDOW_TIERS,
+    WINDOWS,
+    OccupancyFilter,
+    occupancy_series,
+)
 from dashboard.telemetry.rollup import rollup
 
 pytestmark = pytest.mark.django_db
@@ -159,13 +166,14 @@ def test_summarize_and_charts_match_a_brute_force(settings):
     OccupancySample.objects.bulk_create(rows)
     rows = list(OccupancySample.objects.all())
     written = series_mod.summarize(NOW)
-    start, end = datetime(2026, 11, 30, 9, tzinfo=UTC), datetime(2026, 11, 30, 11, 59, tzinfo=UTC)
+    start, end = datetime(2026, 11, 30, 8, 5, tzinfo=UTC), datetime(2026, 11, 30, 11, 59, tzinfo=UTC)
     assert written == (start, end)
-    minutes = _brute_minutes(rows, start, end)
-    fives = _brute_coarser(minutes, 300, end)
-    hours = _brute_coarser(fives, 3600, end)
-    want = {**minutes, **fives, **hours}
-    assert {key[0] for key in hours} == {3600} and len(hours) >= 2 * len(SCOPES)  # 09:00 and 10:00
+    want = tier = _brute_minutes(rows, start, end)
+    for width in (300, 900, 3600, 7200, 21600):  # each tier from the one before
+        tier = _brute_coarser(tier, width, end)
+        want = {**want, **tier}
+    assert {key[1] for key in want if key[0] == 7200} == {datetime(2026, 11, 30, 8, tzinfo=UTC)}  # 10:00 is not done
+    assert not any(key[0] == 21600 for key in want)
     assert _stored() == want
     # nothing new: a second run writes nothing and changes nothing
     assert series_mod.summarize(NOW + timedelta(seconds=20)) is None
@@ -246,4 +254,34 @@ def test_rollup_keeps_the_series_of_the_samples_it_folds(settings):
     hours = {key: value for key, value in stored.items() if key[0] == 3600}
     assert {key[1] for key in hours} == {datetime(2026, 11, 30, 10, tzinfo=UTC)}  # 11:00 is not complete yet
     watermark = datetime(2026, 11, 30, 11, 59, tzinfo=UTC)
-    assert hours == _brute_coarser({key: value for key, value in stored.items() if key[0] == 300}, 3600, watermark)
+    for width, finer in ((900, 300), (3600, 900)):
+        assert {key: value for key, value in stored.items() if key[0] == width and key[1] >= first_five} == {
+            key: value for key, value in _brute_coarser(
+                {key: value for key, value in stored.items() if key[0] == finer}, width, watermark).items()
+            if key[1] >= first_five}
+
+
+@pytest.mark.parametrize("window", ["15m", "1h"])
+def test_a_chart_keeps_the_releases_with_most_bytes_and_sums_the_others(window):
+    """CHART_MAX_SERIES + 5 releases: the cap's releases (most bytes over the window) are series of their own, the 5
+    smallest one more series, summed; the samples' window (15m) and the series' (1h) rank alike."""
+    minute = datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
+    sizes = {f"ns-{n:02d}": 1000 + 37 * ((n * 11) % (CHART_MAX_SERIES + 5)) for n in range(CHART_MAX_SERIES + 5)}
+    OccupancySample.objects.bulk_create(
+        OccupancySample(ts=minute + timedelta(seconds=12 + 10 * k), node_name=node, tenant_id="acme",
+                        served_model_name="m", namespace=namespace, bytes=size + k, hit_blocks=10 * k)
+        for namespace, size in sizes.items() for node in ("node-a", "node-b") for k in range(2))
+    series_mod.summarize(NOW)
+    result = occupancy_series(window, now=NOW)
+    by_size = sorted(sizes, key=lambda namespace: (-sizes[namespace], namespace))
+    kept, rest = sorted(by_size[:CHART_MAX_SERIES]), by_size[CHART_MAX_SERIES:]
+    assert [s.key.namespace for s in result.series[:-1]] == kept
+    other = result.series[-1]
+    assert other.other == 5 and other.label == "(other: 5 releases)" and other.as_dict()["other"] == 5
+    assert [s.other for s in result.series[:-1]] == [0] * CHART_MAX_SERIES
+    # per release and bucket (both samples of a node in one bucket): two nodes' averages, summed; the rest summed
+    each = {namespace: 2 * (sizes[namespace] + 1) for namespace in sizes}  # (size + size + 1) / 2 rounded up, twice
+    present = [value for value in other.data if value is not None]
+    assert present == [sum(each[namespace] for namespace in rest)]
+    assert other.hit_blocks == 5 * 2 * 10  # each release: two nodes' increase of 10
+    assert sum(s.latest_bytes for s in result.series) == sum(each.values())
