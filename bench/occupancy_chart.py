@@ -95,7 +95,8 @@ def measure(scopes, repeats: int, explain, windows: list[str], names: list[str])
                         for statement in vendor_sql.analytic_settings(connection.vendor):
                             cursor.execute(statement)
                         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries._tier_sql(connection.vendor, sql),
-                                       [int(start.timestamp()), width, last, *params])
+                                       [int(start.timestamp()), width, last, *params,
+                                        *[queries.CHART_MAX_SERIES] * 3])
                     else:
                         base = filters.apply(OccupancySample.objects.filter(
                             level__in=list(OccupancySample.Level.values), ts__gte=start, ts__lte=now))
