@@ -478,11 +478,13 @@ def phase_history(fleet, opts: Options) -> dict:
     started = time.perf_counter()
     loaded = loader(fleet, opts.history_days, opts.minute_hours, now)
     load_s = time.perf_counter() - started
+    from dashboard.models import ScopeSeries
+
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {OccupancySample._meta.db_table}")
         cursor.execute("SELECT pg_total_relation_size(%s), (SELECT COUNT(*) FROM " + OccupancySample._meta.db_table
-                       + ")", [OccupancySample._meta.db_table])
-        table_bytes, rows = cursor.fetchone()
+                       + "), pg_total_relation_size(%s)", [OccupancySample._meta.db_table, ScopeSeries._meta.db_table])
+        table_bytes, rows, series_bytes = cursor.fetchone()
     user = get_user_model().objects.create_superuser("fleet-bench", "fleet@example.com", secrets_lib.token_hex(8))
     client = Client()
     client.force_login(user)
@@ -508,6 +510,7 @@ def phase_history(fleet, opts: Options) -> dict:
     retained = retained_bytes(table_bytes / max(rows, 1), sum(len(s) for s in fleet.scopes_by_node.values()))
     return {"chart_p99_ms": max(charts.values()), "page_p99_ms": max(pages.values()),
             "db_bytes_per_day": round(table_bytes / opts.history_days), "db_bytes_per_row": round(table_bytes / rows),
+            "series_bytes_per_day": round(series_bytes / opts.history_days),
             **retained,
             "history": {**loaded, "days": opts.history_days, "minute_hours": opts.minute_hours,
                         "load_s": round(load_s, 1), "table_bytes": table_bytes, "loader": loader.__module__},
