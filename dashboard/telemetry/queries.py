@@ -47,8 +47,9 @@ WINDOW_LABELS: dict[str, str] = {
     "15m": "15 minutes", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days", "30d": "30 days",
 }
 DEFAULT_WINDOW = "1h"
-#: Window -> the ``ScopeSeries`` width its buckets are made of (occupancy summed over nodes,
-#: ``dashboard.telemetry.series``); ``None``: the samples themselves (every node's rows).
+#: Window -> the ``ScopeSeries`` width its buckets are read from (occupancy summed over nodes,
+#: ``dashboard.telemetry.series``; its bucket width: one row per release and bucket); ``None``: the samples
+#: themselves (every node's rows).
 WINDOW_TIERS: dict[str, int | None] = {"15m": None, "1h": 60, "6h": 300, "24h": 900, "7d": 7200, "30d": 21600}
 
 #: Most series a chart holds: the releases with the most bytes over the window (the sum of their bucket values;
@@ -262,22 +263,19 @@ def _tier_sql(vendor: str, base_sql: str) -> str:
     ``width``, ``last`` bucket index before ``base_sql``'s, then ``CHART_MAX_SERIES`` three times), returning per
     bucket and release ``(index, tenant_id, served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes,
     *increases, 0)``: each gauge the mean of its rows (rounded half up), the counters' increases summed; for the
-    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``."""
+    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``.
+    The rows are one per release and bucket (the tier's width is the chart's bucket width), taken as they are."""
     release = ", ".join(_RELEASE)
     index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
     gauges = ("bytes", "in_flight_requests", "orphaned_bytes")
-    means = ", ".join(f"CAST({vendor_sql.half_up_average(vendor, f'sum({name})', 'count(*)')} AS BIGINT) AS {name}"
-                      for name in gauges)
-    sums = ", ".join(f"CAST(sum({name}) AS BIGINT) AS {name}" for name in _COUNTERS)  # integers, not numeric
+    # the tier's width is the chart's (WINDOW_TIERS): one row per release and bucket already, nothing to aggregate
+    cells = f"SELECT {index} AS idx, {release}, {', '.join((*gauges, *_COUNTERS))} FROM ({base_sql}) base"
     order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
     values = (*gauges, *_COUNTERS)
     # ranks by window functions, not a join of the cells with per-release totals: right after the series was
     # written (no statistics yet) the planner looped over both (7.7 s for 5,760 cells)
     return f"""
-        WITH cells AS (
-            SELECT idx, {release}, {means}, {sums}
-            FROM (SELECT {index} AS idx, base.* FROM ({base_sql}) base) b GROUP BY idx, {release}
-        ), ranked AS (
+        WITH cells AS ({cells}), ranked AS (
             SELECT t.*, DENSE_RANK() OVER (ORDER BY total DESC, {order}) AS rank
             FROM (SELECT cells.*, sum(bytes) OVER (PARTITION BY {order}) AS total FROM cells) t
         )
@@ -293,11 +291,12 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
 
     Windows of an hour and longer (``WINDOW_TIERS``) read the occupancy summed over nodes (``ScopeSeries``, one
-    row per release or request group and 1-minute, 5-minute or 1-hour bucket, ``dashboard.telemetry.series``):
-    a release's value in a bucket is the mean of its rows' bytes in it (each the release's, or the selected
-    request group's, bytes summed over nodes; rounded half up), ``None`` without a row; counters are the increases
-    summed; in-flight requests and orphaned bytes their mean in the release's newest bucket. Those rows are written
-    by the rollup for each minute ``series.SETTLE_SECONDS`` after it ends: the newest minutes are not shown yet.
+    row per release or request group and bucket of the window's width, ``dashboard.telemetry.series``): a
+    release's value in a bucket is that row's bytes (the release's, or the selected request group's, bytes summed
+    over nodes, averaged over the bucket as the tiers average), ``None`` without a row; counters are the increases
+    in it; in-flight requests and orphaned bytes those of the release's newest bucket. Those rows are written by the
+    rollup for each minute ``series.SETTLE_SECONDS`` after it ends (coarser buckets when complete): the newest
+    minutes are not shown yet. At most ``CHART_MAX_SERIES`` series (the rest summed in one).
 
     The 15-minute window reads every node's samples: in each bucket, a node's value for one scope (release and
     request group) is the sample-weighted average of its rows in that bucket (rollup rows weigh ``samples``;
@@ -323,7 +322,10 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
 
 def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
                count: int) -> list[tuple]:
-    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows."""
+    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows
+    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise)."""
+    if tier != width:
+        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
     base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
     if filters.request_group is None:
         base = base.filter(request_group__isnull=True)  # the release rows
@@ -334,8 +336,8 @@ def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: dateti
     with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
         for statement in settings_sql:
             cursor.execute(statement)
-        cursor.execute(_tier_sql(connection.vendor, base_sql), [int(start.timestamp()), width, count - 1,
-                                                                *base_params, *[CHART_MAX_SERIES] * 3])
+        cursor.execute(_tier_sql(connection.vendor, base_sql),
+                       [int(start.timestamp()), width, count - 1, *base_params, *[CHART_MAX_SERIES] * 3])
         cells = cursor.fetchall()
     # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
     # the releases beyond the cap under the key (None, None, None), their number last
