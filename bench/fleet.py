@@ -397,16 +397,24 @@ def load_history(fleet, days: int, minute_hours: int, now: datetime) -> dict:
 
 def phase_rollup(fleet, opts: Options) -> dict:
     """``rollup()`` of ``opts.rollup_minutes`` of raw samples of ``opts.rollup_nodes`` nodes, scaled to one hour of
-    the fleet's samples (by rows folded)."""
+    the fleet's samples (by rows folded): the samples end a minute past the raw horizon, and ``rollup()`` runs
+    twice, as the periodic task would have: once 90 s after they end (the occupancy summed over nodes of their
+    minutes, from the raw rows) and once now (their fold; a check that their minutes' samples did not change);
+    both timed."""
+    from django.conf import settings
+
     from dashboard.models import OccupancySample
     from dashboard.telemetry.rollup import floor_minute, rollup
 
-    stop = floor_minute(datetime.now(UTC) - timedelta(hours=2))
+    now = datetime.now(UTC)
+    stop = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS + 60))
     raw = insert_samples(fleet, OccupancySample.Level.RAW, stop - timedelta(minutes=opts.rollup_minutes), stop,
                          REPORT_INTERVAL_S, fleet.node_names[:opts.rollup_nodes])
     started = time.perf_counter()
-    counts = rollup()
+    summed = rollup(stop + timedelta(seconds=90))
+    counts = rollup(now)
     elapsed = time.perf_counter() - started
+    _say(f"rollup runs: {summed}, {counts}")
     hour_rows = sum(len(scopes) for scopes in fleet.scopes_by_node.values()) * 3600 // REPORT_INTERVAL_S
     folded = max(counts["raw_folded"], 1)
     return {"rollup_hour_s": round(elapsed * hour_rows / folded, 2),
@@ -470,11 +478,13 @@ def phase_history(fleet, opts: Options) -> dict:
     started = time.perf_counter()
     loaded = loader(fleet, opts.history_days, opts.minute_hours, now)
     load_s = time.perf_counter() - started
+    from dashboard.models import ScopeSeries
+
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {OccupancySample._meta.db_table}")
         cursor.execute("SELECT pg_total_relation_size(%s), (SELECT COUNT(*) FROM " + OccupancySample._meta.db_table
-                       + ")", [OccupancySample._meta.db_table])
-        table_bytes, rows = cursor.fetchone()
+                       + "), pg_total_relation_size(%s)", [OccupancySample._meta.db_table, ScopeSeries._meta.db_table])
+        table_bytes, rows, series_bytes = cursor.fetchone()
     user = get_user_model().objects.create_superuser("fleet-bench", "fleet@example.com", secrets_lib.token_hex(8))
     client = Client()
     client.force_login(user)
@@ -500,6 +510,7 @@ def phase_history(fleet, opts: Options) -> dict:
     retained = retained_bytes(table_bytes / max(rows, 1), sum(len(s) for s in fleet.scopes_by_node.values()))
     return {"chart_p99_ms": max(charts.values()), "page_p99_ms": max(pages.values()),
             "db_bytes_per_day": round(table_bytes / opts.history_days), "db_bytes_per_row": round(table_bytes / rows),
+            "series_bytes_per_day": round(series_bytes / opts.history_days),
             **retained,
             "history": {**loaded, "days": opts.history_days, "minute_hours": opts.minute_hours,
                         "load_s": round(load_s, 1), "table_bytes": table_bytes, "loader": loader.__module__},

@@ -5,8 +5,10 @@
 the raw horizon (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and raw rows every 10 s after it (``samples`` 360, 6 and 1
 per row), one ``INSERT ... SELECT`` per level from ``generate_series`` times × the node/scope pairs (``COPY``-ed
 into a temporary table). Gauges vary by pair and time, counters grow with time (cumulative, as agents report).
-``fleet_scopes(count)`` builds cache scopes like a fleet's (tenants × served models × release namespaces ×
-request groups, ``""`` included). Used by ``bench.occupancy_chart`` and usable by ``bench.fleet``.
+The occupancy summed over nodes (``ScopeSeries``) is written for the same history at the tiers' densities and
+retentions (``_load_series``). ``fleet_scopes(count)`` builds cache scopes like a fleet's (tenants × served models
+× release namespaces × request groups, ``""`` included). Used by ``bench.occupancy_chart`` and usable by
+``bench.fleet``.
 """
 from __future__ import annotations
 
@@ -88,4 +90,55 @@ def load_history(days: int, nodes: list[str], scopes: list[tuple[str, str, str, 
                 FROM generate_series(%s::timestamptz, %s::timestamptz, %s::interval) AS g(ts) CROSS JOIN fleet_pairs f
                 ORDER BY 2, f.p""", [level, samples, first, last, step])
             counts[Level(level).name.lower()] = cursor.rowcount
+        counts.update(_load_series(cursor, now, start, epoch0))
+    return counts
+
+
+def _load_series(cursor, now: datetime, start: datetime, epoch0: int) -> dict[str, int]:
+    """The ``ScopeSeries`` rows the rollup leaves over the same history (``dashboard.telemetry.series``): rows of
+    each width for every complete bucket within its retention, up to the newest minute the rollup sums; per cache
+    scope (the sums over the ``fleet_pairs`` placed) and per release. Values follow the samples' formulas at each
+    bucket start (gauges summed over nodes; counters: their increase over the bucket), so rows, sizes and densities
+    are the rollup's, the numbers approximately. Returns rows written per width (``series_60`` ...)."""
+    from django.db import connection
+
+    from dashboard.models import ScopeSeries
+    from dashboard.telemetry import series
+
+    table = connection.ops.quote_name(ScopeSeries._meta.db_table)
+    newest = series._floor(now - timedelta(seconds=series.SETTLE_SECONDS), 60)  # the minutes summed so far
+    keep = {60: series.minute_keep_seconds(), 300: series.five_minute_keep_seconds(),
+            900: series.five_minute_keep_seconds()}
+    tiers = [(width, max(start, series._ceil(now - timedelta(seconds=keep[width]), width)) if width in keep else
+              series._ceil(start, width), series._floor(newest, width) - timedelta(seconds=width))
+             for width in ScopeSeries.Width.values]
+    counts = {}
+    for width, first, last in tiers:
+        if last < first:
+            counts[f"series_{width}"] = 0
+            continue
+        t, t_end = (f"(extract(epoch FROM g.ts)::bigint - {epoch0} + {shift})" for shift in (0, width))
+        size = f"((f.p %% 97 + 1)::bigint << 28) + ({t} %% 86400) * (f.p %% 13 + 1) * 4096"
+        counters = ["{t} / 10 * (f.p %% 4 + 1)", "{t} / 10", "{t} / 100", "{t} / 100", "{t} / 100"]
+        increases = ", ".join(f"sum(({c.format(t=t_end)}) - ({c.format(t=t)}))" for c in counters)
+        names = ", ".join(ScopeSeries.COUNTERS)
+        cursor.execute(f"""
+            INSERT INTO {table} (width, ts, tenant_id, served_model_name, namespace, request_group, bytes,
+                orphaned_bytes, in_flight_requests, {names}, samples)
+            SELECT %s, g.ts, f.tenant_id, f.served_model_name, f.namespace, f.request_group, sum({size}),
+                sum((f.p %% 5)::bigint << 20), sum(f.p %% 7), {increases}, count(*) * {width // RAW_SECONDS}
+            FROM generate_series(%s::timestamptz, %s::timestamptz, %s::interval) AS g(ts) CROSS JOIN fleet_pairs f
+            GROUP BY g.ts, f.tenant_id, f.served_model_name, f.namespace, f.request_group ORDER BY g.ts""",
+                       [width, first, last, f"{width} seconds"])
+        written = cursor.rowcount
+        sums = ", ".join(f"sum({name})" for name in ("bytes", "orphaned_bytes", "in_flight_requests",
+                                                      *ScopeSeries.COUNTERS, "samples"))
+        cursor.execute(f"""
+            INSERT INTO {table} (width, ts, tenant_id, served_model_name, namespace, request_group, bytes,
+                orphaned_bytes, in_flight_requests, {names}, samples)
+            SELECT width, ts, tenant_id, served_model_name, namespace, NULL, {sums} FROM {table}
+            WHERE width = %s AND request_group IS NOT NULL
+            GROUP BY width, ts, tenant_id, served_model_name, namespace ORDER BY ts""", [width])
+        counts[f"series_{width}"] = written + cursor.rowcount
+    cursor.execute(f"ANALYZE {table}")  # as autovacuum would after such a load
     return counts

@@ -55,7 +55,7 @@ def measure(scopes, repeats: int, explain, windows: list[str], names: list[str])
     from django.db import connection, transaction
     from django.db.models import Max
 
-    from dashboard.models import OccupancySample
+    from dashboard.models import OccupancySample, ScopeSeries
     from dashboard.telemetry import queries, vendor_sql
 
     now = OccupancySample.objects.aggregate(newest=Max("ts"))["newest"] + timedelta(seconds=10)
@@ -84,36 +84,55 @@ def measure(scopes, repeats: int, explain, windows: list[str], names: list[str])
                 explain.write(f"== {name} {window}\n")
                 explain.write(rows.explain(analyze=True, buffers=True) + "\n")
                 with transaction.atomic(), connection.cursor() as cursor:
-                    base = filters.apply(OccupancySample.objects.filter(
-                        level__in=list(OccupancySample.Level.values), ts__gte=start, ts__lte=now))
-                    sql, params = base.values("id", "ts", *queries._PAIR, "bytes", "samples", "in_flight_requests",
-                                              "orphaned_bytes", *queries._COUNTERS).query.sql_with_params()
                     last = int((now - start).total_seconds() // width)
-                    for statement in vendor_sql.analytic_settings(connection.vendor):
-                        cursor.execute(statement)
-                    cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries._series_sql(connection.vendor, sql),
-                                   [int(start.timestamp()), width, last, *params])
+                    tier = queries.WINDOW_TIERS[window]
+                    if tier is not None:  # the occupancy summed over nodes
+                        series = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=now))
+                        if filters.request_group is None:
+                            series = series.filter(request_group__isnull=True)
+                        sql, params = series.values("ts", *queries._RELEASE, "bytes", "in_flight_requests",
+                                                    "orphaned_bytes", *queries._COUNTERS).query.sql_with_params()
+                        for statement in vendor_sql.analytic_settings(connection.vendor):
+                            cursor.execute(statement)
+                        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries._tier_sql(connection.vendor, sql),
+                                       [int(start.timestamp()), width, last, *params,
+                                        *[queries.CHART_MAX_SERIES] * 3])
+                    else:
+                        base = filters.apply(OccupancySample.objects.filter(
+                            level__in=list(OccupancySample.Level.values), ts__gte=start, ts__lte=now))
+                        sql, params = base.values("id", "ts", *queries._PAIR, "bytes", "samples",
+                                                  "in_flight_requests", "orphaned_bytes",
+                                                  *queries._COUNTERS).query.sql_with_params()
+                        for statement in vendor_sql.analytic_settings(connection.vendor):
+                            cursor.execute(statement)
+                        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + queries._series_sql(connection.vendor, sql),
+                                       [int(start.timestamp()), width, last, *params])
                     explain.write("\n".join(row[0] for row in cursor.fetchall()) + "\n\n")
                 explain.flush()
     return results
 
 
 def sizes(days: int) -> dict:
-    """Bytes of the samples table (indexes included), per day of history and per row of each level."""
+    """Bytes of the samples table (indexes included), per day of history and per row of each level; the same of
+    the occupancy summed over nodes (``ScopeSeries``, rows per width)."""
     from django.db import connection
 
-    from dashboard.models import OccupancySample
+    from dashboard.models import OccupancySample, ScopeSeries
 
-    table = OccupancySample._meta.db_table
+    table, series = OccupancySample._meta.db_table, ScopeSeries._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_total_relation_size(%s), pg_relation_size(%s)", [table, table])
-        total, heap = cursor.fetchone()
+        cursor.execute("SELECT pg_total_relation_size(%s), pg_relation_size(%s), pg_total_relation_size(%s)",
+                       [table, table, series])
+        total, heap, series_total = cursor.fetchone()
         cursor.execute(f"SELECT level, count(*) FROM {table} GROUP BY level ORDER BY level")
         rows = dict(cursor.fetchall())
+        cursor.execute(f"SELECT width, count(*) FROM {series} GROUP BY width ORDER BY width")
+        series_rows = dict(cursor.fetchall())
     count = sum(rows.values())
     return {"table_bytes": total, "heap_bytes": heap, "rows_by_level": rows,
             "bytes_per_row": round(total / count, 1) if count else None,
-            "bytes_per_day": round(total / days)}
+            "bytes_per_day": round(total / days), "series_table_bytes": series_total,
+            "series_rows_by_width": series_rows, "series_bytes_per_day": round(series_total / days)}
 
 
 def _load_if_empty(args) -> dict:
@@ -173,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
              for name, windows in out["results"].items()}
     print(f"worst chart p99 per filter (ms): {worst}; goal <= {GOAL_MS} ms; ratio chart/count: {ratio}")
     print(f"samples table {out['table_bytes']:,} B, {out['bytes_per_day']:,} B per day of history, "
-          f"{out['bytes_per_row']} B per row")
+          f"{out['bytes_per_row']} B per row; series table {out['series_table_bytes']:,} B "
+          f"{out['series_rows_by_width']}")
     print(json.dumps({"bench": "occupancy_chart", "nodes": args.nodes, "scopes": args.scopes,
                       "per_node": args.per_node, "days": args.days, "repeats": args.repeats, "goal_ms": GOAL_MS,
                       "worst_p99_ms": worst, "ratio_chart_over_count": ratio, **out}))

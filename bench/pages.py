@@ -6,9 +6,10 @@ checks pages on the fleet registry of ``bench.fleet_registry`` with its telemetr
 
 Set-up: a private PostgreSQL database (as ``bench.ingest``), the fleet registry, a heartbeat from every node but the
 last 4 % (silent for an hour: the checks fail for them), and ``--reports`` reports of every node's cache scopes
-(one occupancy sample per scope, a few minutes apart) within the occupancy page's default window. Each page is
-fetched in-process with Django's test client as a platform admin (the user who sees most); the server time is the
-median over ``--rounds`` requests after a warm-up, and the queries are those of one request.
+(one occupancy sample per scope, a few minutes apart) within the occupancy page's default window, then one run of
+the rollup (``dashboard.telemetry.rollup``: the page's chart reads the occupancy summed over nodes it writes).
+Each page is fetched in-process with Django's test client as a platform admin (the user who sees most); the server
+time is the median over ``--rounds`` requests after a warm-up, and the queries are those of one request.
 
 Baseline, same run, same process: the login page (no query of the registry or telemetry); ratio = page median /
 login median. Goal: the overview and occupancy pages under 500 ms at the fleet of issue 17. The last stdout line is
@@ -121,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                             scopes=args.scopes, scopes_per_node=args.scopes_per_node)
         samples = add_telemetry(fleet, silent=max(1, args.nodes // 25), reports=args.reports, per_scope=True)
         build_s = time.perf_counter() - start
+        from dashboard.telemetry.rollup import rollup
+
+        start = time.perf_counter()
+        rolled = rollup()  # what the periodic task does every minute: the occupancy summed over nodes among it
+        print(f"rollup {rolled} in {time.perf_counter() - start:.1f} s", flush=True)
         print(f"fleet: {len(fleet.node_names)} nodes, {len(fleet.tenant_ids)} tenants, {len(fleet.releases)} "
               f"releases, {len(fleet.scopes)} cache scopes, {fleet.instances} instances, {samples} occupancy "
               f"samples; built in {build_s:.1f} s", flush=True)

@@ -251,6 +251,64 @@ class OccupancySample(models.Model):
     KEY = ("node_name", "tenant_id", "served_model_name", "namespace", "request_group")
 
 
+class ScopeSeries(models.Model):
+    """Occupancy of one cache scope summed over nodes, per bucket of ``width`` seconds (``Width``: 1 minute ... 6
+    hours, the bucket widths of the chart's windows): the occupancy chart's source for windows of an hour and
+    longer, one row per scope (or release) and bucket whatever the number of nodes. Written only by
+    ``dashboard.telemetry.series`` (from ``OccupancySample`` rows, by the rollup). ``request_group`` ``NULL``: the
+    whole release (its scopes summed, ``CacheScope.release_scope()``); ``""``: the rows without a request group.
+
+    Gauges (``bytes``, ``orphaned_bytes``, ``in_flight_requests``): in a 1-minute row, the sum over nodes of each
+    node's sample-weighted average in the minute (rounded half up); in a coarser row, the mean of the finer tier's
+    rows in its bucket (rounded half up). ``samples``: the samples summed (each weighing its own ``samples``).
+    Counters (``hit_blocks``, ``miss_blocks`` and the evicted blocks by
+    cause, ``OccupancySample.EVICTION_CAUSES``) are the **increases** counted in the bucket (summed over nodes and
+    finer rows; a decrease of an agent's cumulative counter is a restart: the new value counts from zero).
+    ``ts`` is the bucket start (UTC).
+    """
+
+    class Width(models.IntegerChoices):
+        MINUTE = 60, "1 minute"
+        FIVE_MINUTES = 300, "5 minutes"
+        QUARTER_HOUR = 900, "15 minutes"
+        HOUR = 3600, "1 hour"
+        TWO_HOURS = 7200, "2 hours"
+        SIX_HOURS = 21600, "6 hours"
+
+    width = models.PositiveIntegerField(choices=Width.choices)
+    ts = models.DateTimeField()
+    tenant_id = models.CharField(max_length=128)
+    served_model_name = models.CharField(max_length=255, blank=True, default="")
+    namespace = models.CharField(max_length=255, blank=True, default="")
+    # NULL (not ""): the whole release, as ``CacheScope.release_scope()``; "" is the rows without a request group
+    request_group = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    bytes = models.BigIntegerField(default=0)
+    orphaned_bytes = models.BigIntegerField(default=0)
+    in_flight_requests = models.BigIntegerField(default=0)
+    hit_blocks = models.BigIntegerField(default=0)
+    miss_blocks = models.BigIntegerField(default=0)
+    store_evicted_blocks = models.BigIntegerField(default=0)
+    budget_evicted_blocks = models.BigIntegerField(default=0)
+    orphan_removed_blocks = models.BigIntegerField(default=0)
+    samples = models.BigIntegerField(default=0)
+
+    class Meta:
+        indexes = [
+            # everything / one served model / one request group: the release rows (request_group NULL) or one
+            # group's, of one tier, over a time range; one tenant: the same, narrowed first by tenant
+            models.Index(fields=["width", "request_group", "ts"], name="dashboard_series_group_ts"),
+            models.Index(fields=["width", "tenant_id", "request_group", "ts"], name="dashboard_series_tenant_ts"),
+        ]
+
+    GAUGES = ("bytes", "orphaned_bytes", "in_flight_requests")
+    COUNTERS = ("hit_blocks", "miss_blocks", "store_evicted_blocks", "budget_evicted_blocks",
+                "orphan_removed_blocks")
+    SCOPE = ("tenant_id", "served_model_name", "namespace", "request_group")
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.get_width_display()} at {self.ts}"
+
+
 class InstanceStats(models.Model):
     """The newest engine facts of one real engine instance, per ``(node_name, instance_id)``: the
     ``agent.contract.messages.InstanceStats`` row of the newest report that carried it (ingest keeps the row whose

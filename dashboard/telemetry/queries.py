@@ -27,7 +27,7 @@ from django.db.models import F, Max, Window
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
-from dashboard.models import MasterQuotaSample, OccupancySample
+from dashboard.models import MasterQuotaSample, OccupancySample, ScopeSeries
 from dashboard.telemetry import vendor_sql
 
 #: Eviction causes in display order (``cause`` label values), and the sample counter of each.
@@ -47,6 +47,15 @@ WINDOW_LABELS: dict[str, str] = {
     "15m": "15 minutes", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days", "30d": "30 days",
 }
 DEFAULT_WINDOW = "1h"
+#: Window -> the ``ScopeSeries`` width its buckets are read from (occupancy summed over nodes,
+#: ``dashboard.telemetry.series``; its bucket width: one row per release and bucket); ``None``: the samples
+#: themselves (every node's rows).
+WINDOW_TIERS: dict[str, int | None] = {"15m": None, "1h": 60, "6h": 300, "24h": 900, "7d": 7200, "30d": 21600}
+
+#: Most series a chart holds: the releases with the most bytes over the window (the sum of their bucket values;
+#: ties by name), the others summed into one more series (``SeriesSummary.other``: how many). A fleet's thousands of
+#: releases would make megabytes of JSON no chart can show.
+CHART_MAX_SERIES = 40
 
 #: Seconds a node's newest sample may be old and still count as "current" occupancy.
 CURRENT_WINDOW_SECONDS = 15 * 60
@@ -118,11 +127,13 @@ class SeriesSummary:
     #: Blocks evicted during the window per cause (``EVICTION_CAUSES``), and per bucket (aligned with ``data``).
     evicted_blocks: dict[str, int] = field(default_factory=dict)
     evicted_blocks_data: dict[str, list[int]] = field(default_factory=dict)
+    #: 0: one release; N: the N releases beyond ``CHART_MAX_SERIES`` summed (``key`` is then all blank).
+    other: int = 0
 
     @property
     def label(self) -> str:
-        """``tenant/model/namespace`` (the chart's series label)."""
-        return self.key.label
+        """``tenant/model/namespace`` (the chart's series label); ``(other: N releases)`` for the rest summed."""
+        return f"(other: {self.other} releases)" if self.other else self.key.label
 
     @property
     def hit_ratio(self) -> float | None:
@@ -143,6 +154,7 @@ class SeriesSummary:
             "hit_ratio": self.hit_ratio, "in_flight_requests": self.in_flight_requests,
             "orphaned_bytes": self.orphaned_bytes, "hit_ratio_data": self.hit_ratio_data,
             "evicted_blocks": self.evicted_blocks, "evicted_blocks_data": self.evicted_blocks_data,
+            "other": self.other,
         }
 
 
@@ -246,17 +258,53 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     """
 
 
+def _tier_sql(vendor: str, base_sql: str) -> str:
+    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
+    ``width``, ``last`` bucket index before ``base_sql``'s, then ``CHART_MAX_SERIES`` three times), returning per
+    bucket and release ``(index, tenant_id, served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes,
+    *increases, 0)``: each gauge the mean of its rows (rounded half up), the counters' increases summed; for the
+    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``.
+    The rows are one per release and bucket (the tier's width is the chart's bucket width), taken as they are."""
+    release = ", ".join(_RELEASE)
+    index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
+    gauges = ("bytes", "in_flight_requests", "orphaned_bytes")
+    # the tier's width is the chart's (WINDOW_TIERS): one row per release and bucket already, nothing to aggregate
+    cells = f"SELECT {index} AS idx, {release}, {', '.join((*gauges, *_COUNTERS))} FROM ({base_sql}) base"
+    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
+    values = (*gauges, *_COUNTERS)
+    # ranks by window functions, not a join of the cells with per-release totals: right after the series was
+    # written (no statistics yet) the planner looped over both (7.7 s for 5,760 cells)
+    return f"""
+        WITH cells AS ({cells}), ranked AS (
+            SELECT t.*, DENSE_RANK() OVER (ORDER BY total DESC, {order}) AS rank
+            FROM (SELECT cells.*, sum(bytes) OVER (PARTITION BY {order}) AS total FROM cells) t
+        )
+        SELECT idx, {", ".join((*_RELEASE, *values))}, 0 FROM ranked WHERE rank <= %s
+        UNION ALL
+        SELECT idx, NULL, NULL, NULL, {", ".join(f"CAST(sum({name}) AS BIGINT)" for name in values)}, max(rank) - %s
+        FROM ranked WHERE rank > %s GROUP BY idx
+    """
+
+
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
                      now: datetime | None = None) -> OccupancySeries:
     """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
 
-    In each bucket, a node's value for one scope (release and request group) is the sample-weighted average of
-    its rows in that bucket (rollup rows weigh ``samples``; rounded half up); a release's value is the sum of
-    those over nodes and request groups; ``None`` when no row of the release fell in the bucket. Hit and miss
-    blocks count the increases of the agents' cumulative counters between consecutive rows (a decrease is an
-    agent restart: the new value counts from zero); an increase counts in the bucket of the row that ends it.
-    Evicted blocks by cause are counted the same way. In-flight requests and orphaned bytes: of each node's and
-    scope's last row, summed. Raises ``KeyError`` for an unknown window.
+    Windows of an hour and longer (``WINDOW_TIERS``) read the occupancy summed over nodes (``ScopeSeries``, one
+    row per release or request group and bucket of the window's width, ``dashboard.telemetry.series``): a
+    release's value in a bucket is that row's bytes (the release's, or the selected request group's, bytes summed
+    over nodes, averaged over the bucket as the tiers average), ``None`` without a row; counters are the increases
+    in it; in-flight requests and orphaned bytes those of the release's newest bucket. Those rows are written by the
+    rollup for each minute ``series.SETTLE_SECONDS`` after it ends (coarser buckets when complete): the newest
+    minutes are not shown yet. At most ``CHART_MAX_SERIES`` series (the rest summed in one).
+
+    The 15-minute window reads every node's samples: in each bucket, a node's value for one scope (release and
+    request group) is the sample-weighted average of its rows in that bucket (rollup rows weigh ``samples``;
+    rounded half up); a release's value is the sum of those over nodes and request groups; ``None`` when no row of
+    the release fell in the bucket. Hit and miss blocks count the increases of the agents' cumulative counters
+    between consecutive rows (a decrease is an agent restart: the new value counts from zero); an increase counts
+    in the bucket of the row that ends it. Evicted blocks by cause are counted the same way. In-flight requests
+    and orphaned bytes: of each node's and scope's last row, summed. Raises ``KeyError`` for an unknown window.
     """
     length, width = WINDOWS[window]
     filters = filters or OccupancyFilter()
@@ -264,6 +312,45 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     start = _floor(end - timedelta(seconds=length), width)
     count = int((end - start).total_seconds() // width) + 1
     buckets = [start + timedelta(seconds=width * i) for i in range(count)]
+    tier = WINDOW_TIERS[window]
+    if tier is None:
+        rows = _sample_rows(filters, start, end, width, count)
+    else:
+        rows = _tier_rows(filters, tier, start, end, width, count)
+    return _assemble(rows, window, width, start, end, buckets)
+
+
+def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
+               count: int) -> list[tuple]:
+    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows
+    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise)."""
+    if tier != width:
+        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
+    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
+    if filters.request_group is None:
+        base = base.filter(request_group__isnull=True)  # the release rows
+    base_sql, base_params = base.values("ts", *_RELEASE, "bytes", "in_flight_requests", "orphaned_bytes",
+                                        *_COUNTERS).query.sql_with_params()
+    settings_sql = vendor_sql.analytic_settings(connection.vendor)
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
+            cursor.execute(statement)
+        cursor.execute(_tier_sql(connection.vendor, base_sql),
+                       [int(start.timestamp()), width, count - 1, *base_params, *[CHART_MAX_SERIES] * 3])
+        cells = cursor.fetchall()
+    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
+    # the releases beyond the cap under the key (None, None, None), their number last
+    newest: dict[tuple, tuple] = {}
+    for cell in cells:
+        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
+            newest[cell[1:4]] = cell
+    return [*((0, cell[0], *cell[1:4], cell[4], cell[-1], *cell[7:-1]) for cell in cells),
+            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
+
+
+def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width: int, count: int) -> list[tuple]:
+    """``_series_sql``'s rows for ``filters`` over ``[start, end]`` from every node's samples."""
     # every level: each time is held by one (a rollup deletes what it folds); level IN (...) lets the (level, ts)
     # indexes serve the time range
     base = filters.apply(OccupancySample.objects.filter(level__in=list(OccupancySample.Level.values),
@@ -277,21 +364,58 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             cursor.execute(statement)
         cursor.execute(_series_sql(connection.vendor, base_sql),
                        [int(start.timestamp()), width, count - 1, *base_params])
-        rows = cursor.fetchall()
+        return _capped(cursor.fetchall())
+
+
+def _capped(rows: list[tuple]) -> list[tuple]:
+    """``_series_sql``'s rows with the releases beyond ``CHART_MAX_SERIES`` (ranked as ``_tier_sql`` ranks them)
+    summed under the key ``(None, None, None)``, their number in kind 0 rows' ``b``."""
+    totals: dict[tuple, int] = defaultdict(int)
+    for row in rows:
+        if row[0] == 0:
+            totals[row[2:5]] += int(row[5])
+    ranked = sorted(totals, key=lambda key: (-totals[key], key))
+    if len(ranked) <= CHART_MAX_SERIES:
+        return rows
+    kept = set(ranked[:CHART_MAX_SERIES])
+    others = len(ranked) - CHART_MAX_SERIES
+    out = [row for row in rows if row[2:5] in kept]
+    merged: dict[tuple[int, int], list[int]] = {}
+    for row in rows:
+        if row[2:5] in kept:
+            continue
+        cell = merged.setdefault((row[0], row[1]), [0] * (len(row) - 5))
+        for n, value in enumerate(row[5:]):
+            cell[n] += int(value)
+    for (kind, index), (first, second, *counters) in merged.items():
+        out.append((kind, index, None, None, None, first, others if kind == 0 else second, *counters))
+    return out
+
+
+def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: datetime,
+              buckets: list[datetime]) -> OccupancySeries:
+    """The ``OccupancySeries`` of ``_series_sql`` / ``_tier_sql`` rows."""
+    count = len(buckets)
     data: dict[CacheScope, list[int | None]] = {}
     per_bucket: dict[CacheScope, list[list[int]]] = {}
     last: dict[CacheScope, tuple[int, int]] = {}
+    other_key, others = CacheScope("", "", ""), 0  # the releases beyond CHART_MAX_SERIES (key None in the rows)
     for kind, index, tenant_id, model, namespace, first, second, *counters in rows:
-        key = CacheScope(tenant_id, model, namespace)  # the whole release
+        key = CacheScope(tenant_id, model, namespace) if tenant_id is not None else other_key  # the whole release
         if kind == 1:
             last[key] = (int(first), int(second))
             continue
-        data.setdefault(key, [None] * count)[index] = int(first)
-        columns = per_bucket.setdefault(key, [[0] * count for _ in _COUNTERS])
-        for column, value in zip(columns, counters, strict=True):
+        if tenant_id is None:
+            others = int(second)
+        values = data.get(key)
+        if values is None:  # the lists are made once per release, not per row
+            values = data[key] = [None] * count
+            per_bucket[key] = [[0] * count for _ in _COUNTERS]
+        values[index] = int(first)
+        for column, value in zip(per_bucket[key], counters, strict=True):
             column[index] = int(value)
     series = []
-    for key in sorted(data):
+    for key in [*sorted(key for key in data if key is not other_key), *([other_key] if others else [])]:
         values, columns = data[key], per_bucket[key]
         present = [value for value in values if value is not None]
         totals = [sum(column) for column in columns]
@@ -305,6 +429,7 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
             hit_blocks_data=columns[0], miss_blocks_data=columns[1],
             evicted_blocks={cause: totals[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
             evicted_blocks_data={cause: columns[2 + n] for n, cause in enumerate(EVICTION_CAUSES)},
+            other=others if key is other_key else 0,
         ))
     return OccupancySeries(window=window, bucket_seconds=width, start=start, end=end, buckets=buckets,
                            series=series)

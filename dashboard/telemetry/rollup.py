@@ -18,10 +18,13 @@ PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique 
 ``dashboard_occ_rollup_key`` (rollup levels only: raw rows may repeat a key, two reports of one node may carry
 the same ``sent_at``) is the conflict target.
 
-Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master quota samples older than
-``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than the 1-minute horizon (a duplicate
-delivered later than that would be stored again), engine facts (``InstanceStats``) no report refreshed within
-that horizon, and config versions older than the retention except each node's newest; each is one ``DELETE``.
+Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
+last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
+tiers' retention applied. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master
+quota samples older than ``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than the
+1-minute horizon (a duplicate delivered later than that would be stored again), engine facts (``InstanceStats``) no
+report refreshed within that horizon, and config versions older than the retention except each node's newest; each
+is one ``DELETE``.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from dashboard.models import (
     OccupancySample,
     Report,
 )
-from dashboard.telemetry import vendor_sql
+from dashboard.telemetry import series, vendor_sql
 
 log = logging.getLogger("kvpool.dashboard.rollup")
 
@@ -128,18 +131,32 @@ def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int
         return cursor.rowcount
 
 
-def _fold(source: int, target: int, cutoff: datetime, chunk_seconds: int) -> int:
+def _fold(source: int, target: int, cutoff: datetime, chunk_seconds: int,
+          changed: list[tuple[datetime, datetime]] | None = None) -> int:
     """Fold rows of level ``source`` older than ``cutoff`` (a ``target`` bucket start) into level ``target``, a
-    ``chunk_seconds`` time range per transaction, oldest first; returns rows folded. A row that arrives for a
-    range already passed waits for the next run."""
+    ``chunk_seconds`` time range per transaction, oldest first; returns rows folded, and appends each range folded
+    to ``changed``. A row that arrives for a range already passed waits for the next run."""
     folded = 0
     rows = OccupancySample.objects.filter(level=source, ts__lt=cutoff)
     while (first := rows.aggregate(first=Min("ts"))["first"]) is not None:
         start = _floor_seconds(first, chunk_seconds)
         end = min(start + timedelta(seconds=chunk_seconds), cutoff)
         folded += _fold_chunk(source, target, start, end)
+        if changed is not None:
+            changed.append((start, end))
         rows = rows.filter(ts__gte=end)
     return folded
+
+
+def _spans(ranges: list[tuple[datetime, datetime]]) -> list[tuple[datetime, datetime]]:
+    """``ranges`` (in order) with adjacent or overlapping ones merged."""
+    spans: list[tuple[datetime, datetime]] = []
+    for start, end in ranges:
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+        else:
+            spans.append((start, end))
+    return spans
 
 
 def _old_config_versions(cutoff: datetime):
@@ -149,17 +166,26 @@ def _old_config_versions(cutoff: datetime):
 
 
 def rollup(now: datetime | None = None) -> dict[str, int]:
-    """Run both folds and the retention; returns counts per step (JSON-ready): ``raw_folded``,
-    ``minute_folded`` (source rows folded), ``hour_deleted``, ``receipts_deleted``, ``acks_deleted``,
+    """Run both folds, the occupancy summed over nodes (``dashboard.telemetry.series``: new minutes, the minutes
+    folded again) and the retention; returns counts per step (JSON-ready): ``raw_folded``, ``minute_folded`` (source
+    rows folded), ``series_minutes`` (new minutes summed), ``series_deleted`` (series rows past retention),
+    ``hour_deleted``, ``receipts_deleted``, ``acks_deleted``,
     ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
     now = now or timezone.now()
     raw_cutoff = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS))
     minute_cutoff = floor_hour(now - timedelta(seconds=settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS))
     retention_cutoff = now - timedelta(seconds=settings.KVPOOL_RETENTION_SECONDS)
+    folded: list[tuple[datetime, datetime]] = []
     counts = {
-        "raw_folded": _fold(Level.RAW, Level.MINUTE, raw_cutoff, RAW_CHUNK_SECONDS),
+        "raw_folded": _fold(Level.RAW, Level.MINUTE, raw_cutoff, RAW_CHUNK_SECONDS, folded),
         "minute_folded": _fold(Level.MINUTE, Level.HOUR, minute_cutoff, MINUTE_CHUNK_SECONDS),
     }
+    written = series.summarize(now)
+    counts["series_minutes"] = 0 if written is None else int((written[1] - written[0]).total_seconds() // 60)
+    for span in _spans(folded):  # minutes folded whose samples changed since they were summed (late ones)
+        for start, end in series.changed(*span):
+            series.resummarize(start, end, now)
+    counts["series_deleted"] = series.prune(now)
     counts["hour_deleted"] = OccupancySample.objects.filter(level=Level.HOUR, ts__lt=retention_cutoff).delete()[0]
     counts["receipts_deleted"] = Report.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
     counts["acks_deleted"] = ConfigAck.objects.filter(sent_at__lt=minute_cutoff).delete()[0]

@@ -16,9 +16,14 @@ def _check(vendor: str) -> None:
 
 
 def bucket_start(vendor: str, column: str, seconds: int) -> str:
-    """Start of the UTC minute (``seconds`` 60) or hour (3600) holding the datetime ``column``, as the backend
-    stores datetimes (so it compares equal to a stored bucket start)."""
+    """Start of the UTC minute (``seconds`` 60), hour (3600) or other interval of ``seconds`` counted from the epoch
+    (300: 5 minutes; a divisor of a day) holding the datetime ``column``, as the backend stores datetimes (so it
+    compares equal to a stored bucket start)."""
     _check(vendor)
+    if seconds not in _UNITS:
+        if vendor == "postgresql":
+            return f"date_bin('{seconds} seconds', {column}, TIMESTAMPTZ '1970-01-01 00:00:00+00')"
+        return f"datetime({epoch_seconds(vendor, column)} / {seconds} * {seconds}, 'unixepoch')"
     unit = _UNITS[seconds]
     if vendor == "postgresql":
         return f"date_trunc('{unit}', {column}, 'UTC')"

@@ -64,7 +64,7 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
         "series": series, "filters": filters, "window": window,
         "windows": WINDOW_LABELS, "rows": rows, "tabulated": tabulated, "table_max": DATA_TABLE_MAX_SERIES,
         "error": error,
-        "quota_lines": quota_lines(filters, [s.key for s in series.series]),
+        "quota_lines": quota_lines(filters, [s.key for s in series.series if not s.other]),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }
     return render(request, "ui/occupancy.html", context, status=status)
@@ -87,6 +87,7 @@ def occupancy_data(request: HttpRequest) -> JsonResponse:
     filters = occupancy_filter(request)
     series = occupancy_series(window, filters)
     payload = series.as_dict()
-    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, [s.key for s in series.series])]
+    shown = [s.key for s in series.series if not s.other]  # the releases of their own (not the rest summed)
+    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, shown)]
     payload["filters"] = {name: getattr(filters, name) for name in CacheScope._fields}
     return JsonResponse(payload)

@@ -16,6 +16,7 @@ from dashboard.telemetry.queries import (
     current_occupancy,
     occupancy_series,
 )
+from dashboard.telemetry.series import summarize
 from tests.support.rows import sample
 
 pytestmark = pytest.mark.django_db
@@ -32,6 +33,7 @@ def test_nodes_are_averaged_within_a_bucket_then_summed():
     sample(ts=at(115), node="node-a", size=100)
     sample(ts=at(105), node="node-a", size=300)
     sample(ts=at(110), node="node-b", size=50)
+    summarize(NOW)  # the 1h window reads the occupancy summed over nodes per minute
     series = occupancy_series("1h", now=NOW)
     assert series.bucket_seconds == 60 and len(series.series) == 1
     data = series.series[0].data
@@ -62,14 +64,18 @@ def test_one_series_per_namespace_sorted_with_labels():
 
 
 def test_rollup_levels_are_read_with_their_sample_weights():
-    # 7d window -> 2 h buckets: one hour row (average of 60 samples) and raw rows weigh by samples.
-    bucket_start = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
-    sample(ts=bucket_start, level=Level.HOUR, size=1000, samples=60)
-    sample(ts=bucket_start + timedelta(hours=1), level=Level.MINUTE, size=4000, samples=20)
-    series = occupancy_series("7d", now=NOW)
-    index = series.buckets.index(bucket_start)
-    assert series.series[0].data[index] == round((1000 * 60 + 4000 * 20) / 80)
+    # a 1-minute row (average of 6 samples) and a raw row of the same minute weigh by samples
+    minute = datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
+    sample(ts=minute, level=Level.MINUTE, size=1000, samples=6)
+    sample(ts=minute + timedelta(seconds=55), size=4000)
+    summarize(NOW)
+    series = occupancy_series("1h", now=NOW)
+    index = series.buckets.index(minute)
+    assert series.series[0].data[index] == round((1000 * 6 + 4000) / 7)
     assert series.series[0].peak_bytes == series.series[0].data[index]
+    # 15 minutes -> 30 s buckets from the samples: the minute row alone in its bucket, the raw one in the next
+    samples = occupancy_series("15m", now=NOW)
+    assert [value for value in samples.series[0].data if value is not None] == [1000, 4000]
 
 
 def test_gaps_stay_empty_and_summary_numbers():

@@ -1,0 +1,263 @@
+"""Occupancy summed over nodes per cache scope and per release (``ScopeSeries``): written by the rollup, read by
+the occupancy chart for windows of an hour and longer, so a chart reads one row per release (or request group)
+and bucket instead of every node's samples (issue 17: 1,000 nodes × 10,000 cache scopes).
+
+Tiers, each computed set-based in SQL (``DELETE`` of the range, then ``INSERT ... SELECT ... GROUP BY``, in one
+transaction under an advisory lock on PostgreSQL):
+
+* **1 minute**, from the ``OccupancySample`` rows of the minute (any level): per node and cache scope the
+  sample-weighted average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up),
+  then summed over nodes; counters (hit, miss, evicted blocks by cause) as the increases between each node's
+  consecutive rows (``LAG``; a decrease is an agent restart: the new value counts from zero), counted in the minute
+  of the later row, summed; ``samples`` the samples summed (a rollup row weighs its ``samples``). An increase
+  counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
+  silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
+  changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
+  the minute.
+* **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
+  tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
+  and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
+  summed. A coarser bucket is written once every finer bucket of it is.
+
+``summarize(now)`` (each rollup run) computes the minutes from the newest 1-minute bucket written up to
+``SETTLE_SECONDS`` before ``now``. Folding a minute's raw samples into a 1-minute row changes none of its values
+(weighted averages, the largest counter, the samples summed; but an agent restart within the minute), so after a
+fold ``changed(start, end)`` finds the minutes whose samples no longer add up to the series' ``samples`` (a sample
+stored after its minute was summed: late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them
+again, with the coarser buckets over them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters
+the series when the rollup folds it (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the
+1-minute tier's retention by then.
+``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5- and 15-minute
+rows the larger of 2 days and that + 1 hour, coarser rows ``KVPOOL_RETENTION_SECONDS``.
+"""
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+
+from dashboard.models import OccupancySample, ScopeSeries
+from dashboard.telemetry import vendor_sql
+
+Width = ScopeSeries.Width
+#: Seconds after a minute ends before it is summed (reports are sent every 10 s and stored within seconds).
+SETTLE_SECONDS = 30
+#: Most minutes between the minutes of a node's consecutive samples of a scope for its counters' increase to count
+#: (each minute summed reads the samples of that many minutes before it too).
+LOOKBACK_MINUTES = 1
+#: Seconds of samples summed per transaction (at the issue's fleet: ~3M raw rows).
+CHUNK_SECONDS = 600
+#: ``pg_advisory_xact_lock`` key serializing the writes of concurrent rollups to the series ("kvpool-series").
+ADVISORY_LOCK = 0x6B76_706F_6F6C_0002
+
+_COUNTERS = ScopeSeries.COUNTERS
+_SCOPE = ScopeSeries.SCOPE
+_RELEASE = ("tenant_id", "served_model_name", "namespace")
+_GAUGES = ScopeSeries.GAUGES
+_COLUMNS = (*_SCOPE, *_GAUGES, *_COUNTERS, "samples")
+#: Each coarser tier and the finer one it is made of (its width divides the coarser one's), in order.
+_FINER = {Width.FIVE_MINUTES: Width.MINUTE, Width.QUARTER_HOUR: Width.FIVE_MINUTES, Width.HOUR: Width.QUARTER_HOUR,
+          Width.TWO_HOURS: Width.HOUR, Width.SIX_HOURS: Width.TWO_HOURS}
+
+
+def _floor(ts: datetime, seconds: int) -> datetime:
+    epoch = int(ts.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
+
+
+def _ceil(ts: datetime, seconds: int) -> datetime:
+    floor = _floor(ts, seconds)
+    return floor if floor == ts else floor + timedelta(seconds=seconds)
+
+
+def minute_keep_seconds() -> int:
+    """Seconds the 1-minute rows are kept: the raw horizon + 1 hour (a fold recomputes them until then)."""
+    return settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS + 3600
+
+
+def five_minute_keep_seconds() -> int:
+    """Seconds the 5- and 15-minute rows are kept: 2 days (the 6- and 24-hour charts read them), or the 1-minute
+    rows' + 1 hour."""
+    return max(2 * 86400, minute_keep_seconds() + 3600)
+
+
+def _table() -> str:
+    return connection.ops.quote_name(ScopeSeries._meta.db_table)
+
+
+def _params(**values) -> dict:
+    return {name: connection.ops.adapt_datetimefield_value(value) if isinstance(value, datetime) else value
+            for name, value in values.items()}
+
+
+def _minute_sql(vendor: str) -> str:
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on)."""
+    samples = connection.ops.quote_name(OccupancySample._meta.db_table)
+    pair = ("node_name", *_SCOPE)
+    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in pair)
+    bucket = vendor_sql.bucket_start(vendor, "ts", 60)
+    lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
+    gap = f"{vendor_sql.epoch_seconds(vendor, 'ts')} / 60 - {vendor_sql.epoch_seconds(vendor, 'prev_ts')} / 60"
+    increases = ", ".join(
+        f"sum(CASE WHEN prev_ts IS NULL OR {gap} > {LOOKBACK_MINUTES} THEN 0 "
+        f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
+    averages = ", ".join(vendor_sql.half_up_average(
+        vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
+        for name in _GAUGES)
+    return f"""
+        WITH rows AS (
+            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes,
+                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight, in_flight_requests, orphaned_bytes,
+                   {", ".join(_COUNTERS)}, {lags}, LAG(ts) OVER w AS prev_ts
+            FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
+            WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
+        ), cells AS (
+            SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
+            FROM rows WHERE ts >= %(start)s GROUP BY bucket, {", ".join(pair)}
+        )
+        INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
+        SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
+               {", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))}
+        FROM cells GROUP BY bucket, {", ".join(_SCOPE)}
+    """
+
+
+def _release_sql() -> str:
+    """The release rows (``request_group`` NULL) of one width over ``[start, end)``: its scope rows summed."""
+    sums = ", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))
+    return (f"INSERT INTO {_table()} (width, ts, {', '.join(_COLUMNS)}) "
+            f"SELECT width, ts, {', '.join(_RELEASE)}, NULL, {sums} FROM {_table()} "
+            f"WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s AND request_group IS NOT NULL "
+            f"GROUP BY width, ts, {', '.join(_RELEASE)}")
+
+
+def _coarser_sql(vendor: str, width: int) -> str:
+    """The ``width`` rows (scopes and releases) of ``[start, end)`` from the finer tier's rows."""
+    bucket = vendor_sql.bucket_start(vendor, "ts", width)
+    scope = ", ".join(_SCOPE)
+    means = ", ".join(vendor_sql.half_up_average(vendor, f"sum({name})", "count(*)") for name in _GAUGES)
+    return f"""
+        INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
+        SELECT {int(width)}, bucket, {scope}, {means}, {", ".join(f"sum({name})" for name in (*_COUNTERS, "samples"))}
+        FROM (SELECT *, {bucket} AS bucket FROM {_table()}
+              WHERE width = %(finer)s AND ts >= %(start)s AND ts < %(end)s) finer
+        GROUP BY bucket, {scope}
+    """
+
+
+def _write(width: int, start: datetime, end: datetime) -> None:
+    """Recompute the ``width`` rows of ``[start, end)`` (bucket starts of ``width``), in one transaction."""
+    if start >= end:
+        return
+    vendor = connection.vendor
+    params = _params(width=int(width), start=start, end=end,
+                     lookback=start - timedelta(minutes=LOOKBACK_MINUTES), finer=int(_FINER.get(width, 0)))
+    with transaction.atomic(), connection.cursor() as cursor:
+        if vendor == "postgresql":
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        cursor.execute(f"DELETE FROM {_table()} WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s",
+                       params)
+        if width == Width.MINUTE:
+            cursor.execute(_minute_sql(vendor), params)
+            cursor.execute(_release_sql(), params)
+        else:
+            cursor.execute(_coarser_sql(vendor, width), params)
+
+
+def resummarize(start: datetime, end: datetime, now: datetime) -> None:
+    """Recompute the 1-minute rows of ``[start, end)`` (rounded out to whole minutes) and of the
+    ``LOOKBACK_MINUTES`` after it (``CHUNK_SECONDS`` per transaction), and the 5-minute and 1-hour buckets over
+    them that are complete (every finer bucket of them written up to the newest 1-minute bucket), within the
+    1-minute tier's retention (older samples are left out)."""
+    watermark = _watermark()
+    if watermark is None:
+        return
+    oldest = _ceil(now - timedelta(seconds=minute_keep_seconds()), Width.FIVE_MINUTES)
+    start = max(_floor(start, Width.MINUTE), oldest)
+    # the next minutes' increases may start from these samples
+    end = min(_ceil(end, Width.MINUTE) + timedelta(minutes=LOOKBACK_MINUTES), watermark)
+    if start >= end:
+        return
+    chunk = start
+    while chunk < end:
+        stop = min(_floor(chunk, CHUNK_SECONDS) + timedelta(seconds=CHUNK_SECONDS), end)
+        _write(Width.MINUTE, chunk, stop)
+        chunk = stop
+    for width in _FINER:
+        start = _floor(start, width)
+        end = min(_ceil(end, width), _floor(watermark, width))
+        _write(width, start, end)
+
+
+def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
+    """The minutes of ``[start, end)`` (whole minutes) where a cache scope's samples (of every level, each weighing
+    its ``samples``) do not add up to the ``samples`` of its row in the 1-minute tier, as ranges of adjacent
+    minutes."""
+    vendor = connection.vendor
+    samples = connection.ops.quote_name(OccupancySample._meta.db_table)
+    bucket = vendor_sql.bucket_start(vendor, "ts", 60)
+    scope = ", ".join(_SCOPE)
+    params = _params(start=_floor(start, 60), end=_ceil(end, 60))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {bucket}, {scope}, sum(CASE WHEN samples > 1 THEN samples ELSE 1 END) FROM {samples} "
+                       f"WHERE ts >= %(start)s AND ts < %(end)s GROUP BY {bucket}, {scope}", params)
+        stored = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+        cursor.execute(f"SELECT ts, {scope}, samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
+                       f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s", params)
+        summed = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+    ranges: list[tuple[datetime, datetime]] = []
+    for minute in sorted({key[0] for key in stored.keys() | summed.keys() if stored.get(key) != summed.get(key)}):
+        if ranges and ranges[-1][1] == minute:
+            ranges[-1] = (ranges[-1][0], minute + timedelta(minutes=1))
+        else:
+            ranges.append((minute, minute + timedelta(minutes=1)))
+    return ranges
+
+
+def _aware(value) -> datetime:
+    """A bucket start as the backend returns it (a datetime, or SQLite's text) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _watermark() -> datetime | None:
+    """End of the newest 1-minute bucket written (``None`` before the first)."""
+    newest = ScopeSeries.objects.filter(width=Width.MINUTE).aggregate(newest=Max("ts"))["newest"]
+    return None if newest is None else newest + timedelta(seconds=Width.MINUTE)
+
+
+def summarize(now: datetime) -> tuple[datetime, datetime] | None:
+    """Write the minutes from the newest 1-minute bucket written (the first time: the 1-minute tier's retention
+    ago) up to ``SETTLE_SECONDS`` before ``now``, and the coarser buckets they complete; returns the range of
+    minutes written, ``None`` when there was none."""
+    end = _floor(now - timedelta(seconds=SETTLE_SECONDS), Width.MINUTE)
+    watermark = _watermark()
+    oldest = _ceil(now - timedelta(seconds=minute_keep_seconds()), Width.FIVE_MINUTES)
+    start = oldest if watermark is None or watermark < oldest else watermark
+    if start >= end:
+        return None
+    chunk = start
+    while chunk < end:
+        stop = min(_floor(chunk, CHUNK_SECONDS) + timedelta(seconds=CHUNK_SECONDS), end)
+        _write(Width.MINUTE, chunk, stop)
+        chunk = stop
+    if _watermark() is None:  # no sample at all yet: nothing to coarsen, start over next time
+        return None
+    # a coarser bucket from before ``start`` (the 1-minute tier's retention) would lack finer rows: from ``start`` on
+    for width in _FINER:
+        _write(width, _floor(start, width), _floor(end, width))
+    return start, end
+
+
+def prune(now: datetime) -> int:
+    """Delete the rows older than each tier's retention (module docstring); returns the rows deleted."""
+    deleted = 0
+    for width, seconds in ((Width.MINUTE, minute_keep_seconds()), (Width.FIVE_MINUTES, five_minute_keep_seconds()),
+                           (Width.QUARTER_HOUR, five_minute_keep_seconds()),
+                           *((width, settings.KVPOOL_RETENTION_SECONDS)
+                             for width in (Width.HOUR, Width.TWO_HOURS, Width.SIX_HOURS))):
+        deleted += ScopeSeries.objects.filter(width=width, ts__lt=now - timedelta(seconds=seconds)).delete()[0]
+    return deleted
