@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import time
@@ -66,6 +67,29 @@ def add_telemetry(fleet, *, alive: int | None = None, silent: int = 0, reports: 
         OccupancySample.objects.bulk_create(rows, batch_size=5000)
         written += len(rows)
     return written
+
+
+def apply_documents(fleet) -> int:
+    """Render and store every node's config document (``dashboard.rollout.push.ensure_versions``, as a push does,
+    without sending) and mark it applied by the agent of every node that has sent a heartbeat (what its ack does).
+    Returns the number of documents marked applied.
+
+    ``fleet``: a ``bench.fleet_registry.Fleet`` built in the current database, after ``add_telemetry``."""
+    from django.db.models import F
+
+    from dashboard.models import NodeState
+    from dashboard.rollout.push import ensure_versions
+    from tenants.models import Node
+
+    push_log = logging.getLogger("kvpool.dashboard.push")
+    level = push_log.level
+    push_log.setLevel(logging.WARNING)  # one line per node otherwise
+    try:
+        ensure_versions(Node.objects.filter(name__in=fleet.node_names))
+    finally:
+        push_log.setLevel(level)
+    return NodeState.objects.filter(node_name__in=fleet.node_names, heartbeat_at__isnull=False).update(
+        applied_version=F("desired_version"), applied_digest=F("desired_digest"))
 
 
 def measure(client, url: str, rounds: int) -> tuple[float, int]:
