@@ -160,9 +160,10 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks, use
 
 
 def node_rows() -> list[dict]:
-    """Registry nodes and nodes known only from telemetry, each with its state and drift flags."""
+    """Registry nodes and nodes known only from telemetry, each with its state and drift flags (``node``: the
+    registry's ``Node`` with its name and pk only, for the link)."""
     states = {state.node_name: state for state in NodeState.objects.all()}
-    nodes = {node.name: node for node in Node.objects.all()}
+    nodes = {node.name: node for node in Node.objects.only("name")}
     rows = []
     for name in sorted(set(nodes) | set(states)):
         state = states.get(name)
