@@ -243,17 +243,53 @@ def _applied_spec(instance: _InstanceFields) -> dict[str, Any]:
     return {name: getattr(instance, name) for name in ("instance_id", *_PRESCRIBED)}
 
 
+#: Decoded config documents kept by this process, by ``(node_name, version, digest, created_at)``: a stored document
+#: never changes and its digest names it (``dashboard.rollout.push``; the creation time tells apart a version of a
+#: restored or rebuilt database), so a checklist run decodes only the versions stored since the last one (as
+#: ``dashboard.telemetry.report_scope`` keeps their scopes). Cleared when it would hold more than
+#: ``DOCUMENT_CACHE_ENTRIES`` (1,000 nodes keep about one version each).
+_document_cache: dict[tuple[str, int, str, datetime], list[_InstanceFields]] = {}
+DOCUMENT_CACHE_ENTRIES = 20_000
+#: Documents read per query when they are not in the cache.
+_DOCUMENTS_PER_QUERY = 500
+
+
+def _decoded(versions: list[tuple[int, str, int, str, datetime]]) -> dict[int, list[_InstanceFields]]:
+    """``{pk: instances}`` of ``versions`` (``(pk, node_name, version, digest, created_at)`` of ``ConfigVersion``
+    rows), from the process's cache or, for the others, read as JSON text ``_DOCUMENTS_PER_QUERY`` at a time and
+    decoded (``_instances``)."""
+    found: dict[int, list[_InstanceFields]] = {}
+    unseen: dict[int, tuple[str, int, str, datetime]] = {}
+    for pk, node, version, digest, created_at in versions:
+        key = (node, version, digest, created_at)
+        known = _document_cache.get(key)
+        if known is None:
+            unseen[pk] = key
+        else:
+            found[pk] = known
+    if len(_document_cache) + len(unseen) > DOCUMENT_CACHE_ENTRIES:
+        _document_cache.clear()
+    pks = list(unseen)
+    for start in range(0, len(pks), _DOCUMENTS_PER_QUERY):
+        rows = (ConfigVersion.objects.filter(pk__in=pks[start:start + _DOCUMENTS_PER_QUERY])
+                .annotate(text=Cast("document", TextField())).values_list("pk", "text"))
+        for pk, text in rows:
+            found[pk] = _document_cache[unseen[pk]] = _instances(text)
+    return found
+
+
 def _read_documents(now: datetime) -> _Documents:
-    """One query: the versions of the last ``CONFIG_HISTORY_DAYS`` and the applied ones (of any age), as JSON text
-    decoded by ``_instances``."""
+    """The versions of the last ``CONFIG_HISTORY_DAYS`` and the applied ones (of any age): one query for which they
+    are, then their documents (``_decoded``: only those this process has not decoded before)."""
     cutoff = now - timedelta(days=CONFIG_HISTORY_DAYS)
-    rows = (ConfigVersion.objects.filter(Q(created_at__gte=cutoff) | _applied_version())
-            .annotate(applied=_applied_version(), text=Cast("document", TextField()))
-            .order_by("node_name", "version").values_list("node_name", "version", "created_at", "applied", "text"))
+    rows = list(ConfigVersion.objects.filter(Q(created_at__gte=cutoff) | _applied_version())
+                .annotate(applied=_applied_version()).order_by("node_name", "version")
+                .values_list("pk", "node_name", "version", "digest", "created_at", "applied"))
+    documents = _decoded([row[:5] for row in rows])
     history: list[tuple[str, int, list[_InstanceFields]]] = []
     applied: dict[tuple[str, str], dict[str, Any]] = {}
-    for node, version, created_at, is_applied, text in rows.iterator(chunk_size=200):
-        instances = _instances(text)
+    for pk, node, version, _digest, created_at, is_applied in rows:
+        instances = documents[pk]
         if created_at >= cutoff:
             history.append((node, version, instances))
         if is_applied:
@@ -383,7 +419,8 @@ def applied_instances(nodes: Iterable[str] | None = None) -> dict[tuple[str, str
 
     The document is the stored ``ConfigVersion`` whose digest equals the node's applied digest (from its
     newest ack or heartbeat); nodes whose digest matches no stored version contribute nothing. One query (a join
-    on node name and digest); within a checklist run (``run_checks``) the whole fleet's is read once: with the
+    on node name and digest), and one per ``_DOCUMENTS_PER_QUERY`` documents this process has not decoded before
+    (``_decoded``); within a checklist run (``run_checks``) the whole fleet's is read once: with the
     history when a check read that already (``_documents``), else alone.
     """
     memo = _RUN.get()
@@ -398,10 +435,11 @@ def _read_applied_instances(nodes: Iterable[str] | None = None) -> dict[tuple[st
     versions = ConfigVersion.objects.filter(_applied_version())
     if nodes is not None:
         versions = versions.filter(node_name__in=list(nodes))
+    rows = list(versions.values_list("pk", "node_name", "version", "digest", "created_at"))
+    documents = _decoded(rows)
     result: dict[tuple[str, str], dict[str, Any]] = {}
-    rows = versions.annotate(text=Cast("document", TextField())).values_list("node_name", "text")
-    for node, text in rows.iterator(chunk_size=200):
-        for instance in _instances(text):
+    for pk, node, *_ in rows:
+        for instance in documents[pk]:
             result[(node, str(instance.instance_id))] = _applied_spec(instance)
     return result
 

@@ -297,6 +297,27 @@ def test_a_healthy_fleet_passes_the_rewritten_checks_as_brute_force_does():
     assert checks["names_stable"].summary.startswith(f"{sum(map(len, fleet.scopes_by_node.values()))} reported")
 
 
+def test_a_run_decodes_only_the_documents_this_process_has_not_decoded():
+    from dashboard import checklist
+
+    fleet = build_fleet(**SHAPE)
+    add_telemetry(fleet, reports=1, per_scope=True)
+    apply_documents(fleet)
+    checklist._document_cache.clear()
+    with CaptureQueriesContext(connection) as cold:
+        first = run_checks()
+    with CaptureQueriesContext(connection) as warm:
+        second = run_checks()
+    documents = [q["sql"] for q in cold.captured_queries if "::text" in q["sql"] or "AS TEXT" in q["sql"].upper()]
+    assert len(cold) == len(warm) + 1 and len(documents) == 1  # the documents, read once, in one query
+    assert [c.as_dict() for c in first] == [c.as_dict() for c in second]
+    node = fleet.node_names[0]
+    _apply(node, _new_version(node, lambda xs: [{**xs[0], "hash_seed": "999"}, *xs[1:]]))
+    pd = {check.key: check for check in run_checks()}["pd_identical"]
+    assert not pd.passed and pd.details == [line for line in brute_pd_identical(timezone.now())[2]]
+    assert any("hash_seed '999'" in line for line in pd.details)
+
+
 def test_tenant_overlaps_reads_the_occupancy_of_the_overlapping_tenants_only():
     from dashboard.rollout.upgrade import start_upgrade, tenant_overlaps
     from dashboard.telemetry.queries import current_occupancy
