@@ -61,17 +61,25 @@ And the faults (``bench.faults``):
 12. ``nodes_reporting`` — every registered node's agent sent a heartbeat within
     ``KVPOOL_HEARTBEAT_SILENCE_SECONDS``.
 
-Each check reads the database only (registry, config versions, node states, telemetry, audit log).
+Each check reads the database only (registry, config versions, node states, telemetry, audit log), in a number of
+queries that does not grow with the fleet, and reads columns rather than model objects where it reads every row
+(issue 17: 10,000 instances, 1,000 nodes' documents). One run (``run_checks``, ``run_check``) reads what several
+checks share once: the stored config documents, each decoded once into the fields the checks read
+(``_read_documents``), and the observed engines.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Max
+import msgspec
+from django.db.models import Count, Exists, Max, OuterRef, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from agent.contract.keys import sglang_model_component
@@ -129,6 +137,37 @@ class CheckResult:
                 "details": self.shown_details, "details_total": self.details_total}
 
 
+#: What the checks of one run share (``applied_instances``, ``_observed_engines``), by name; ``None`` outside a run.
+_RUN: ContextVar[dict[str, Any] | None] = ContextVar("kvpool_checklist_run", default=None)
+#: The ``now`` of the checklist run under way (what its shared values are computed for).
+_RUN_NOW: ContextVar[datetime | None] = ContextVar("kvpool_checklist_now", default=None)
+
+
+@contextmanager
+def _checklist_run(now: datetime) -> Iterator[None]:
+    """Within the block, ``_once`` computes each shared value once, for ``now`` (one checklist run reads the stored
+    config documents once, not once per check). Nested runs share the outer one's values."""
+    if _RUN.get() is not None:
+        yield
+        return
+    token, now_token = _RUN.set({}), _RUN_NOW.set(now)
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
+        _RUN_NOW.reset(now_token)
+
+
+def _once(name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``, or within a checklist run (``_checklist_run``) its value computed earlier in the run."""
+    memo = _RUN.get()
+    if memo is None:
+        return compute()
+    if name not in memo:
+        memo[name] = compute()
+    return memo[name]
+
+
 def _capped(lines: list[str]) -> list[str]:
     if len(lines) <= MAX_DETAILS:
         return lines
@@ -142,39 +181,198 @@ def _live_releases():
 # --- 1 --------------------------------------------------------------------------------------------------
 
 
-def _history(now: datetime):
-    """``(node_name, version, document)`` of the config versions of the last ``CONFIG_HISTORY_DAYS``, by version."""
-    return (ConfigVersion.objects.filter(created_at__gte=now - timedelta(days=CONFIG_HISTORY_DAYS))
-            .order_by("node_name", "version").values_list("node_name", "version", "document").iterator(chunk_size=200))
+class _GroupFields(msgspec.Struct, frozen=True):
+    """The fields of a request group of an instance spec that the checks read (``salts_stable``)."""
+
+    name: Any = ""
+    cache_salt: Any = ""
+
+
+class _InstanceFields(msgspec.Struct, frozen=True):
+    """The fields of an instance spec of a config document (``agent.contract.messages.InstanceSpec``) that the
+    checks read, with their JSON values as they are; a missing one reads as ``""`` (``instance_id``: ``None``;
+    ``release_state``: serving, as documents from before the field count)."""
+
+    instance_id: Any = None
+    tenant_id: Any = ""
+    served_model_name: Any = ""
+    vllm_model_name: Any = ""
+    namespace: Any = ""
+    release_fingerprint: Any = ""
+    engine: Any = ""
+    hash_algo: Any = ""
+    hash_seed: Any = ""
+    release_state: Any = ReleaseState.SERVING.value
+    request_groups: list[_GroupFields] = []
+
+
+class _DocumentFields(msgspec.Struct, frozen=True):
+    """The instances of a config document; its other fields (node settings, launch commands, files: most of its
+    26 KB at ten instances) are skipped while decoding, not built."""
+
+    instances: list[_InstanceFields] = []
+
+
+_DOCUMENT = msgspec.json.Decoder(_DocumentFields | None)
+
+
+def _instances(text: str | None) -> list[_InstanceFields]:
+    """The instances of a stored config document given as JSON text (``ConfigVersion.document``; none for a JSON
+    ``null``). Raises ``msgspec.ValidationError`` for a document the dashboard would not have rendered (instances
+    or request groups not lists of objects)."""
+    document = _DOCUMENT.decode(text) if text else None
+    return document.instances if document is not None else []
+
+
+@dataclass(frozen=True)
+class _Documents:
+    """The stored config documents the checks read, each decoded once (``_documents``): ``history``, the versions
+    of the last ``CONFIG_HISTORY_DAYS`` as ``(node_name, version, instances)`` by node and version; ``applied``,
+    ``applied_instances()``."""
+
+    history: list[tuple[str, int, list[_InstanceFields]]]
+    applied: dict[tuple[str, str], dict[str, Any]]
+
+
+def _applied_version():
+    """``ConfigVersion`` rows whose node's agent reports running them (digest = the node's applied digest)."""
+    return Exists(NodeState.objects.filter(node_name=OuterRef("node_name"), applied_digest=OuterRef("digest")))
+
+
+def _applied_spec(instance: _InstanceFields) -> dict[str, Any]:
+    return {name: getattr(instance, name) for name in ("instance_id", *_PRESCRIBED)}
+
+
+#: Decoded config documents kept by this process, by ``(node_name, version, digest, created_at)``: a stored document
+#: never changes and its digest names it (``dashboard.rollout.push``; the creation time tells apart a version of a
+#: restored or rebuilt database), so a checklist run decodes only the versions stored since the last one (as
+#: ``dashboard.telemetry.report_scope`` keeps their scopes). Cleared when it would hold more than
+#: ``DOCUMENT_CACHE_ENTRIES`` (1,000 nodes keep about one version each).
+_document_cache: dict[tuple[str, int, str, datetime], list[_InstanceFields]] = {}
+DOCUMENT_CACHE_ENTRIES = 20_000
+#: Documents read per query when they are not in the cache.
+_DOCUMENTS_PER_QUERY = 500
+
+
+def _decoded(versions: list[tuple[int, str, int, str, datetime]]) -> dict[int, list[_InstanceFields]]:
+    """``{pk: instances}`` of ``versions`` (``(pk, node_name, version, digest, created_at)`` of ``ConfigVersion``
+    rows), from the process's cache or, for the others, read as JSON text ``_DOCUMENTS_PER_QUERY`` at a time and
+    decoded (``_instances``)."""
+    found: dict[int, list[_InstanceFields]] = {}
+    unseen: dict[int, tuple[str, int, str, datetime]] = {}
+    for pk, node, version, digest, created_at in versions:
+        key = (node, version, digest, created_at)
+        known = _document_cache.get(key)
+        if known is None:
+            unseen[pk] = key
+        else:
+            found[pk] = known
+    if len(_document_cache) + len(unseen) > DOCUMENT_CACHE_ENTRIES:
+        _document_cache.clear()
+    pks = list(unseen)
+    for start in range(0, len(pks), _DOCUMENTS_PER_QUERY):
+        rows = (ConfigVersion.objects.filter(pk__in=pks[start:start + _DOCUMENTS_PER_QUERY])
+                .annotate(text=Cast("document", TextField())).values_list("pk", "text"))
+        for pk, text in rows:
+            found[pk] = _document_cache[unseen[pk]] = _instances(text)
+    return found
+
+
+def _read_documents(now: datetime) -> _Documents:
+    """The versions of the last ``CONFIG_HISTORY_DAYS`` and the applied ones (of any age): one query for which they
+    are, then their documents (``_decoded``: only those this process has not decoded before)."""
+    cutoff = now - timedelta(days=CONFIG_HISTORY_DAYS)
+    rows = list(ConfigVersion.objects.filter(Q(created_at__gte=cutoff) | _applied_version())
+                .annotate(applied=_applied_version()).order_by("node_name", "version")
+                .values_list("pk", "node_name", "version", "digest", "created_at", "applied"))
+    documents = _decoded([row[:5] for row in rows])
+    history: list[tuple[str, int, list[_InstanceFields]]] = []
+    applied: dict[tuple[str, str], dict[str, Any]] = {}
+    for pk, node, version, _digest, created_at, is_applied in rows:
+        instances = documents[pk]
+        if created_at >= cutoff:
+            history.append((node, version, instances))
+        if is_applied:
+            for instance in instances:
+                applied[(node, str(instance.instance_id))] = _applied_spec(instance)
+    return _Documents(history, applied)
+
+
+def _documents(now: datetime) -> _Documents:
+    """``_read_documents``, once per checklist run (four checks read the documents)."""
+    return _once("documents", lambda: _read_documents(_RUN_NOW.get() or now))
+
+
+def _history(now: datetime) -> list[tuple[str, int, list[_InstanceFields]]]:
+    """``(node_name, version, instances)`` of the config versions of the last ``CONFIG_HISTORY_DAYS``, by node and
+    version."""
+    return _documents(now).history
+
+
+def _name_problem(tenant_id: str, model: str, namespace: str, group: str, registry: dict[str, set]) -> str | None:
+    """What of a reported cache scope's names the registry lacks (the first of tenant, served model, release
+    namespace, request group), or ``None`` when it defines them all. ``registry``: ``tenants`` (tenant ids),
+    ``models`` (tenant_id, served model name), ``releases`` (tenant_id, served model name, namespace), ``groups``
+    (tenant_id, request group name)."""
+    if tenant_id not in registry["tenants"]:
+        return f"tenant '{tenant_id}' is not in the registry"
+    if model and (tenant_id, model) not in registry["models"]:
+        return f"served model '{model}' is not registered in tenant '{tenant_id}'"
+    if namespace and (tenant_id, model, namespace) not in registry["releases"]:
+        return f"release namespace '{namespace}' is not registered for model '{model}'"
+    if group and group != ENGINE_LOOKUPS and (tenant_id, group) not in registry["groups"]:
+        return f"request group '{group}' is not registered in tenant '{tenant_id}'"
+    return None
+
+
+def _reported_name_problems(now: datetime) -> tuple[int, list[str]]:
+    """How many distinct (node, cache scope) pairs the raw samples of the last ``REPORTED_NAMES_WINDOW_SECONDS``
+    report, and one line per pair whose names the registry lacks (``_name_problem``), ordered by node, tenant,
+    served model, namespace, request group.
+
+    Set-based: one query groups the samples by cache scope and counts each one's nodes (the database sorts the
+    samples once; 10,000 scopes come back, not 50,000 pairs), the registry's names are four queries; only the
+    scopes with a problem are read again, with their nodes."""
+    registry = {
+        "tenants": set(Tenant.objects.values_list("tenant_id", flat=True)),
+        "models": set(ServedModel.objects.values_list("tenant__tenant_id", "served_model_name")),
+        "releases": set(Release.objects.values_list("model__tenant__tenant_id", "model__served_model_name",
+                                                    "namespace")),
+        "groups": set(RequestGroup.objects.values_list("tenant__tenant_id", "name")),
+    }
+    scope_fields = ("tenant_id", "served_model_name", "namespace", "request_group")
+    recent = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
+                                            ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
+    seen = 0
+    wrong: dict[tuple[str, ...], str] = {}
+    for *names, nodes in (recent.order_by().values_list(*scope_fields)
+                          .annotate(nodes=Count("node_name", distinct=True))):
+        seen += nodes
+        problem = _name_problem(*names, registry)
+        if problem is not None:
+            wrong[tuple(names)] = problem
+    if not wrong:
+        return seen, []
+    pairs = (recent.filter(tenant_id__in={names[0] for names in wrong})
+             .values_list("node_name", *scope_fields).distinct().order_by("node_name", *scope_fields))
+    problems = []
+    for node, *names in pairs.iterator(chunk_size=2000):
+        problem = wrong.get(tuple(names))
+        if problem is not None:
+            tenant_id, model, namespace, _group = names
+            problems.append(f"node {node} reports {tenant_id}/{model or '-'}/{namespace or '-'}: {problem}")
+    return seen, problems
 
 
 def check_names_stable(now: datetime) -> CheckResult:
-    problems: list[str] = []
-    tenants = set(Tenant.objects.values_list("tenant_id", flat=True))
-    models = set(ServedModel.objects.values_list("tenant__tenant_id", "served_model_name"))
-    releases = set(Release.objects.values_list("model__tenant__tenant_id", "model__served_model_name", "namespace"))
-    groups = set(RequestGroup.objects.values_list("tenant__tenant_id", "name"))
-    reported = (OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
-                                               ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
-                .values_list("node_name", "tenant_id", "served_model_name", "namespace", "request_group").distinct())
-    seen = 0
-    for node, tenant_id, model, namespace, group in reported:
-        seen += 1
-        where = f"node {node} reports {tenant_id}/{model or '-'}/{namespace or '-'}"
-        if tenant_id not in tenants:
-            problems.append(f"{where}: tenant '{tenant_id}' is not in the registry")
-        elif model and (tenant_id, model) not in models:
-            problems.append(f"{where}: served model '{model}' is not registered in tenant '{tenant_id}'")
-        elif namespace and (tenant_id, model, namespace) not in releases:
-            problems.append(f"{where}: release namespace '{namespace}' is not registered for model '{model}'")
-        elif group and group != ENGINE_LOOKUPS and (tenant_id, group) not in groups:
-            problems.append(f"{where}: request group '{group}' is not registered in tenant '{tenant_id}'")
-    renamed = _renamed_instances(now)
-    problems.extend(renamed)
-    for release in _live_releases():
-        if not release.hash_seed:
-            problems.append(f"release '{release.namespace}' of '{release.model}' has no hash seed: block hashes "
-                            "(PYTHONHASHSEED) would differ after a restart")
+    """Fail for every reported name the registry does not define (``_reported_name_problems``), every instance
+    renamed between two config versions of its node (``_renamed_instances``) and every live release without a hash
+    seed."""
+    seen, problems = _reported_name_problems(now)
+    problems.extend(_renamed_instances(now))
+    for namespace, model in _live_releases().filter(hash_seed="").values_list("namespace", "model__served_model_name"):
+        problems.append(f"release '{namespace}' of '{model}' has no hash seed: block hashes "
+                        "(PYTHONHASHSEED) would differ after a restart")
     passed = not problems
     summary = (f"{seen} reported name(s) all match the registry; instance names unchanged across config versions"
                if passed else f"{len(problems)} name problem(s)")
@@ -187,11 +385,10 @@ def _renamed_instances(now: datetime) -> list[str]:
     """Instances whose (tenant, served model, namespace) changed between two stored config versions of a node."""
     problems = []
     history: dict[tuple[str, str], tuple[int, tuple[str, str, str]]] = {}
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
-            names = (instance.get("tenant_id", ""), instance.get("served_model_name", ""),
-                     instance.get("namespace", ""))
-            key = (node, str(instance.get("instance_id")))
+    for node, version, instances in _history(now):
+        for instance in instances:
+            names = (instance.tenant_id, instance.served_model_name, instance.namespace)
+            key = (node, str(instance.instance_id))
             previous = history.get(key)
             if previous is not None and previous[1] != names:
                 problems.append(f"instance {key[1]} on node {node} changed names from {'/'.join(previous[1])} "
@@ -215,52 +412,70 @@ def prescribed_values(release: Release) -> dict[str, str]:
             "hash_seed": release.hash_seed}
 
 
-def applied_instances() -> dict[tuple[str, str], dict[str, Any]]:
-    """(node name, instance_id) -> the instance spec in the document each agent reports running.
+def applied_instances(nodes: Iterable[str] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    """(node name, instance_id) -> the instance spec in the document each agent reports running (of ``nodes``
+    only, when given: node names): its ``instance_id`` and the ``prescribed_values`` fields, ``""`` where the spec
+    lacks one.
 
     The document is the stored ``ConfigVersion`` whose digest equals the node's applied digest (from its
-    newest ack or heartbeat); nodes whose digest matches no stored version contribute nothing.
+    newest ack or heartbeat); nodes whose digest matches no stored version contribute nothing. One query (a join
+    on node name and digest), and one per ``_DOCUMENTS_PER_QUERY`` documents this process has not decoded before
+    (``_decoded``); within a checklist run (``run_checks``) the whole fleet's is read once: with the
+    history when a check read that already (``_documents``), else alone.
     """
-    states = {s.node_name: s.applied_digest for s in NodeState.objects.exclude(applied_digest="")}
-    if not states:
-        return {}
+    memo = _RUN.get()
+    if nodes is None and memo is not None:
+        if "documents" in memo:
+            return memo["documents"].applied
+        return _once("applied_instances", _read_applied_instances)
+    return _read_applied_instances(nodes)
+
+
+def _read_applied_instances(nodes: Iterable[str] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
+    versions = ConfigVersion.objects.filter(_applied_version())
+    if nodes is not None:
+        versions = versions.filter(node_name__in=list(nodes))
+    rows = list(versions.values_list("pk", "node_name", "version", "digest", "created_at"))
+    documents = _decoded(rows)
     result: dict[tuple[str, str], dict[str, Any]] = {}
-    versions = ConfigVersion.objects.filter(node_name__in=list(states), digest__in=set(states.values()))
-    for version in versions:
-        if states.get(version.node_name) != version.digest:
-            continue
-        for instance in (version.document or {}).get("instances", []):
-            result[(version.node_name, str(instance.get("instance_id")))] = instance
+    for pk, node, *_ in rows:
+        for instance in documents[pk]:
+            result[(node, str(instance.instance_id))] = _applied_spec(instance)
     return result
 
 
+#: ``InstanceAssignment`` columns ``check_pd_identical`` reads: where the instance runs, then the
+#: ``prescribed_values`` of its release, in ``_PRESCRIBED`` order.
+_PD_COLUMNS = ("pk", "role", "port", "node__name", "release__model__tenant__tenant_id",
+               "release__model__served_model_name", "release__model__vllm_model_name", "release__namespace",
+               "release__fingerprint", "release__engine", "release__hash_algo", "release__hash_seed")
+
+
 def check_pd_identical(now: datetime) -> CheckResult:
+    """Fail for every instance of a live release whose agent has not applied it, or applied other values than
+    ``prescribed_values`` of its release. Three queries whatever the fleet: the applied documents, the nodes with
+    an applied digest, and the instances with their release's values (columns, not model objects)."""
     applied = applied_instances()
     applied_nodes = {node for node, _ in applied}
     node_states = set(NodeState.objects.exclude(applied_digest="").values_list("node_name", flat=True))
     problems: list[str] = []
     checked = 0
     assignments = (InstanceAssignment.objects.exclude(release__state=ReleaseState.RETIRED)
-                   .select_related("node", "release__model__tenant")
-                   .order_by("release__namespace", "node__name", "port"))
-    for assignment in assignments:
-        release = assignment.release
-        where = f"{release.namespace} {assignment.role} on {assignment.node.name}:{assignment.port}"
-        spec = applied.get((assignment.node.name, str(assignment.pk)))
+                   .order_by("release__namespace", "node__name", "port").values_list(*_PD_COLUMNS))
+    for pk, role, port, node, *values in assignments.iterator(chunk_size=2000):
+        where = f"{values[3]} {role} on {node}:{port}"
+        spec = applied.get((node, str(pk)))
         if spec is None:
-            if assignment.node.name not in node_states:
-                problems.append(f"{where}: the agent of node {assignment.node.name} has not reported running any "
-                                "config yet")
-            elif assignment.node.name not in applied_nodes:
-                problems.append(f"{where}: node {assignment.node.name} runs a config version the dashboard no "
-                                "longer holds")
+            if node not in node_states:
+                problems.append(f"{where}: the agent of node {node} has not reported running any config yet")
+            elif node not in applied_nodes:
+                problems.append(f"{where}: node {node} runs a config version the dashboard no longer holds")
             else:
                 problems.append(f"{where}: not in the config the agent runs (not applied yet)")
             continue
         checked += 1
-        expected = prescribed_values(release)
         wrong = [f"{name} '{spec.get(name, '')}' (release prescribes '{value}')"
-                 for name, value in expected.items() if str(spec.get(name, "")) != str(value)]
+                 for name, value in zip(_PRESCRIBED, values, strict=True) if str(spec.get(name, "")) != str(value)]
         if wrong:
             problems.append(f"{where}: the agent applied " + ", ".join(wrong))
     passed = not problems
@@ -280,7 +495,7 @@ def _key_identity(tenant_id: str, engine: str, served_model_name: str, vllm_mode
     return (tenant_id, engine, model, namespace)
 
 
-def _sent_while_serving(instance: dict[str, Any]) -> bool:
+def _sent_while_serving(instance: _InstanceFields) -> bool:
     """Whether an instance spec of a stored config document was sent while its release was serving.
 
     The registry lets a release's fingerprint change (adapters, KV layout, ...) only before it has served, so
@@ -288,7 +503,7 @@ def _sent_while_serving(instance: dict[str, Any]) -> bool:
     caches ever having served under the namespace. Specs without ``release_state`` (documents from before the
     field) count, to stay on the safe side.
     """
-    return instance.get("release_state", ReleaseState.SERVING) == ReleaseState.SERVING
+    return instance.release_state == ReleaseState.SERVING
 
 
 def check_namespace_changed(now: datetime) -> CheckResult:
@@ -299,14 +514,13 @@ def check_namespace_changed(now: datetime) -> CheckResult:
     """
     problems: list[str] = []
     pushed: dict[tuple, dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
+    for node, version, instances in _history(now):
+        for instance in instances:
             if not _sent_while_serving(instance):
                 continue
-            identity = _key_identity(instance.get("tenant_id", ""), instance.get("engine", ""),
-                                     instance.get("served_model_name", ""), instance.get("vllm_model_name", ""),
-                                     instance.get("namespace", ""))
-            fingerprint = instance.get("release_fingerprint", "")
+            identity = _key_identity(instance.tenant_id, instance.engine, instance.served_model_name,
+                                     instance.vllm_model_name, instance.namespace)
+            fingerprint = instance.release_fingerprint
             pushed[identity].setdefault(fingerprint, (node, version))
     for identity, fingerprints in sorted(pushed.items()):
         if len(fingerprints) > 1:
@@ -314,14 +528,14 @@ def check_namespace_changed(now: datetime) -> CheckResult:
             problems.append(f"namespace '{identity[3]}' of {identity[0]}/{identity[2]} ({identity[1]}) served on "
                             f"agents with {len(fingerprints)} fingerprints: {seen}; a cache-incompatible change kept "
                             "the namespace")
-    live: dict[tuple, list[Release]] = defaultdict(list)
-    for release in _live_releases():
-        model = release.model
-        live[_key_identity(model.tenant.tenant_id, release.engine, model.served_model_name, model.vllm_model_name,
-                           release.namespace)].append(release)
+    live: dict[tuple, list[tuple[str, str, str]]] = defaultdict(list)
+    for tenant_id, engine, model, vllm_model, namespace, fingerprint in _live_releases().values_list(
+            "model__tenant__tenant_id", "engine", "model__served_model_name", "model__vllm_model_name", "namespace",
+            "fingerprint"):
+        live[_key_identity(tenant_id, engine, model, vllm_model, namespace)].append((model, namespace, fingerprint))
     for identity, releases in sorted(live.items()):
-        if len({r.fingerprint for r in releases}) > 1:
-            names = ", ".join(f"{r.model}/{r.namespace} ({r.fingerprint[:12]})" for r in releases)
+        if len({fingerprint for _, _, fingerprint in releases}) > 1:
+            names = ", ".join(f"{model}/{namespace} ({fingerprint[:12]})" for model, namespace, fingerprint in releases)
             problems.append(f"live releases share the keys of namespace '{identity[3]}' with different "
                             f"fingerprints: {names}")
     passed = not problems
@@ -338,11 +552,11 @@ def check_namespace_changed(now: datetime) -> CheckResult:
 def check_salts_stable(now: datetime) -> CheckResult:
     problems: list[str] = []
     salts: dict[tuple[str, str], dict[str, tuple[str, int]]] = defaultdict(dict)
-    for node, version, document in _history(now):
-        for instance in (document or {}).get("instances", []):
-            for group in instance.get("request_groups", []):
-                key = (instance.get("tenant_id", ""), group.get("name", ""))
-                salts[key].setdefault(group.get("cache_salt", ""), (node, version))
+    for node, version, instances in _history(now):
+        for instance in instances:
+            for group in instance.request_groups:
+                key = (instance.tenant_id, group.name)
+                salts[key].setdefault(group.cache_salt, (node, version))
     for (tenant_id, name), values in sorted(salts.items()):
         if len(values) > 1:
             problems.append(f"request group {tenant_id}/{name} went to agents with {len(values)} different "
@@ -403,10 +617,14 @@ def _where(row: InstanceStats) -> str:
 
 
 def _observed_engines() -> list[InstanceStats]:
-    """Engine facts of the instances in the documents the agents run (rows of instances that left are ignored)."""
-    applied = applied_instances()
-    return [row for row in InstanceStats.objects.order_by("node_name", "instance_id")
-            if (row.node_name, row.instance_id) in applied]
+    """Engine facts of the instances in the documents the agents run (rows of instances that left are ignored).
+    Read once per checklist run (``run_checks``): five checks look at them."""
+    def read() -> list[InstanceStats]:
+        applied = applied_instances()
+        return [row for row in InstanceStats.objects.order_by("node_name", "instance_id")
+                if (row.node_name, row.instance_id) in applied]
+
+    return _once("observed_engines", read)
 
 
 def check_engines_hash_registered(now: datetime) -> CheckResult:
@@ -504,7 +722,7 @@ def _shared_single_user_nodes() -> list[str]:
     tenants: dict[str, set[str]] = defaultdict(set)
     for (node, _instance_id), instance in applied_instances().items():
         if node in single:
-            tenants[node].add(str(instance.get("tenant_id", "")))
+            tenants[node].add(str(instance["tenant_id"]))
     return [f"node {node}: its agent runs in single-user mode (not privileged, or --single-user: every engine "
             f"instance runs as the agent's account) with instances of {len(names)} tenants, which can read each "
             "other's files and sockets and publish as each other; run the agent as root or with CAP_CHOWN, "
@@ -746,7 +964,8 @@ CHECKS: tuple[Callable[[datetime], CheckResult], ...] = (
 def run_checks(now: datetime | None = None) -> list[CheckResult]:
     """Run every check in the seed's order."""
     now = now or timezone.now()
-    return [check(now) for check in CHECKS]
+    with _checklist_run(now):
+        return [check(now) for check in CHECKS]
 
 
 #: Seconds the overview reuses a checklist run (its flags and "check failed" warnings): the checklist reads every
@@ -778,4 +997,8 @@ def run_check(key: str, now: datetime | None = None) -> CheckResult | None:
     """Run the one check whose result has ``key`` (``None`` for an unknown key): the checks' keys are their
     function names without ``check_``."""
     check = next((check for check in CHECKS if check.__name__ == f"check_{key}"), None)
-    return check(now or timezone.now()) if check is not None else None
+    if check is None:
+        return None
+    now = now or timezone.now()
+    with _checklist_run(now):
+        return check(now)

@@ -56,7 +56,14 @@ class TenantSerializer(ValidatedModelSerializer):
         return format_quota(obj.quota_bytes)
 
     def get_budgeted_bytes(self, obj: Tenant) -> int:
-        return budgets.budgeted_bytes(obj)
+        """``budgets.budgeted_bytes`` of ``obj``; in a list, of every tenant of the page at once (two grouped
+        queries per page, not two per tenant)."""
+        page = getattr(self.parent, "instance", None)
+        if not isinstance(page, list):
+            return budgets.budgeted_bytes(obj)
+        if "budgeted_bytes" not in self.context:
+            self.context["budgeted_bytes"] = budgets.budgeted_bytes_by_tenant([tenant.pk for tenant in page])
+        return self.context["budgeted_bytes"].get(obj.pk, 0)
 
     def _master_sample(self, obj: Tenant):
         if "master_quotas" not in self.context:

@@ -426,16 +426,23 @@ class TenantOverlap:
 
 def tenant_overlaps(*, occupancy: dict[CacheScope, ReleaseNow] | None = None,
                     samples: dict | None = None) -> list[TenantOverlap]:
-    """One ``TenantOverlap`` per tenant with a model in the ``warming`` or ``draining`` phase."""
-    occupancy = occupancy if occupancy is not None else current_occupancy()
-    samples = samples if samples is not None else latest_master_quotas()
-    results = []
+    """One ``TenantOverlap`` per tenant with a model in the ``warming`` or ``draining`` phase.
+
+    ``occupancy`` and ``samples`` default to ``current_occupancy()`` of those tenants only and
+    ``latest_master_quotas()``; neither is read when no model is in either phase (the usual case)."""
+    results: list[TenantOverlap] = []
     models = ServedModel.objects.filter(
         releases__state__in=[ReleaseState.WARMING, ReleaseState.DRAINING]).select_related("tenant").distinct()
     by_tenant: dict[int, list[UpgradeState]] = {}
     for model in models:
         by_tenant.setdefault(model.tenant_id, []).append(upgrade_state(model))
-    for tenant in Tenant.objects.filter(pk__in=list(by_tenant)).order_by("tenant_id"):
+    if not by_tenant:
+        return results
+    tenants = list(Tenant.objects.filter(pk__in=list(by_tenant)).order_by("tenant_id"))
+    if occupancy is None:
+        occupancy = current_occupancy(OccupancyFilter(tenant_ids=frozenset(t.tenant_id for t in tenants)))
+    samples = samples if samples is not None else latest_master_quotas()
+    for tenant in tenants:
         current = sum(entry.bytes for key, entry in occupancy.items() if key.tenant_id == tenant.tenant_id)
         pending, pairs = 0, []
         for state in by_tenant[tenant.pk]:

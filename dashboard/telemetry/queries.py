@@ -465,13 +465,17 @@ class ReleaseNow:
 
 
 def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime | None = None,
-                      max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[CacheScope, ReleaseNow]:
+                      max_age_seconds: int = CURRENT_WINDOW_SECONDS,
+                      node_name: str | None = None) -> dict[CacheScope, ReleaseNow]:
     """Per release (keyed by its ``CacheScope.release_scope()``), the sum over nodes of each node's newest raw
-    sample of it (not older than ``max_age_seconds``). A node that stopped reporting longer ago drops out."""
+    sample of it (not older than ``max_age_seconds``). A node that stopped reporting longer ago drops out.
+    ``node_name``: of that node's samples only (a node page: one node's share of each release, ``by_node``)."""
     now = now or timezone.now()
     filters = filters or OccupancyFilter()
     base = filters.apply(OccupancySample.objects.filter(
         level=OccupancySample.Level.RAW, ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
+    if node_name is not None:
+        base = base.filter(node_name=node_name)
     newest = {
         (row["node_name"], row["tenant_id"], row["served_model_name"], row["namespace"]): row["newest"]
         for row in base.values("node_name", "tenant_id", "served_model_name", "namespace").annotate(newest=Max("ts"))

@@ -160,15 +160,14 @@ def collect_warnings(node_rows: list[dict], tenant_rows: list[dict], checks, use
 
 
 def node_rows() -> list[dict]:
-    """Registry nodes and nodes known only from telemetry, each with its state and drift flags."""
+    """Registry nodes and nodes known only from telemetry, each with its state and drift flags (``node``: the
+    registry's ``Node`` with its name and pk only, for the link)."""
     states = {state.node_name: state for state in NodeState.objects.all()}
-    names = sorted(set(Node.objects.values_list("name", flat=True)) | set(states))
-    registered = set(Node.objects.values_list("name", flat=True))
-    nodes = {node.name: node for node in Node.objects.all()}
+    nodes = {node.name: node for node in Node.objects.only("name")}
     rows = []
-    for name in names:
+    for name in sorted(set(nodes) | set(states)):
         state = states.get(name)
-        rows.append({"name": name, "node": nodes.get(name), "registered": name in registered, "state": state,
+        rows.append({"name": name, "node": nodes.get(name), "registered": name in nodes, "state": state,
                      "drift": drift(state) if state is not None else None})
     return rows
 

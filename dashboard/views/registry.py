@@ -143,11 +143,11 @@ def instance_rows(release: Release, assignments: list[InstanceAssignment] | None
     its node's agent applied and, for a real engine the agent observes, its newest facts (``InstanceStats``, key
     ``engine``)."""
     endpoints = RenderTarget.from_settings()
-    applied = applied_instances()
     expected = prescribed_values(release)
     if assignments is None:
         assignments = list(release.assignments.select_related("node", "release__model__tenant")
                            .order_by("node__name", "port"))
+    applied = applied_instances({assignment.node.name for assignment in assignments})
     states = {s.node_name: s for s in NodeState.objects.filter(
         node_name__in={assignment.node.name for assignment in assignments})}
     engines = {(row.node_name, row.instance_id): row for row in InstanceStats.objects.filter(
@@ -230,7 +230,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     state = node_states().filter(node_name=node.name).first()
     if state is not None and not platform:  # error texts may name any tenant's instances
         state.push_error = state.rejection_error = ""
-    occupancy = current_occupancy(OccupancyFilter(tenant_ids=visible_tenant_ids(request.user)))
+    occupancy = current_occupancy(OccupancyFilter(tenant_ids=visible_tenant_ids(request.user)), node_name=node.name)
     stats = {row.instance_id: row for row in visible(request, InstanceStats.objects.filter(node_name=node.name))}
     rows = []
     listing = paginate(request, visible(request, node.assignments.select_related("release__model__tenant")),
