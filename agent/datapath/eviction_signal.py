@@ -20,17 +20,21 @@ applied document: every master of an HA set, the standbys' counters never move) 
 
 A URL that fails (unreachable, slow, oversized, not Prometheus text) is skipped for ``FAILED_URL_BACKOFF`` seconds
 (so a blackholed standby costs one deadline per backoff, not per poll) and keeps its baseline. Each read is bounded:
-``METRICS_DEADLINE`` seconds in all (connect, headers and body together) and ``METRICS_MAX_BYTES`` of body.
+``METRICS_DEADLINE`` seconds in all (connect, headers and body together, enforced by shutting the socket down, not
+per read: a local process answering on the master's port cannot hold the maintenance round by dripping bytes) and
+``METRICS_MAX_BYTES`` of body.
 
 No Django here; times are ``time.monotonic`` seconds.
 """
 from __future__ import annotations
 
+import http.client
 import logging
 import re
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -118,43 +122,65 @@ def parse_eviction_counters(text: str) -> EvictionCounters:
 
 
 def read_metrics(url: str, *, deadline: float = METRICS_DEADLINE, max_bytes: int = METRICS_MAX_BYTES) -> str:
-    """GET ``url`` (``http://HOST:METRICS_PORT/metrics``) within ``deadline`` seconds in all and at most
-    ``max_bytes`` of body.
+    """GET ``url`` (``http://HOST:METRICS_PORT/metrics``) within ``deadline`` seconds in all (connect, status line,
+    headers and body: a timer shuts the socket down at the deadline, so a peer dripping bytes within each read's
+    timeout cannot hold the caller) and at most ``max_bytes`` of body. Redirects are not followed.
 
     Raises:
-        MetricsError: unreachable, an HTTP error, slower than ``deadline``, a body over ``max_bytes``.
+        MetricsError: unreachable, not HTTP 200, slower than ``deadline``, a body over ``max_bytes``.
     """
-    if not url.startswith(("http://", "https://")):
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise MetricsError(f"{url}: not an http(s) URL")
     end = time.monotonic() + deadline
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    expired = threading.Event()
+    timer: threading.Timer | None = None
+    conn = None
     try:
-        with urllib.request.urlopen(url, timeout=deadline) as response:  # noqa: S310 (http(s) checked above)
-            length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > max_bytes:
-                raise MetricsError(f"{url}: body of {length} bytes, over {max_bytes}")
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise MetricsError(f"{url}: slower than {deadline:g} s")
-                if response.fp is not None and getattr(response.fp, "raw", None) is not None:
-                    try:  # the socket's timeout bounds each read by what is left of the deadline
-                        response.fp.raw._sock.settimeout(left)
-                    except (AttributeError, OSError):
-                        pass
-                chunk = response.read(min(_CHUNK, max_bytes + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    raise MetricsError(f"{url}: body over {max_bytes} bytes")
+        conn = kind(parts.hostname, parts.port, timeout=deadline)
+        conn.connect()
+        sock = conn.sock
+
+        def expire() -> None:
+            expired.set()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        timer = threading.Timer(max(0.0, end - time.monotonic()), expire)
+        timer.daemon = True
+        timer.start()
+        conn.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
+        response = conn.getresponse()
+        if response.status != 200:
+            raise MetricsError(f"{url}: HTTP {response.status}")
+        length = response.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            raise MetricsError(f"{url}: body of {length} bytes, over {max_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        while not expired.is_set():
+            chunk = response.read(min(_CHUNK, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise MetricsError(f"{url}: body over {max_bytes} bytes")
     except MetricsError:
         raise
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        if expired.is_set() or time.monotonic() > end:
+            raise MetricsError(f"{url}: slower than {deadline:g} s") from None
         raise MetricsError(f"{url}: {getattr(exc, 'reason', exc)}") from None
-    if time.monotonic() > end:
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if conn is not None:
+            conn.close()
+    if expired.is_set() or time.monotonic() > end:
         raise MetricsError(f"{url}: slower than {deadline:g} s")
     return b"".join(chunks).decode("utf-8", "replace")
 

@@ -405,8 +405,8 @@ def _assemble(rows: list[tuple], window: str, width: int, start: datetime, end: 
         if kind == 1:
             last[key] = (int(first), int(second))
             continue
-        if tenant_id is None:
-            others = int(second)
+        if tenant_id is None:  # the tier statement counts per bucket the ranks in it: the whole window's is the most
+            others = max(others, int(second))
         values = data.get(key)
         if values is None:  # the lists are made once per release, not per row
             values = data[key] = [None] * count

@@ -45,14 +45,21 @@ class QuotaLine:
         return asdict(self)
 
 
-def quota_lines(filters: OccupancyFilter, shown: Iterable[CacheScope]) -> list[QuotaLine]:
+def quota_lines(filters: OccupancyFilter, shown: Iterable[CacheScope], *, summed: bool = False) -> list[QuotaLine]:
     """The lines of a chart filtered by ``filters`` whose series are the releases ``shown`` (their
-    ``CacheScope.release_scope()``); empty when it shows several tenants or none the viewer may see."""
+    ``CacheScope.release_scope()``); empty when it shows several tenants or none the viewer may see. ``summed``:
+    the chart also has the series of the releases beyond its cap summed (``SeriesSummary.other``), whose tenants
+    it does not name: then only a tenant the filters name (or the only one the viewer may see) gets lines."""
     from dashboard.master.room import effective_budget
     from tenants.models import Release, RequestGroup, Tenant
 
     shown = {key.release_scope() for key in shown}
-    tenant_ids = {filters.tenant_id} if filters.tenant_id else {key.tenant_id for key in shown}
+    if filters.tenant_id:
+        tenant_ids = {filters.tenant_id}
+    elif summed:  # the sum may hold any tenant the viewer may see: lines only if that is one tenant
+        tenant_ids = set(filters.tenant_ids) if filters.tenant_ids is not None else set()
+    else:
+        tenant_ids = {key.tenant_id for key in shown}
     if len(tenant_ids) != 1:
         return []
     (tenant_id,) = tenant_ids

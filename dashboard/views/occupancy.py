@@ -64,7 +64,8 @@ def occupancy_page(request: HttpRequest) -> HttpResponse:
         "series": series, "filters": filters, "window": window,
         "windows": WINDOW_LABELS, "rows": rows, "tabulated": tabulated, "table_max": DATA_TABLE_MAX_SERIES,
         "error": error,
-        "quota_lines": quota_lines(filters, [s.key for s in series.series if not s.other]),
+        "quota_lines": quota_lines(filters, [s.key for s in series.series if not s.other],
+                                   summed=any(s.other for s in series.series)),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(params)}",
     }
     return render(request, "ui/occupancy.html", context, status=status)
@@ -88,6 +89,7 @@ def occupancy_data(request: HttpRequest) -> JsonResponse:
     series = occupancy_series(window, filters)
     payload = series.as_dict()
     shown = [s.key for s in series.series if not s.other]  # the releases of their own (not the rest summed)
-    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, shown)]
+    summed = any(s.other for s in series.series)  # the rest summed: its tenants are not named
+    payload["quota_lines"] = [line.as_dict() for line in quota_lines(filters, shown, summed=summed)]
     payload["filters"] = {name: getattr(filters, name) for name in CacheScope._fields}
     return JsonResponse(payload)

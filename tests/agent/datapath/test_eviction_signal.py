@@ -151,11 +151,33 @@ def test_no_urls_no_polling_and_the_document_names_them():
         NodeSettings(kv_events_port=5557, master_metrics_urls=("file:///etc/passwd",))
 
 
+#: Set when ``/drip-headers`` has sent its whole response.
+DRIPPED = threading.Event()
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
     def do_GET(self) -> None:
+        if self.path == "/drip-headers":  # a local process on the master's port: headers a byte every 0.05 s, 10 s
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            for _ in range(200):
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.05)
+            body = metrics(3, {"alpha": 7}).encode()
+            try:
+                self.wfile.write(b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            except OSError:
+                pass
+            finally:
+                DRIPPED.set()
+            self.close_connection = True
+            return
         self.send_response(200)
         if self.path == "/slow":
             self.end_headers()
@@ -200,6 +222,15 @@ def test_read_metrics_is_bounded_in_time_and_size(server):
         read_metrics("http://127.0.0.1:1/metrics")
     with pytest.raises(MetricsError, match="not an http"):
         read_metrics("file:///etc/passwd")
+
+
+def test_read_metrics_bounds_the_headers_too(server):
+    """Headers that never end within the deadline (each byte well within a socket timeout) are over it too: the
+    maintenance round that polls (under the engines' tick lock) is not held while a spoofed endpoint drips them."""
+    DRIPPED.clear()
+    with pytest.raises(MetricsError, match="slower than"):
+        read_metrics(server + "/drip-headers", deadline=0.5)
+    assert not DRIPPED.is_set()  # gave up while the headers were still dripping, not once they ended
 
 
 def test_a_light_signal_round_reconciles_between_full_rounds_and_trims_nothing():

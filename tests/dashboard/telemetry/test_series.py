@@ -285,3 +285,27 @@ def test_a_chart_keeps_the_releases_with_most_bytes_and_sums_the_others(window):
     assert present == [sum(each[namespace] for namespace in rest)]
     assert other.hit_blocks == 5 * 2 * 10  # each release: two nodes' increase of 10
     assert sum(s.latest_bytes for s in result.series) == sum(each.values())
+
+
+@pytest.mark.parametrize("window", ["15m", "1h"])
+@pytest.mark.parametrize("smallest_first", [True, False])
+def test_the_other_series_counts_every_release_it_sums_in_whichever_bucket(window, smallest_first, monkeypatch):
+    """The releases beyond the cap each in another bucket: ``other`` is how many are summed in the whole window,
+    not in one bucket (the tier statement ranks per window, each bucket's sum holds only the releases of it)."""
+    from dashboard.telemetry import queries
+
+    monkeypatch.setattr(queries, "CHART_MAX_SERIES", 1)
+    first, second = datetime(2026, 11, 30, 11, 50, tzinfo=UTC), datetime(2026, 11, 30, 11, 52, tzinfo=UTC)
+    placed = {"big": (first, second), "mid": (second,) if smallest_first else (first,),
+              "small": (first,) if smallest_first else (second,)}
+    sizes = {"big": 9000, "mid": 500, "small": 100}
+    OccupancySample.objects.bulk_create(
+        OccupancySample(ts=minute + timedelta(seconds=12), node_name="node-a", tenant_id="acme",
+                        served_model_name="m", namespace=namespace, bytes=sizes[namespace])
+        for namespace, minutes in placed.items() for minute in minutes)
+    series_mod.summarize(NOW)
+    result = occupancy_series(window, now=NOW)
+    assert [s.key.namespace for s in result.series[:-1]] == ["big"]
+    other = result.series[-1]
+    assert other.other == 2 and other.label == "(other: 2 releases)"
+    assert sorted(value for value in other.data if value is not None) == [100, 500]

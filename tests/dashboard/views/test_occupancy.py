@@ -335,3 +335,31 @@ def test_lines_are_only_for_tenants_the_viewer_may_see(client, django_user_model
     assert payload["series"] == [] and payload["quota_lines"] == []
     payload = client.get(reverse("ui:occupancy-data"), {"window": "15m", "tenant_id": "acme"}).json()
     assert [line["bytes"] for line in payload["quota_lines"]] == [64 << 20]
+
+
+def test_no_tenants_lines_over_a_chart_whose_other_series_sums_another_tenant(ui, client, django_user_model,
+                                                                              monkeypatch):
+    """The releases beyond the cap are summed in one series whose tenants the chart does not name: when the
+    releases shown on their own are one tenant's but the sum may hold another's, that tenant's quota is no line of
+    the chart (its stack is not that tenant's bytes); a viewer who sees one tenant only still gets its lines."""
+    from dashboard.telemetry import queries
+    from tests.support.factories import grant_role, make_model, make_release, make_tenant
+
+    monkeypatch.setattr(queries, "CHART_MAX_SERIES", 2)
+    acme, beta = make_tenant("acme", quota="64MB"), make_tenant("beta", quota="8MB")
+    model = make_model(acme)
+    for n, size in enumerate((900, 800, 700)):
+        make_release(model, f"ns-{n}")
+        sample(ts=datetime.now(UTC) - timedelta(seconds=30), namespace=f"ns-{n}", size=size)
+    make_release(make_model(beta), "small")
+    sample(ts=datetime.now(UTC) - timedelta(seconds=30), tenant_id="beta", namespace="small", size=1)
+    payload = ui.get(reverse("ui:occupancy-data"), {"window": "15m"}).json()
+    assert [s["other"] for s in payload["series"]] == [0, 0, 2]  # acme's ns-2 and beta's small summed
+    assert payload["quota_lines"] == []  # the stack holds two tenants' bytes
+    html = ui.get(reverse("ui:occupancy"), {"window": "15m"}).content.decode()
+    assert 'data-kind="quota"' not in html
+    user = grant_role(django_user_model.objects.create_user("alice", password="pw"), acme, "viewer")
+    client.force_login(user)
+    payload = client.get(reverse("ui:occupancy-data"), {"window": "15m"}).json()
+    assert [s["other"] for s in payload["series"]] == [0, 0, 1]  # acme's ns-2 only: beta is not hers
+    assert [line["bytes"] for line in payload["quota_lines"]] == [64 << 20]
