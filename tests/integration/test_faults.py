@@ -1,6 +1,7 @@
 """The fault suite's pass/fail parts (``python -m bench.faults``) on the real system: a master restart and a broker
 stall are flagged on Checks and in ``/metrics`` within 15 s, no report is lost or stored twice, and the agents'
-ledgers equal the Store again within 30 s of the master restart; a killed agent comes back with its ledger."""
+ledgers equal the Store again within 30 s of the master restart; a killed agent comes back with its ledger (these
+three in one run: one system set up, not two); a killed HA leader is replaced (its own run: HA masters)."""
 from __future__ import annotations
 
 import json
@@ -19,38 +20,28 @@ HANG_GUARD_S = 1800
 
 
 @pytest.mark.timeout(HANG_GUARD_S)
-def test_master_restart_and_broker_stall_are_flagged_and_lose_nothing():
+def test_master_restart_broker_stall_and_killed_agent_are_flagged_and_lose_nothing():
+    """One system, three faults in turn (``bench.faults`` runs each after the previous recovered, with its own
+    figures): a master restart and a broker stall are flagged, lose no report and store none twice; then an agent
+    SIGKILLed mid-batch and restarted restores its ledger from its state directory, so once the batches queued
+    meanwhile ran its reported occupancy equals what the master charges again (issue 13)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
-    done = subprocess.run([sys.executable, "-m", "bench.faults", "--scenarios", "master,broker", "--requests", "3000",
-                           "--warmup", "6", "--stall", "16"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S - 60)
+    done = subprocess.run([sys.executable, "-m", "bench.faults", "--scenarios", "master,broker,agent", "--requests",
+                           "3000", "--warmup", "6", "--stall", "16"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S - 60)
     lines = done.stdout.strip().splitlines()
     assert lines, done.stderr[-3000:]
     result = json.loads(lines[-1])
     assert "error" not in result, result["error"]
-    master, broker = result["scenarios"]["master"], result["scenarios"]["broker"]
-    for figures in (master, broker):
+    scenarios = result["scenarios"]
+    assert list(scenarios) == ["master", "broker", "agent"], scenarios
+    master, broker, agent = scenarios["master"], scenarios["broker"], scenarios["agent"]
+    for figures in (master, broker, agent):
         assert figures["reports_lost"] == 0 and figures["reports_duplicated"] == 0, figures
+    for figures in (master, broker):
         assert figures["detect_s"] is not None and figures["detect_s"] <= 15, figures
         assert figures["recover_s"] is not None, figures
     assert master["recover_s"] <= 30 and master["occupancy_error"] <= 0.02, master
-    assert result["passed"] and done.returncode == 0, done.stderr[-3000:]
-
-
-@pytest.mark.timeout(HANG_GUARD_S)
-def test_a_killed_agent_comes_back_with_its_occupancy():
-    """SIGKILL an agent mid-batch and restart it: it restores its ledger from its state directory, so once the
-    batches queued meanwhile ran its reported occupancy equals what the master charges again (issue 13)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "DJANGO_"))}
-    done = subprocess.run([sys.executable, "-m", "bench.faults", "--scenarios", "agent", "--requests", "3000",
-                           "--warmup", "6"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S - 60)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-3000:]
-    result = json.loads(lines[-1])
-    assert "error" not in result, result["error"]
-    agent = result["scenarios"]["agent"]
-    assert agent["reports_lost"] == 0 and agent["reports_duplicated"] == 0, agent
     assert agent["occupancy_settled_s"] is not None, agent
     assert result["passed"] and done.returncode == 0, done.stderr[-3000:]
 
