@@ -50,6 +50,8 @@ plus messages the outboxes dropped), ``reports_duplicated`` (occupancy rows stor
 ``occupancy_error`` (after recovery: max over tenants of ``|reported - charged| / max(charged, 1 MiB)``).
 Done when every scenario has 0 lost, 0 duplicated, ``detect_s`` <= 15, (``master``) ``recover_s`` <= 30,
 (``agent``) an ``occupancy_settled_s`` and (``failover``) ``quotas_held_s`` <= 5 and a ``stored_s``.
+Each scenario's ``behaved`` is that verdict without the timing bounds (what the tests assert, with
+``--patience 4``: every wait up to 4x longer, for a loaded machine); ``passed`` adds them.
 The last stdout line is one JSON object; exit status 0 when every scenario passed.
 """
 from __future__ import annotations
@@ -91,6 +93,11 @@ MIB = 1 << 20
 #: missing ones count as lost. The wait ends as soon as none is missing; it is long because a loaded machine (other
 #: jobs on the same 2 cores) delivered the last report after more than 30 s, which then counted as lost.
 SETTLE_S = 120.0
+#: Every wait's timeout is multiplied by this (``--patience``): a broker stall or a database outage lasts until the
+#: fault is flagged or ``patience`` times its set length. The tests run with 4, since a machine 4x slower than usual
+#: must not fail them; the timing goals above are still measured and reported (``passed``), apart from the
+#: behaviour (``behaved``: nothing lost or stored twice, every fault flagged, every recovery reached).
+PATIENCE = 1.0
 
 
 # --- private PostgreSQL ----------------------------------------------------------------------------------------
@@ -321,8 +328,9 @@ def dashboard_view() -> dict[str, Any] | None:
 
 
 def wait(predicate, timeout: float, interval: float = 0.25) -> float | None:
-    """Seconds until ``predicate()`` is truthy, None after ``timeout``."""
+    """Seconds until ``predicate()`` is truthy, None after ``timeout * PATIENCE`` seconds."""
     start = time.monotonic()
+    timeout *= PATIENCE
     while time.monotonic() - start < timeout:
         if predicate():
             return round(time.monotonic() - start, 2)
@@ -671,22 +679,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             figures["stored_all_after_s"] = settled
             if "occupancy_error" not in figures:
                 figures["occupancy_error"] = occupancy_error(demo.master)
-            detect = figures["detect_s"]
-            figures["passed"] = bool(
-                figures["reports_lost"] == 0 and figures["reports_duplicated"] == 0
-                and detect is not None and detect <= DETECT_LIMIT_S
-                and figures["recover_s"] is not None
-                and (name != "master" or figures["recover_s"] <= MASTER_RECOVER_LIMIT_S)
-                and (name != "agent" or figures["occupancy_settled_s"] is not None)
-                and (name != "failover" or (figures["quotas_held_s"] is not None
-                                            and figures["quotas_held_s"] <= QUOTA_HOLD_LIMIT_S
-                                            and figures["stored_s"] is not None)))
+            figures["behaved"] = behaved(name, figures)
+            figures["passed"] = figures["behaved"] and in_time(name, figures)
             results[name] = figures
             demo.say(f"scenario {name}: {json.dumps(figures)}")
             wait(all_pass, 60)
         load.stop.set()
         ok = all(r["passed"] for r in results.values())
-        return {"bench": "faults", "passed": ok, "scenarios": results,
+        return {"bench": "faults", "passed": ok, "behaved": all(r["behaved"] for r in results.values()),
+                "patience": PATIENCE, "scenarios": results,
                 "load": {"batches_sent": load.sent, "batches_skipped": load.skipped, "send_failures": load.failed},
                 "workdir": str(workdir) if (args.keep_workdir or not ok) else None}
     finally:
@@ -694,6 +695,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         postgres.stop()
         if ok and not args.keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def behaved(name: str, figures: dict[str, Any]) -> bool:
+    """A scenario's behaviour, whatever the machine's speed: 0 reports lost or stored twice, the fault flagged, the
+    recovery reached (``agent``: the occupancy settled; ``failover``: the quotas held and a write stored)."""
+    return bool(figures["reports_lost"] == 0 and figures["reports_duplicated"] == 0
+                and figures["detect_s"] is not None and figures["recover_s"] is not None
+                and (name != "agent" or figures["occupancy_settled_s"] is not None)
+                and (name != "failover" or (figures["quotas_held_s"] is not None
+                                            and figures["stored_s"] is not None)))
+
+
+def in_time(name: str, figures: dict[str, Any]) -> bool:
+    """A behaved scenario's timing goals: flagged within ``DETECT_LIMIT_S``, (``master``) occupancy equal again within
+    ``MASTER_RECOVER_LIMIT_S``, (``failover``) quotas held within ``QUOTA_HOLD_LIMIT_S``."""
+    return bool(figures["detect_s"] <= DETECT_LIMIT_S
+                and (name != "master" or figures["recover_s"] <= MASTER_RECOVER_LIMIT_S)
+                and (name != "failover" or figures["quotas_held_s"] <= QUOTA_HOLD_LIMIT_S))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -706,8 +725,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall", type=float, default=20.0, help="seconds the broker stalls (default 20)")
     p.add_argument("--db-down", type=float, default=15.0, help="seconds PostgreSQL stays down (default 15)")
     p.add_argument("--warmup", type=float, default=10.0, help="seconds of load before the first fault")
+    p.add_argument("--patience", type=float, default=1.0,
+                   help="multiply every wait's timeout (a loaded machine; the tests use 4; default 1)")
     p.add_argument("--keep-workdir", action="store_true")
     args = p.parse_args(argv)
+    if args.patience < 1:
+        p.error("--patience: at least 1")
+    global PATIENCE
+    PATIENCE = args.patience
     args.scenarios = [s for s in args.scenarios.split(",") if s]
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown:
