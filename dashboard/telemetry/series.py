@@ -93,29 +93,37 @@ def _params(**values) -> dict:
 
 
 def _minute_sql(vendor: str) -> str:
-    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on)."""
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on).
+
+    One sort serves both the ``LAG`` window and the per-node grouping: the node and scope columns are compared
+    byte by byte (``vendor_sql.bytewise``; equal values are equal bytes, so the groups are the same) and grouped in
+    the window's order with the minute last, which follows ``ts`` (PostgreSQL: an incremental sort of each node's
+    rows, not a second sort of them all)."""
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     pair = ("node_name", *_SCOPE)
-    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in pair)
+    keys = ", ".join(f"{vendor_sql.bytewise(vendor, name)} AS {name}" for name in pair)
     bucket = vendor_sql.bucket_start(vendor, "ts", 60)
     lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
-    gap = f"{vendor_sql.epoch_seconds(vendor, 'ts')} / 60 - {vendor_sql.epoch_seconds(vendor, 'prev_ts')} / 60"
     increases = ", ".join(
-        f"sum(CASE WHEN prev_ts IS NULL OR {gap} > {LOOKBACK_MINUTES} THEN 0 "
+        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN 0 "
         f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
     averages = ", ".join(vendor_sql.half_up_average(
         vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
         for name in _GAUGES)
     return f"""
-        WITH rows AS (
-            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes,
-                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight, in_flight_requests, orphaned_bytes,
-                   {", ".join(_COUNTERS)}, {lags}, LAG(ts) OVER w AS prev_ts
+        WITH keyed AS (
+            SELECT {keys}, id, ts, {vendor_sql.epoch_seconds(vendor, "ts")} / 60 AS minute, bytes,
+                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight,
+                   in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}
             FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
-            WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
+        ), rows AS (
+            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes, weight, in_flight_requests, orphaned_bytes,
+                   {", ".join(_COUNTERS)}, {lags}, minute, LAG(minute) OVER w AS prev_minute
+            FROM keyed
+            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY ts, id)
         ), cells AS (
             SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
-            FROM rows WHERE ts >= %(start)s GROUP BY bucket, {", ".join(pair)}
+            FROM rows WHERE ts >= %(start)s GROUP BY {", ".join(pair)}, bucket
         )
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
         SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
@@ -157,6 +165,8 @@ def _write(width: int, start: datetime, end: datetime) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        for statement in vendor_sql.analytic_settings(vendor):  # sorts and hashes in memory, no JIT
+            cursor.execute(statement)
         cursor.execute(f"DELETE FROM {_table()} WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s",
                        params)
         if width == Width.MINUTE:
