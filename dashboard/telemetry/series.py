@@ -13,7 +13,9 @@ transaction under an advisory lock on PostgreSQL):
   counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
   silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
   changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
-  the minute.
+  the minute. (Not from the fold's per-node 1-minute rows: a minute is summed ``SETTLE_SECONDS`` after it ends,
+  while its samples stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``; and a folded row keeps the minute's largest
+  counter, which loses an agent restart within the minute.)
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
@@ -95,10 +97,10 @@ def _params(**values) -> dict:
 def _minute_sql(vendor: str) -> str:
     """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on).
 
-    One sort serves both the ``LAG`` window and the per-node grouping: the node and scope columns are compared
-    byte by byte (``vendor_sql.bytewise``; equal values are equal bytes, so the groups are the same) and grouped in
-    the window's order with the minute last, which follows ``ts`` (PostgreSQL: an incremental sort of each node's
-    rows, not a second sort of them all)."""
+    The node and scope columns are selected once compared byte by byte (``vendor_sql.bytewise``; equal values are
+    equal bytes, so the groups are the same) for both the ``LAG`` window's sort and the per-node grouping's (grouped
+    in the window's order, the minute last); the minute index is computed once per row. ``_write`` runs it with
+    ``vendor_sql.analytic_settings`` (PostgreSQL: both sorts in memory; with 4 MB they spilled to disk)."""
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     pair = ("node_name", *_SCOPE)
     keys = ", ".join(f"{vendor_sql.bytewise(vendor, name)} AS {name}" for name in pair)
