@@ -206,21 +206,24 @@ def resummarize(start: datetime, end: datetime, now: datetime) -> None:
 def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
     """The minutes of ``[start, end)`` (whole minutes) where a cache scope's samples (of every level, each weighing
     its ``samples``) do not add up to the ``samples`` of its row in the 1-minute tier, as ranges of adjacent
-    minutes."""
+    minutes. One statement: the samples' totals and the series' (negated) per minute and scope, summed, the minutes
+    where a sum is not 0 returned (both sides weigh at least 1 per row, so a scope on one side only is not 0)."""
     vendor = connection.vendor
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     bucket = vendor_sql.bucket_start(vendor, "ts", 60)
     scope = ", ".join(_SCOPE)
     params = _params(start=_floor(start, 60), end=_ceil(end, 60))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {bucket}, {scope}, sum(CASE WHEN samples > 1 THEN samples ELSE 1 END) FROM {samples} "
-                       f"WHERE ts >= %(start)s AND ts < %(end)s GROUP BY {bucket}, {scope}", params)
-        stored = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
-        cursor.execute(f"SELECT ts, {scope}, samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
-                       f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s", params)
-        summed = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+        cursor.execute(
+            f"SELECT DISTINCT bucket FROM ("
+            f"SELECT {bucket} AS bucket, {scope}, CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight "
+            f"FROM {samples} WHERE ts >= %(start)s AND ts < %(end)s "
+            f"UNION ALL SELECT ts, {scope}, -samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
+            f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s) both_sides "
+            f"GROUP BY bucket, {scope} HAVING sum(weight) <> 0 ORDER BY bucket", params)
+        minutes = [_aware(ts) for (ts,) in cursor.fetchall()]
     ranges: list[tuple[datetime, datetime]] = []
-    for minute in sorted({key[0] for key in stored.keys() | summed.keys() if stored.get(key) != summed.get(key)}):
+    for minute in minutes:
         if ranges and ranges[-1][1] == minute:
             ranges[-1] = (ranges[-1][0], minute + timedelta(minutes=1))
         else:
