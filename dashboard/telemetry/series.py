@@ -13,7 +13,9 @@ transaction under an advisory lock on PostgreSQL):
   counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
   silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
   changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
-  the minute.
+  the minute. (Not from the fold's per-node 1-minute rows: a minute is summed ``SETTLE_SECONDS`` after it ends,
+  while its samples stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``; and a folded row keeps the minute's largest
+  counter, which loses an agent restart within the minute.)
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
@@ -93,29 +95,37 @@ def _params(**values) -> dict:
 
 
 def _minute_sql(vendor: str) -> str:
-    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on)."""
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on).
+
+    The node and scope columns are selected once compared byte by byte (``vendor_sql.bytewise``; equal values are
+    equal bytes, so the groups are the same) for both the ``LAG`` window's sort and the per-node grouping's (grouped
+    in the window's order, the minute last); the minute index is computed once per row. ``_write`` runs it with
+    ``vendor_sql.analytic_settings`` (PostgreSQL: both sorts in memory; with 4 MB they spilled to disk)."""
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     pair = ("node_name", *_SCOPE)
-    partition = ", ".join(vendor_sql.bytewise(vendor, name) for name in pair)
+    keys = ", ".join(f"{vendor_sql.bytewise(vendor, name)} AS {name}" for name in pair)
     bucket = vendor_sql.bucket_start(vendor, "ts", 60)
     lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
-    gap = f"{vendor_sql.epoch_seconds(vendor, 'ts')} / 60 - {vendor_sql.epoch_seconds(vendor, 'prev_ts')} / 60"
     increases = ", ".join(
-        f"sum(CASE WHEN prev_ts IS NULL OR {gap} > {LOOKBACK_MINUTES} THEN 0 "
+        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN 0 "
         f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
     averages = ", ".join(vendor_sql.half_up_average(
         vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
         for name in _GAUGES)
     return f"""
-        WITH rows AS (
-            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes,
-                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight, in_flight_requests, orphaned_bytes,
-                   {", ".join(_COUNTERS)}, {lags}, LAG(ts) OVER w AS prev_ts
+        WITH keyed AS (
+            SELECT {keys}, id, ts, {vendor_sql.epoch_seconds(vendor, "ts")} / 60 AS minute, bytes,
+                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight,
+                   in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}
             FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
-            WINDOW w AS (PARTITION BY {partition} ORDER BY ts, id)
+        ), rows AS (
+            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes, weight, in_flight_requests, orphaned_bytes,
+                   {", ".join(_COUNTERS)}, {lags}, minute, LAG(minute) OVER w AS prev_minute
+            FROM keyed
+            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY ts, id)
         ), cells AS (
             SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
-            FROM rows WHERE ts >= %(start)s GROUP BY bucket, {", ".join(pair)}
+            FROM rows WHERE ts >= %(start)s GROUP BY {", ".join(pair)}, bucket
         )
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
         SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
@@ -157,6 +167,8 @@ def _write(width: int, start: datetime, end: datetime) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        for statement in vendor_sql.analytic_settings(vendor):  # sorts and hashes in memory, no JIT
+            cursor.execute(statement)
         cursor.execute(f"DELETE FROM {_table()} WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s",
                        params)
         if width == Width.MINUTE:
@@ -194,21 +206,24 @@ def resummarize(start: datetime, end: datetime, now: datetime) -> None:
 def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
     """The minutes of ``[start, end)`` (whole minutes) where a cache scope's samples (of every level, each weighing
     its ``samples``) do not add up to the ``samples`` of its row in the 1-minute tier, as ranges of adjacent
-    minutes."""
+    minutes. One statement: the samples' totals and the series' (negated) per minute and scope, summed, the minutes
+    where a sum is not 0 returned (both sides weigh at least 1 per row, so a scope on one side only is not 0)."""
     vendor = connection.vendor
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     bucket = vendor_sql.bucket_start(vendor, "ts", 60)
     scope = ", ".join(_SCOPE)
     params = _params(start=_floor(start, 60), end=_ceil(end, 60))
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {bucket}, {scope}, sum(CASE WHEN samples > 1 THEN samples ELSE 1 END) FROM {samples} "
-                       f"WHERE ts >= %(start)s AND ts < %(end)s GROUP BY {bucket}, {scope}", params)
-        stored = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
-        cursor.execute(f"SELECT ts, {scope}, samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
-                       f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s", params)
-        summed = {(_aware(ts), *key): int(total) for ts, *key, total in cursor.fetchall()}
+        cursor.execute(
+            f"SELECT DISTINCT bucket FROM ("
+            f"SELECT {bucket} AS bucket, {scope}, CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight "
+            f"FROM {samples} WHERE ts >= %(start)s AND ts < %(end)s "
+            f"UNION ALL SELECT ts, {scope}, -samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
+            f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s) both_sides "
+            f"GROUP BY bucket, {scope} HAVING sum(weight) <> 0 ORDER BY bucket", params)
+        minutes = [_aware(ts) for (ts,) in cursor.fetchall()]
     ranges: list[tuple[datetime, datetime]] = []
-    for minute in sorted({key[0] for key in stored.keys() | summed.keys() if stored.get(key) != summed.get(key)}):
+    for minute in minutes:
         if ranges and ranges[-1][1] == minute:
             ranges[-1] = (ranges[-1][0], minute + timedelta(minutes=1))
         else:
