@@ -83,7 +83,10 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
     if form is None and state.phase == flow.PHASE_IDLE and state.old is not None:
         form = StartUpgradeForm()
     retired = [{"release": release, "purges": purges_for_release(release)} for release in state.retired]
-    chart_params = {"window": "1h", "tenant_id": model.tenant.tenant_id, "served_model_name": model.served_model_name}
+    # the chart is live (the last 15 minutes read every node's reports as they arrive; windows of an hour and longer
+    # read the occupancy summed over nodes, which the rollup writes a minute late); the link opens the hour
+    scope = {"tenant_id": model.tenant.tenant_id, "served_model_name": model.served_model_name}
+    chart_params = {"window": "15m", **scope}
     context = {
         "model": model, "state": state, "sides": sides, "projection": projection, "form": form,
         "readiness": flow.retire_readiness(state.old) if state.phase == flow.PHASE_DRAINING else None,
@@ -91,7 +94,7 @@ def _page(request: HttpRequest, model: ServedModel, form: StartUpgradeForm | Non
         "step_permissions": STEP_PERMISSIONS,
         "can_assign": request.user.has_perm(model_permission(InstanceAssignment, "add"), model),
         "data_url": f"{reverse('ui:occupancy-data')}?{urlencode(chart_params)}",
-        "occupancy_url": f"{reverse('ui:occupancy')}?{urlencode(chart_params)}",
+        "occupancy_url": f"{reverse('ui:occupancy')}?{urlencode({'window': '1h', **scope})}",
     }
     return render(request, "ui/upgrade.html", context, status=status)
 
