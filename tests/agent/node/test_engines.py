@@ -386,16 +386,17 @@ def test_both_paths_poll_the_masters_eviction_counters_the_document_names(tmp_pa
         simulator.close()
 
 
-def test_the_maintenance_thread_wakes_for_the_eviction_signal_between_ticks(tmp_path):
+def test_the_maintenance_thread_wakes_for_the_eviction_signal_between_ticks(tmp_path, monkeypatch):
     """With the masters' metrics named, the thread's next round comes after the eviction counters' poll interval
     (a light :meth:`NodeEngines.signal_tick`), not only every ``interval``; without them, every ``interval``."""
-    import time
+    import agent.node.engines as engines_module
 
     engines = NodeEngines("node-a", Ledger(), tmp_path / "i", interval=2.0, metrics_interval=0,
                           store_opener=Stores(), is_privileged=False)
     try:
-        now = time.monotonic()
-        assert 1.5 < engines._wait(now) <= 2.0           # nothing to poll: the next full tick
+        now = 100.0
+        monkeypatch.setattr(engines_module.time, "monotonic", lambda: now)  # a fixed clock: no wall-clock speed
+        assert engines._wait(now) == 2.0                 # nothing to poll: the next full tick
         engines.maintenance.set_master_metrics(["http://127.0.0.1:9/metrics"])
         assert engines._wait(now) == engines.maintenance.eviction_watch.poll_interval == 1.0
         assert engines._wait(now - 5.0) == 0.0           # a full tick overdue: at once
