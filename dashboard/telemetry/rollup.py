@@ -85,7 +85,7 @@ def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
     agg = ", ".join([
         *_KEY,
-        *(f"sum({vendor_sql.weighted(vendor, name, 'samples')}) AS {name}" for name in _GAUGES),
+        *(f"{vendor_sql.weighted_sum(vendor, name, 'samples')} AS {name}" for name in _GAUGES),
         *(f"max({name}) AS {name}" for name in _LARGEST),
         "sum(samples) AS samples",
     ])

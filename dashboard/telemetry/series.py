@@ -95,42 +95,39 @@ def _params(**values) -> dict:
 
 
 def _minute_sql(vendor: str) -> str:
-    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on).
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous minutes from ``lookback`` on).
 
-    The node and scope columns are selected once compared byte by byte (``vendor_sql.bytewise``; equal values are
-    equal bytes, so the groups are the same) for both the ``LAG`` window's sort and the per-node grouping's (grouped
-    in the window's order, the minute last); the minute index is computed once per row. ``_write`` runs it with
-    ``vendor_sql.analytic_settings`` (PostgreSQL: both sorts in memory; with 4 MB they spilled to disk)."""
+    One hashed pass over the samples makes a cell per node, cache scope and minute (gauges' weighted totals, each
+    counter's largest and smallest value, the samples); only those cells (about 6 samples each at fleet size) are
+    sorted for the ``LAG`` window over each node's minutes, their node and scope columns compared byte by byte
+    (``vendor_sql.bytewise``; equal values are equal bytes, so the groups are the same). ``_write`` runs it with
+    ``vendor_sql.analytic_settings`` (PostgreSQL: room to hash and sort in memory)."""
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     pair = ("node_name", *_SCOPE)
     keys = ", ".join(f"{vendor_sql.bytewise(vendor, name)} AS {name}" for name in pair)
-    bucket = vendor_sql.bucket_start(vendor, "ts", 60)
+    minute = f"{vendor_sql.epoch_seconds(vendor, 'ts')} / 60"
+    weight = "CASE WHEN samples > 1 THEN samples ELSE 1 END"
+    totals = ", ".join(f"{vendor_sql.weighted_sum(vendor, name, weight)} AS {name}" for name in _GAUGES)
+    extremes = ", ".join(f"max({name}) AS {name}, min({name}) AS low_{name}" for name in _COUNTERS)
     lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
     increases = ", ".join(
-        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN 0 "
-        f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
-    averages = ", ".join(vendor_sql.half_up_average(
-        vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
-        for name in _GAUGES)
+        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN {name} - low_{name} "
+        f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END)" for name in _COUNTERS)
+    averages = ", ".join(f"sum({vendor_sql.half_up_average(vendor, name, 'samples')})" for name in _GAUGES)
     return f"""
-        WITH keyed AS (
-            SELECT {keys}, id, ts, {vendor_sql.epoch_seconds(vendor, "ts")} / 60 AS minute, bytes,
-                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight,
-                   in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}
+        WITH cells AS (
+            SELECT {keys}, {minute} AS minute, {totals}, {extremes}, sum({weight}) AS samples
             FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
-        ), rows AS (
-            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes, weight, in_flight_requests, orphaned_bytes,
-                   {", ".join(_COUNTERS)}, {lags}, minute, LAG(minute) OVER w AS prev_minute
-            FROM keyed
-            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY ts, id)
-        ), cells AS (
-            SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
-            FROM rows WHERE ts >= %(start)s GROUP BY {", ".join(pair)}, bucket
+            GROUP BY {", ".join(pair)}, {minute}
+        ), lagged AS (
+            SELECT *, {lags}, LAG(minute) OVER w AS prev_minute
+            FROM cells
+            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY minute)
         )
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
-        SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
-               {", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))}
-        FROM cells GROUP BY bucket, {", ".join(_SCOPE)}
+        SELECT {int(Width.MINUTE)}, {vendor_sql.from_epoch_seconds(vendor, "minute * 60")}, {", ".join(_SCOPE)},
+               {averages}, {increases}, sum(samples)
+        FROM lagged WHERE minute >= %(start_minute)s GROUP BY minute, {", ".join(_SCOPE)}
     """
 
 
@@ -162,7 +159,7 @@ def _write(width: int, start: datetime, end: datetime) -> None:
     if start >= end:
         return
     vendor = connection.vendor
-    params = _params(width=int(width), start=start, end=end,
+    params = _params(width=int(width), start=start, end=end, start_minute=int(start.timestamp()) // 60,
                      lookback=start - timedelta(minutes=LOOKBACK_MINUTES), finer=int(_FINER.get(width, 0)))
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":

@@ -45,34 +45,35 @@ def _floor(ts: datetime, seconds: int) -> datetime:
 
 
 def _brute_minutes(rows: list[OccupancySample], start: datetime, end: datetime) -> dict:
-    """(width, ts, scope) -> column values: the 1-minute rows of [start, end) by the documented rules."""
-    pairs: dict = defaultdict(list)
-    for row in sorted(rows, key=lambda r: (r.ts, r.id)):
-        pairs[(row.node_name, CacheScope(row.tenant_id, row.served_model_name, row.namespace,
-                                         row.request_group))].append(row)
+    """(width, ts, scope) -> column values: the 1-minute rows of [start, end) by the documented rules (per node,
+    scope and minute each counter's largest value, its increase from the node's previous minute's largest, or
+    within the minute when there is none)."""
     cells: dict = {}
-    for (node, scope), ordered in pairs.items():
-        previous = None
-        for row in ordered:
-            if start <= row.ts < end:
-                cell = cells.setdefault((_floor(row.ts, 60), node, scope),
-                                        {"totals": [0] * len(GAUGES), "weight": 0, "inc": [0] * len(COUNTERS)})
-                weight = max(row.samples, 1)
-                for n, name in enumerate(GAUGES):
-                    cell["totals"][n] += getattr(row, name) * weight
-                cell["weight"] += weight
-                if previous is not None and int(row.ts.timestamp()) // 60 - int(previous.ts.timestamp()) // 60 <= 1:
-                    for n, name in enumerate(COUNTERS):
-                        value, was = getattr(row, name), getattr(previous, name)
-                        cell["inc"][n] += value - was if value >= was else value
-            previous = row
+    for row in rows:
+        scope = CacheScope(row.tenant_id, row.served_model_name, row.namespace, row.request_group)
+        cell = cells.setdefault((row.node_name, scope, int(row.ts.timestamp()) // 60), {
+            "totals": [0] * len(GAUGES), "weight": 0, "high": [None] * len(COUNTERS), "low": [None] * len(COUNTERS)})
+        weight = max(row.samples, 1)
+        for n, name in enumerate(GAUGES):
+            cell["totals"][n] += getattr(row, name) * weight
+        cell["weight"] += weight
+        for n, name in enumerate(COUNTERS):
+            value = getattr(row, name)
+            cell["high"][n] = value if cell["high"][n] is None else max(cell["high"][n], value)
+            cell["low"][n] = value if cell["low"][n] is None else min(cell["low"][n], value)
     out: dict = {}
-    for (minute, _node, scope), cell in cells.items():
-        for key in ((60, minute, scope), (60, minute, scope.release_scope())):
+    for (node, scope, minute), cell in cells.items():
+        ts = datetime.fromtimestamp(minute * 60, tz=UTC)
+        if not start <= ts < end:
+            continue
+        previous = cells.get((node, scope, minute - 1))
+        increases = [high - (low if previous is None else 0 if high < previous["high"][n] else previous["high"][n])
+                     for n, (high, low) in enumerate(zip(cell["high"], cell["low"], strict=True))]
+        for key in ((60, ts, scope), (60, ts, scope.release_scope())):
             values = out.setdefault(key, [0] * (len(GAUGES) + len(COUNTERS) + 1))
             for n, total in enumerate(cell["totals"]):
                 values[n] += _half_up(total, cell["weight"])
-            for n, increase in enumerate(cell["inc"]):
+            for n, increase in enumerate(increases):
                 values[len(GAUGES) + n] += increase
             values[-1] += cell["weight"]
     return out
