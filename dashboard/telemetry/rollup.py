@@ -79,16 +79,23 @@ def _floor_seconds(ts: datetime, seconds: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
 
 
-def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
-    """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` folding the rows of ``source_sql`` (a FROM item with the
-    sample columns and ``ts``) into ``target`` level rows, merged with the existing ones; params: target level."""
-    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+def _aggregate_sql(vendor: str, source_sql: str, target: int) -> str:
+    """``SELECT`` of the ``target`` buckets of the rows of ``source_sql`` (a FROM item with the sample columns and
+    ``ts``): per bucket and key the gauges' weighted totals, the largest values, the samples and ``source_rows``."""
     agg = ", ".join([
         *_KEY,
         *(f"{vendor_sql.weighted_sum(vendor, name, 'samples')} AS {name}" for name in _GAUGES),
         *(f"max({name}) AS {name}" for name in _LARGEST),
-        "sum(samples) AS samples",
+        "sum(samples) AS samples", "count(*) AS source_rows",
     ])
+    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
+    return f"SELECT {bucket} AS ts, {agg} FROM {source_sql} GROUP BY {bucket}, {', '.join(_KEY)}"
+
+
+def _merge_sql(vendor: str, aggregated: str) -> str:
+    """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` of the rows of ``aggregated`` (a FROM item aliased ``a``, from
+    ``_aggregate_sql``) as ``target`` level rows, merged with the existing ones; params: target level."""
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
     weight = "a.samples + coalesce(o.samples, 0)"
     values = ", ".join([
         *(f"a.{name}" for name in _KEY),
@@ -99,12 +106,10 @@ def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
         weight,
     ])
     join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts", *(f"o.{name} = a.{name}" for name in _KEY)])
-    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
     return (
         f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
         f"SELECT %(target)s, a.ts, {values} "
-        f"FROM (SELECT {bucket} AS ts, {agg} FROM {source_sql} "
-        f"GROUP BY {bucket}, {', '.join(_KEY)}) a LEFT JOIN {table} o ON {join} "
+        f"FROM {aggregated} LEFT JOIN {table} o ON {join} "
         f"WHERE true ON CONFLICT (level, ts, {', '.join(_KEY)}) WHERE level > 0 DO UPDATE SET "
         + ", ".join(f"{name} = excluded.{name}" for name in (*_GAUGES, *_LARGEST, "samples"))
     )
@@ -122,11 +127,13 @@ def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
             moved = f"DELETE FROM {table} WHERE {chunk} RETURNING ts, {', '.join(_COLUMNS)}"
-            cursor.execute(f"WITH moved AS ({moved}), merged AS ({_fold_sql(vendor, 'moved', target)}) "
-                           f"SELECT count(*) FROM moved", params)
-            return cursor.fetchone()[0]
+            # the rows moved are read once (aggregated); their count comes from the buckets
+            cursor.execute(f"WITH moved AS ({moved}), a AS ({_aggregate_sql(vendor, 'moved', target)}), "
+                           f"merged AS ({_merge_sql(vendor, 'a')}) SELECT coalesce(sum(source_rows), 0) FROM a",
+                           params)
+            return int(cursor.fetchone()[0])
         # SQLite: the transaction holds the write lock (IMMEDIATE) from its start, nobody inserts in between
-        cursor.execute(_fold_sql(vendor, f"{table} WHERE {chunk}", target), params)
+        cursor.execute(_merge_sql(vendor, f"({_aggregate_sql(vendor, f'{table} WHERE {chunk}', target)}) a"), params)
         cursor.execute(f"DELETE FROM {table} WHERE {chunk}", params)
         return cursor.rowcount
 

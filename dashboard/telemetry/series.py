@@ -54,6 +54,9 @@ CHUNK_SECONDS = 600
 #: ``pg_advisory_xact_lock`` key serializing the writes of concurrent rollups to the series ("kvpool-series").
 ADVISORY_LOCK = 0x6B76_706F_6F6C_0002
 
+#: The sample levels a minute is summed from (raw and 1-minute rows; as a list of the (level, ts) index's first
+#: column, so the reads are index range scans, not a scan of every level's rows).
+_LEVELS = f"{int(OccupancySample.Level.RAW)}, {int(OccupancySample.Level.MINUTE)}"
 _COUNTERS = ScopeSeries.COUNTERS
 _SCOPE = ScopeSeries.SCOPE
 _RELEASE = ("tenant_id", "served_model_name", "namespace")
@@ -117,7 +120,7 @@ def _minute_sql(vendor: str) -> str:
     return f"""
         WITH cells AS (
             SELECT {keys}, {minute} AS minute, {totals}, {extremes}, sum({weight}) AS samples
-            FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
+            FROM {samples} WHERE level IN ({_LEVELS}) AND ts >= %(lookback)s AND ts < %(end)s
             GROUP BY {", ".join(pair)}, {minute}
         ), lagged AS (
             SELECT *, {lags}, LAG(minute) OVER w AS prev_minute
@@ -214,7 +217,7 @@ def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
         cursor.execute(
             f"SELECT DISTINCT bucket FROM ("
             f"SELECT {bucket} AS bucket, {scope}, CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight "
-            f"FROM {samples} WHERE ts >= %(start)s AND ts < %(end)s "
+            f"FROM {samples} WHERE level IN ({_LEVELS}) AND ts >= %(start)s AND ts < %(end)s "
             f"UNION ALL SELECT ts, {scope}, -samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
             f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s) both_sides "
             f"GROUP BY bucket, {scope} HAVING sum(weight) <> 0 ORDER BY bucket", params)
