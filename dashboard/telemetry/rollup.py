@@ -92,10 +92,17 @@ def _aggregate_sql(vendor: str, source_sql: str, target: int) -> str:
     return f"SELECT {bucket} AS ts, {agg} FROM {source_sql} GROUP BY {bucket}, {', '.join(_KEY)}"
 
 
-def _merge_sql(vendor: str, aggregated: str) -> str:
-    """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` of the rows of ``aggregated`` (a FROM item aliased ``a``, from
-    ``_aggregate_sql``) as ``target`` level rows, merged with the existing ones; params: target level."""
+def _merge_sql(vendor: str, aggregated: str, merge: bool) -> str:
+    """``INSERT ... SELECT`` of the rows of ``aggregated`` (a FROM item aliased ``a``, from ``_aggregate_sql``) as
+    ``target`` level rows; with ``merge``, merged with the existing ones (``LEFT JOIN`` and ``ON CONFLICT DO
+    UPDATE``), without, plain (when the range holds no ``target`` row: several times cheaper per row than the
+    conflict checks); params: target level."""
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    if not merge:
+        values = ", ".join([*(f"a.{name}" for name in _KEY),
+                            *(vendor_sql.half_up_average(vendor, f"a.{name}", "a.samples") for name in _GAUGES),
+                            *(f"a.{name}" for name in _LARGEST), "a.samples"])
+        return f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) SELECT %(target)s, a.ts, {values} FROM {aggregated}"
     weight = "a.samples + coalesce(o.samples, 0)"
     values = ", ".join([
         *(f"a.{name}" for name in _KEY),
@@ -120,20 +127,30 @@ def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int
     transaction; returns the rows folded. ``start`` and ``end`` are bucket starts of ``target``'s or finer."""
     vendor = connection.vendor
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
-    params = {"source": source, "target": target, "start": connection.ops.adapt_datetimefield_value(start),
-              "end": connection.ops.adapt_datetimefield_value(end)}
+    adapt = connection.ops.adapt_datetimefield_value
+    params = {"source": source, "target": target, "start": adapt(start), "end": adapt(end),
+              "first_bucket": adapt(_floor_seconds(start, _BUCKET_SECONDS[target]))}
     chunk = "level = %(source)s AND ts >= %(start)s AND ts < %(end)s"
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        for statement in vendor_sql.analytic_settings(vendor):  # the rows moved and their buckets in memory, no JIT
+            cursor.execute(statement)
+        # only folds write rollup rows, one at a time (the lock; SQLite's write lock): none in the buckets now, none
+        # until this transaction ends
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE level = %(target)s AND ts >= %(first_bucket)s "
+                       f"AND ts < %(end)s)", params)
+        merge = bool(cursor.fetchone()[0])
+        if vendor == "postgresql":
             moved = f"DELETE FROM {table} WHERE {chunk} RETURNING ts, {', '.join(_COLUMNS)}"
             # the rows moved are read once (aggregated); their count comes from the buckets
             cursor.execute(f"WITH moved AS ({moved}), a AS ({_aggregate_sql(vendor, 'moved', target)}), "
-                           f"merged AS ({_merge_sql(vendor, 'a')}) SELECT coalesce(sum(source_rows), 0) FROM a",
+                           f"merged AS ({_merge_sql(vendor, 'a', merge)}) SELECT coalesce(sum(source_rows), 0) FROM a",
                            params)
             return int(cursor.fetchone()[0])
         # SQLite: the transaction holds the write lock (IMMEDIATE) from its start, nobody inserts in between
-        cursor.execute(_merge_sql(vendor, f"({_aggregate_sql(vendor, f'{table} WHERE {chunk}', target)}) a"), params)
+        cursor.execute(_merge_sql(vendor, f"({_aggregate_sql(vendor, f'{table} WHERE {chunk}', target)}) a", merge),
+                       params)
         cursor.execute(f"DELETE FROM {table} WHERE {chunk}", params)
         return cursor.rowcount
 
