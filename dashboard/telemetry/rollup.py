@@ -8,8 +8,9 @@ late sample, or an earlier chunk of the same bucket) is merged the same way, its
 ``samples``.
 
 Each fold is one ``INSERT ... SELECT ... GROUP BY ... ON CONFLICT (level, ts, cache scope key) DO UPDATE`` over a
-bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), and the deletion
-of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ... RETURNING``
+bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), a plain ``INSERT``
+when the chunk's buckets hold no rollup row yet (the usual case; only folds write rollup rows, one at a time), and
+the deletion of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ... RETURNING``
 of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the transaction
 holds the database's write lock from its start. So a sample that arrives while a rollup runs is never lost nor
 counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is merged into
@@ -102,7 +103,8 @@ def _merge_sql(vendor: str, aggregated: str, merge: bool) -> str:
         values = ", ".join([*(f"a.{name}" for name in _KEY),
                             *(vendor_sql.half_up_average(vendor, f"a.{name}", "a.samples") for name in _GAUGES),
                             *(f"a.{name}" for name in _LARGEST), "a.samples"])
-        return f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) SELECT %(target)s, a.ts, {values} FROM {aggregated}"
+        return (f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
+                f"SELECT %(target)s, a.ts, {values} FROM {aggregated}")
     weight = "a.samples + coalesce(o.samples, 0)"
     values = ", ".join([
         *(f"a.{name}" for name in _KEY),

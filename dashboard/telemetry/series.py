@@ -5,17 +5,20 @@ and bucket instead of every node's samples (issue 17: 1,000 nodes × 10,000 cach
 Tiers, each computed set-based in SQL (``DELETE`` of the range, then ``INSERT ... SELECT ... GROUP BY``, in one
 transaction under an advisory lock on PostgreSQL):
 
-* **1 minute**, from the ``OccupancySample`` rows of the minute (any level): per node and cache scope the
-  sample-weighted average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up),
-  then summed over nodes; counters (hit, miss, evicted blocks by cause) as the increases between each node's
-  consecutive rows (``LAG``; a decrease is an agent restart: the new value counts from zero), counted in the minute
-  of the later row, summed; ``samples`` the samples summed (a rollup row weighs its ``samples``). An increase
-  counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
-  silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
-  changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
-  the minute. (Not from the fold's per-node 1-minute rows: a minute is summed ``SETTLE_SECONDS`` after it ends,
-  while its samples stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``; and a folded row keeps the minute's largest
-  counter, which loses an agent restart within the minute.)
+* **1 minute**, from the raw and 1-minute ``OccupancySample`` rows of the minute, in one hashed pass that makes a
+  cell per node, cache scope and minute (about 6 raw samples; no sort of the samples): per cell the sample-weighted
+  average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up), then summed over
+  nodes; each counter (hit, miss, evicted blocks by cause) the cell's largest value, as the fold keeps it, and its
+  increase that value minus the node's previous minute's (``LAG`` over the cells, by node and scope), or the value
+  itself when smaller (an agent restart: the new value counts from zero), summed over nodes; a cell with no cell of
+  its node and scope ``LOOKBACK_MINUTES`` minute before (a node's first minute, or silent for longer) counts the
+  increase within it (largest - smallest value); ``samples`` the samples summed (a rollup row weighs its
+  ``samples``). For samples without a restart this is the sum of the increases between consecutive samples; an
+  agent restart inside a minute counts that minute's increase up to its largest value and the rest, from zero, in
+  the next minute (nothing lost or counted twice over the two). A minute is computed from the raw samples
+  (``SETTLE_SECONDS`` after it ends, while they stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and gives the same
+  values from the fold's 1-minute rows (but a node's first minute: a folded row has no increase within it). The
+  release rows (``request_group`` NULL) sum the release's scope rows of the minute.
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
@@ -23,12 +26,11 @@ transaction under an advisory lock on PostgreSQL):
 
 ``summarize(now)`` (each rollup run) computes the minutes from the newest 1-minute bucket written up to
 ``SETTLE_SECONDS`` before ``now``. Folding a minute's raw samples into a 1-minute row changes none of its values
-(weighted averages, the largest counter, the samples summed; but an agent restart within the minute), so after a
-fold ``changed(start, end)`` finds the minutes whose samples no longer add up to the series' ``samples`` (a sample
-stored after its minute was summed: late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them
-again, with the coarser buckets over them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters
-the series when the rollup folds it (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the
-1-minute tier's retention by then.
+(weighted averages, the largest counter, the samples summed), so after a fold ``changed(start, end)`` finds the
+minutes whose samples no longer add up to the series' ``samples`` (a sample stored after its minute was summed:
+late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them again, with the coarser buckets over
+them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters the series when the rollup folds it
+(``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the 1-minute tier's retention by then.
 ``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5- and 15-minute
 rows the larger of 2 days and that + 1 hour, coarser rows ``KVPOOL_RETENTION_SECONDS``.
 """

@@ -205,6 +205,23 @@ def test_counters_count_increases_not_totals():
     assert [rows[(0, "")].bytes, rows[(1, "")].bytes] == [3000, 7000]
 
 
+def test_an_agent_restart_within_a_minute_counts_from_zero_in_the_next_minute():
+    """Counters per node and minute are their largest value (what the fold keeps): a restart inside a minute counts
+    that minute's increase up to its largest value and the rest, from zero, in the next minute; nothing is lost or
+    counted twice over the two."""
+    start = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
+    scope = SCOPES[0]
+    OccupancySample.objects.bulk_create([
+        OccupancySample(ts=start + timedelta(seconds=seconds), node_name="node-a", **scope._asdict(), hit_blocks=value)
+        for seconds, value in ((0, 100), (60, 110), (70, 120), (80, 5), (90, 10), (120, 15))])
+    series_mod._write(ScopeSeries.Width.MINUTE, start, start + timedelta(minutes=3))
+    hits = {row.ts.minute: row.hit_blocks for row in ScopeSeries.objects.filter(request_group="")}
+    # minute 0: the node's first, one sample: 0; minute 1: 120 - 100 (the restart to 5, then 10, not seen);
+    # minute 2: 15 < 120, a restart: 15 from zero (the 5 and 10 of minute 1 with it)
+    assert hits == {0: 0, 1: 20, 2: 15}
+    assert sum(hits.values()) == (110 - 100) + (120 - 110) + 5 + (10 - 5) + (15 - 10)  # as consecutive samples say
+
+
 def test_rollup_keeps_the_series_of_the_samples_it_folds(settings):
     """Runs of the rollup three minutes apart, late samples arriving for minutes already summed (and folded): once
     folded, the series equals a brute force over the samples left; retention drops each tier's old rows."""
