@@ -10,14 +10,14 @@ late sample, or an earlier chunk of the same bucket) is merged the same way, its
 Each fold is one ``INSERT ... SELECT ... GROUP BY ... ON CONFLICT (level, ts, cache scope key) DO UPDATE`` over a
 bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), a plain ``INSERT``
 when the chunk's buckets hold no rollup row yet (the usual case; only folds write rollup rows, one at a time), and
-the deletion of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ... RETURNING``
-of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the transaction
-holds the database's write lock from its start. So a sample that arrives while a rollup runs is never lost nor
-counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is merged into
-the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level advisory lock on
-PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
-``dashboard_occ_rollup_key`` (rollup levels only: raw rows may repeat a key, two reports of one node may carry
-the same ``sent_at``) is the conflict target.
+the deletion of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ...
+RETURNING`` of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the
+transaction holds the database's write lock from its start. So a sample that arrives while a rollup runs is never
+lost nor counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is
+merged into the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level
+advisory lock on PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
+``dashboard_occ_rollup_key`` (its text columns compared byte by byte on PostgreSQL, migration 0014; rollup levels
+only: raw rows may repeat a key, two reports of one node may carry the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
 last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
@@ -114,7 +114,9 @@ def _merge_sql(vendor: str, aggregated: str, merge: bool) -> str:
         *(f"CASE WHEN o.{name} > a.{name} THEN o.{name} ELSE a.{name} END" for name in _LARGEST),
         weight,
     ])
-    join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts", *(f"o.{name} = a.{name}" for name in _KEY)])
+    # compared as the conflict key's index does (bytewise on PostgreSQL: migration 0014), so the join probes it
+    join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts",
+                         *(f"{vendor_sql.bytewise(vendor, f'o.{name}')} = a.{name}" for name in _KEY)])
     return (
         f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
         f"SELECT %(target)s, a.ts, {values} "
