@@ -1,6 +1,6 @@
 """The SQL that differs between the dashboard's backends (PostgreSQL, the fleet database; SQLite, the embedded
-default), in one place: bucket starts, epoch seconds, seconds after an origin, half-up averages, the smaller of
-two values.
+default), in one place: bucket starts, epoch seconds and back, seconds after an origin, weighted sums, half-up
+averages, the smaller of two values.
 
 Each function takes ``vendor`` (``connection.vendor``) and SQL expressions, and returns an SQL expression; a ``%``
 is written ``%%`` (the statements are run with parameters). Other backends raise ``NotImplementedError``.
