@@ -8,15 +8,16 @@ late sample, or an earlier chunk of the same bucket) is merged the same way, its
 ``samples``.
 
 Each fold is one ``INSERT ... SELECT ... GROUP BY ... ON CONFLICT (level, ts, cache scope key) DO UPDATE`` over a
-bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), and the deletion
-of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ... RETURNING``
-of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the transaction
-holds the database's write lock from its start. So a sample that arrives while a rollup runs is never lost nor
-counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is merged into
-the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level advisory lock on
-PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
-``dashboard_occ_rollup_key`` (rollup levels only: raw rows may repeat a key, two reports of one node may carry
-the same ``sent_at``) is the conflict target.
+bounded chunk of source rows (a time range, ``RAW_CHUNK_SECONDS`` / ``MINUTE_CHUNK_SECONDS``), a plain ``INSERT``
+when the chunk's buckets hold no rollup row yet (the usual case; only folds write rollup rows, one at a time), and
+the deletion of exactly the rows it read, in one transaction per chunk: on PostgreSQL the source is a ``DELETE ...
+RETURNING`` of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the
+transaction holds the database's write lock from its start. So a sample that arrives while a rollup runs is never
+lost nor counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is
+merged into the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level
+advisory lock on PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
+``dashboard_occ_rollup_key`` (its text columns compared byte by byte on PostgreSQL, migration 0014; rollup levels
+only: raw rows may repeat a key, two reports of one node may carry the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
 last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
@@ -79,16 +80,31 @@ def _floor_seconds(ts: datetime, seconds: int) -> datetime:
     return datetime.fromtimestamp(epoch - epoch % seconds, tz=UTC)
 
 
-def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
-    """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` folding the rows of ``source_sql`` (a FROM item with the
-    sample columns and ``ts``) into ``target`` level rows, merged with the existing ones; params: target level."""
-    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+def _aggregate_sql(vendor: str, source_sql: str, target: int) -> str:
+    """``SELECT`` of the ``target`` buckets of the rows of ``source_sql`` (a FROM item with the sample columns and
+    ``ts``): per bucket and key the gauges' weighted totals, the largest values, the samples and ``source_rows``."""
     agg = ", ".join([
         *_KEY,
-        *(f"sum({vendor_sql.weighted(vendor, name, 'samples')}) AS {name}" for name in _GAUGES),
+        *(f"{vendor_sql.weighted_sum(vendor, name, 'samples')} AS {name}" for name in _GAUGES),
         *(f"max({name}) AS {name}" for name in _LARGEST),
-        "sum(samples) AS samples",
+        "sum(samples) AS samples", "count(*) AS source_rows",
     ])
+    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
+    return f"SELECT {bucket} AS ts, {agg} FROM {source_sql} GROUP BY {bucket}, {', '.join(_KEY)}"
+
+
+def _merge_sql(vendor: str, aggregated: str, merge: bool) -> str:
+    """``INSERT ... SELECT`` of the rows of ``aggregated`` (a FROM item aliased ``a``, from ``_aggregate_sql``) as
+    ``target`` level rows; with ``merge``, merged with the existing ones (``LEFT JOIN`` and ``ON CONFLICT DO
+    UPDATE``), without, plain (when the range holds no ``target`` row: several times cheaper per row than the
+    conflict checks); params: target level."""
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    if not merge:
+        values = ", ".join([*(f"a.{name}" for name in _KEY),
+                            *(vendor_sql.half_up_average(vendor, f"a.{name}", "a.samples") for name in _GAUGES),
+                            *(f"a.{name}" for name in _LARGEST), "a.samples"])
+        return (f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
+                f"SELECT %(target)s, a.ts, {values} FROM {aggregated}")
     weight = "a.samples + coalesce(o.samples, 0)"
     values = ", ".join([
         *(f"a.{name}" for name in _KEY),
@@ -98,13 +114,13 @@ def _fold_sql(vendor: str, source_sql: str, target: int) -> str:
         *(f"CASE WHEN o.{name} > a.{name} THEN o.{name} ELSE a.{name} END" for name in _LARGEST),
         weight,
     ])
-    join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts", *(f"o.{name} = a.{name}" for name in _KEY)])
-    bucket = vendor_sql.bucket_start(vendor, "ts", _BUCKET_SECONDS[target])
+    # compared as the conflict key's index does (bytewise on PostgreSQL: migration 0014), so the join probes it
+    join = " AND ".join(["o.level = %(target)s", "o.ts = a.ts",
+                         *(f"{vendor_sql.bytewise(vendor, f'o.{name}')} = a.{name}" for name in _KEY)])
     return (
         f"INSERT INTO {table} (level, ts, {', '.join(_COLUMNS)}) "
         f"SELECT %(target)s, a.ts, {values} "
-        f"FROM (SELECT {bucket} AS ts, {agg} FROM {source_sql} "
-        f"GROUP BY {bucket}, {', '.join(_KEY)}) a LEFT JOIN {table} o ON {join} "
+        f"FROM {aggregated} LEFT JOIN {table} o ON {join} "
         f"WHERE true ON CONFLICT (level, ts, {', '.join(_KEY)}) WHERE level > 0 DO UPDATE SET "
         + ", ".join(f"{name} = excluded.{name}" for name in (*_GAUGES, *_LARGEST, "samples"))
     )
@@ -115,18 +131,30 @@ def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int
     transaction; returns the rows folded. ``start`` and ``end`` are bucket starts of ``target``'s or finer."""
     vendor = connection.vendor
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
-    params = {"source": source, "target": target, "start": connection.ops.adapt_datetimefield_value(start),
-              "end": connection.ops.adapt_datetimefield_value(end)}
+    adapt = connection.ops.adapt_datetimefield_value
+    params = {"source": source, "target": target, "start": adapt(start), "end": adapt(end),
+              "first_bucket": adapt(_floor_seconds(start, _BUCKET_SECONDS[target]))}
     chunk = "level = %(source)s AND ts >= %(start)s AND ts < %(end)s"
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+        for statement in vendor_sql.analytic_settings(vendor):  # the rows moved and their buckets in memory, no JIT
+            cursor.execute(statement)
+        # only folds write rollup rows, one at a time (the lock; SQLite's write lock): none in the buckets now, none
+        # until this transaction ends
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE level = %(target)s AND ts >= %(first_bucket)s "
+                       f"AND ts < %(end)s)", params)
+        merge = bool(cursor.fetchone()[0])
+        if vendor == "postgresql":
             moved = f"DELETE FROM {table} WHERE {chunk} RETURNING ts, {', '.join(_COLUMNS)}"
-            cursor.execute(f"WITH moved AS ({moved}), merged AS ({_fold_sql(vendor, 'moved', target)}) "
-                           f"SELECT count(*) FROM moved", params)
-            return cursor.fetchone()[0]
+            # the rows moved are read once (aggregated); their count comes from the buckets
+            cursor.execute(f"WITH moved AS ({moved}), a AS ({_aggregate_sql(vendor, 'moved', target)}), "
+                           f"merged AS ({_merge_sql(vendor, 'a', merge)}) SELECT coalesce(sum(source_rows), 0) FROM a",
+                           params)
+            return int(cursor.fetchone()[0])
         # SQLite: the transaction holds the write lock (IMMEDIATE) from its start, nobody inserts in between
-        cursor.execute(_fold_sql(vendor, f"{table} WHERE {chunk}", target), params)
+        cursor.execute(_merge_sql(vendor, f"({_aggregate_sql(vendor, f'{table} WHERE {chunk}', target)}) a", merge),
+                       params)
         cursor.execute(f"DELETE FROM {table} WHERE {chunk}", params)
         return cursor.rowcount
 

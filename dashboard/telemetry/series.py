@@ -5,17 +5,20 @@ and bucket instead of every node's samples (issue 17: 1,000 nodes × 10,000 cach
 Tiers, each computed set-based in SQL (``DELETE`` of the range, then ``INSERT ... SELECT ... GROUP BY``, in one
 transaction under an advisory lock on PostgreSQL):
 
-* **1 minute**, from the ``OccupancySample`` rows of the minute (any level): per node and cache scope the
-  sample-weighted average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up),
-  then summed over nodes; counters (hit, miss, evicted blocks by cause) as the increases between each node's
-  consecutive rows (``LAG``; a decrease is an agent restart: the new value counts from zero), counted in the minute
-  of the later row, summed; ``samples`` the samples summed (a rollup row weighs its ``samples``). An increase
-  counts only when the previous row is in the same minute or at most ``LOOKBACK_MINUTES`` minutes before (a node
-  silent for longer counts its counters from its next row; a rule by minute, so folding raw rows into 1-minute rows
-  changes no increase but a restart's). The release rows (``request_group`` NULL) sum the release's scope rows of
-  the minute. (Not from the fold's per-node 1-minute rows: a minute is summed ``SETTLE_SECONDS`` after it ends,
-  while its samples stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``; and a folded row keeps the minute's largest
-  counter, which loses an agent restart within the minute.)
+* **1 minute**, from the raw and 1-minute ``OccupancySample`` rows of the minute, in one hashed pass that makes a
+  cell per node, cache scope and minute (about 6 raw samples; no sort of the samples): per cell the sample-weighted
+  average of each gauge (``bytes``, ``orphaned_bytes``, ``in_flight_requests``; rounded half up), then summed over
+  nodes; each counter (hit, miss, evicted blocks by cause) the cell's largest value, as the fold keeps it, and its
+  increase that value minus the node's previous minute's (``LAG`` over the cells, by node and scope), or the value
+  itself when smaller (an agent restart: the new value counts from zero), summed over nodes; a cell with no cell of
+  its node and scope ``LOOKBACK_MINUTES`` minute before (a node's first minute, or silent for longer) counts the
+  increase within it (largest - smallest value); ``samples`` the samples summed (a rollup row weighs its
+  ``samples``). For samples without a restart this is the sum of the increases between consecutive samples; an
+  agent restart inside a minute counts that minute's increase up to its largest value and the rest, from zero, in
+  the next minute (nothing lost or counted twice over the two). A minute is computed from the raw samples
+  (``SETTLE_SECONDS`` after it ends, while they stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and gives the same
+  values from the fold's 1-minute rows (but a node's first minute: a folded row has no increase within it). The
+  release rows (``request_group`` NULL) sum the release's scope rows of the minute.
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
@@ -23,12 +26,11 @@ transaction under an advisory lock on PostgreSQL):
 
 ``summarize(now)`` (each rollup run) computes the minutes from the newest 1-minute bucket written up to
 ``SETTLE_SECONDS`` before ``now``. Folding a minute's raw samples into a 1-minute row changes none of its values
-(weighted averages, the largest counter, the samples summed; but an agent restart within the minute), so after a
-fold ``changed(start, end)`` finds the minutes whose samples no longer add up to the series' ``samples`` (a sample
-stored after its minute was summed: late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them
-again, with the coarser buckets over them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters
-the series when the rollup folds it (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the
-1-minute tier's retention by then.
+(weighted averages, the largest counter, the samples summed), so after a fold ``changed(start, end)`` finds the
+minutes whose samples no longer add up to the series' ``samples`` (a sample stored after its minute was summed:
+late, re-delivered, deleted) and ``resummarize(start, end, now)`` computes them again, with the coarser buckets over
+them. So a sample arriving more than ``SETTLE_SECONDS`` after its minute enters the series when the rollup folds it
+(``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``), unless its minute is older than the 1-minute tier's retention by then.
 ``prune(now)`` applies the retentions: 1-minute rows ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS`` + 1 hour, 5- and 15-minute
 rows the larger of 2 days and that + 1 hour, coarser rows ``KVPOOL_RETENTION_SECONDS``.
 """
@@ -54,6 +56,9 @@ CHUNK_SECONDS = 600
 #: ``pg_advisory_xact_lock`` key serializing the writes of concurrent rollups to the series ("kvpool-series").
 ADVISORY_LOCK = 0x6B76_706F_6F6C_0002
 
+#: The sample levels a minute is summed from (raw and 1-minute rows; as a list of the (level, ts) index's first
+#: column, so the reads are index range scans, not a scan of every level's rows).
+_LEVELS = f"{int(OccupancySample.Level.RAW)}, {int(OccupancySample.Level.MINUTE)}"
 _COUNTERS = ScopeSeries.COUNTERS
 _SCOPE = ScopeSeries.SCOPE
 _RELEASE = ("tenant_id", "served_model_name", "namespace")
@@ -95,42 +100,39 @@ def _params(**values) -> dict:
 
 
 def _minute_sql(vendor: str) -> str:
-    """The 1-minute scope rows of ``[start, end)`` from the samples (previous rows from ``lookback`` on).
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous minutes from ``lookback`` on).
 
-    The node and scope columns are selected once compared byte by byte (``vendor_sql.bytewise``; equal values are
-    equal bytes, so the groups are the same) for both the ``LAG`` window's sort and the per-node grouping's (grouped
-    in the window's order, the minute last); the minute index is computed once per row. ``_write`` runs it with
-    ``vendor_sql.analytic_settings`` (PostgreSQL: both sorts in memory; with 4 MB they spilled to disk)."""
+    One hashed pass over the samples makes a cell per node, cache scope and minute (gauges' weighted totals, each
+    counter's largest and smallest value, the samples); only those cells (about 6 samples each at fleet size) are
+    sorted for the ``LAG`` window over each node's minutes, their node and scope columns compared byte by byte
+    (``vendor_sql.bytewise``; equal values are equal bytes, so the groups are the same). ``_write`` runs it with
+    ``vendor_sql.analytic_settings`` (PostgreSQL: room to hash and sort in memory)."""
     samples = connection.ops.quote_name(OccupancySample._meta.db_table)
     pair = ("node_name", *_SCOPE)
     keys = ", ".join(f"{vendor_sql.bytewise(vendor, name)} AS {name}" for name in pair)
-    bucket = vendor_sql.bucket_start(vendor, "ts", 60)
+    minute = f"{vendor_sql.epoch_seconds(vendor, 'ts')} / 60"
+    weight = "CASE WHEN samples > 1 THEN samples ELSE 1 END"
+    totals = ", ".join(f"{vendor_sql.weighted_sum(vendor, name, weight)} AS {name}" for name in _GAUGES)
+    extremes = ", ".join(f"max({name}) AS {name}, min({name}) AS low_{name}" for name in _COUNTERS)
     lags = ", ".join(f"LAG({name}) OVER w AS prev_{name}" for name in _COUNTERS)
     increases = ", ".join(
-        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN 0 "
-        f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END) AS {name}" for name in _COUNTERS)
-    averages = ", ".join(vendor_sql.half_up_average(
-        vendor, f"sum({vendor_sql.weighted(vendor, name, 'weight')})", "sum(weight)") + f" AS {name}"
-        for name in _GAUGES)
+        f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN {name} - low_{name} "
+        f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END)" for name in _COUNTERS)
+    averages = ", ".join(f"sum({vendor_sql.half_up_average(vendor, name, 'samples')})" for name in _GAUGES)
     return f"""
-        WITH keyed AS (
-            SELECT {keys}, id, ts, {vendor_sql.epoch_seconds(vendor, "ts")} / 60 AS minute, bytes,
-                   CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight,
-                   in_flight_requests, orphaned_bytes, {", ".join(_COUNTERS)}
-            FROM {samples} WHERE ts >= %(lookback)s AND ts < %(end)s
-        ), rows AS (
-            SELECT {", ".join(pair)}, ts, {bucket} AS bucket, bytes, weight, in_flight_requests, orphaned_bytes,
-                   {", ".join(_COUNTERS)}, {lags}, minute, LAG(minute) OVER w AS prev_minute
-            FROM keyed
-            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY ts, id)
-        ), cells AS (
-            SELECT bucket, {", ".join(pair)}, {averages}, {increases}, sum(weight) AS samples
-            FROM rows WHERE ts >= %(start)s GROUP BY {", ".join(pair)}, bucket
+        WITH cells AS (
+            SELECT {keys}, {minute} AS minute, {totals}, {extremes}, sum({weight}) AS samples
+            FROM {samples} WHERE level IN ({_LEVELS}) AND ts >= %(lookback)s AND ts < %(end)s
+            GROUP BY {", ".join(pair)}, {minute}
+        ), lagged AS (
+            SELECT *, {lags}, LAG(minute) OVER w AS prev_minute
+            FROM cells
+            WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY minute)
         )
         INSERT INTO {_table()} (width, ts, {", ".join(_COLUMNS)})
-        SELECT {int(Width.MINUTE)}, bucket, {", ".join(_SCOPE)},
-               {", ".join(f"sum({name})" for name in (*_GAUGES, *_COUNTERS, "samples"))}
-        FROM cells GROUP BY bucket, {", ".join(_SCOPE)}
+        SELECT {int(Width.MINUTE)}, {vendor_sql.from_epoch_seconds(vendor, "minute * 60")}, {", ".join(_SCOPE)},
+               {averages}, {increases}, sum(samples)
+        FROM lagged WHERE minute >= %(start_minute)s GROUP BY minute, {", ".join(_SCOPE)}
     """
 
 
@@ -162,7 +164,7 @@ def _write(width: int, start: datetime, end: datetime) -> None:
     if start >= end:
         return
     vendor = connection.vendor
-    params = _params(width=int(width), start=start, end=end,
+    params = _params(width=int(width), start=start, end=end, start_minute=int(start.timestamp()) // 60,
                      lookback=start - timedelta(minutes=LOOKBACK_MINUTES), finer=int(_FINER.get(width, 0)))
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
@@ -217,7 +219,7 @@ def changed(start: datetime, end: datetime) -> list[tuple[datetime, datetime]]:
         cursor.execute(
             f"SELECT DISTINCT bucket FROM ("
             f"SELECT {bucket} AS bucket, {scope}, CASE WHEN samples > 1 THEN samples ELSE 1 END AS weight "
-            f"FROM {samples} WHERE ts >= %(start)s AND ts < %(end)s "
+            f"FROM {samples} WHERE level IN ({_LEVELS}) AND ts >= %(start)s AND ts < %(end)s "
             f"UNION ALL SELECT ts, {scope}, -samples FROM {_table()} WHERE width = {int(Width.MINUTE)} "
             f"AND request_group IS NOT NULL AND ts >= %(start)s AND ts < %(end)s) both_sides "
             f"GROUP BY bucket, {scope} HAVING sum(weight) <> 0 ORDER BY bucket", params)

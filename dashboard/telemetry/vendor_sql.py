@@ -1,6 +1,6 @@
 """The SQL that differs between the dashboard's backends (PostgreSQL, the fleet database; SQLite, the embedded
-default), in one place: bucket starts, epoch seconds, seconds after an origin, half-up averages, the smaller of
-two values.
+default), in one place: bucket starts, epoch seconds and back, seconds after an origin, weighted sums, half-up
+averages, the smaller of two values.
 
 Each function takes ``vendor`` (``connection.vendor``) and SQL expressions, and returns an SQL expression; a ``%``
 is written ``%%`` (the statements are run with parameters). Other backends raise ``NotImplementedError``.
@@ -18,15 +18,14 @@ def _check(vendor: str) -> None:
 def bucket_start(vendor: str, column: str, seconds: int) -> str:
     """Start of the UTC minute (``seconds`` 60), hour (3600) or other interval of ``seconds`` counted from the epoch
     (300: 5 minutes; a divisor of a day) holding the datetime ``column``, as the backend stores datetimes (so it
-    compares equal to a stored bucket start)."""
+    compares equal to a stored bucket start). PostgreSQL: ``date_bin`` (arithmetic on the instant; ``date_trunc``
+    with a time zone converted every row, several times slower in the rollup's aggregations)."""
     _check(vendor)
+    if vendor == "postgresql":
+        return f"date_bin('{seconds} seconds', {column}, TIMESTAMPTZ '1970-01-01 00:00:00+00')"
     if seconds not in _UNITS:
-        if vendor == "postgresql":
-            return f"date_bin('{seconds} seconds', {column}, TIMESTAMPTZ '1970-01-01 00:00:00+00')"
         return f"datetime({epoch_seconds(vendor, column)} / {seconds} * {seconds}, 'unixepoch')"
     unit = _UNITS[seconds]
-    if vendor == "postgresql":
-        return f"date_trunc('{unit}', {column}, 'UTC')"
     # Django stores UTC text 'YYYY-MM-DD HH:MM:SS[.ffffff]' (str() of a naive datetime: no fraction when it is 0)
     return f"strftime('%%Y-%%m-%%d %%H:{'%%M' if unit == 'minute' else '00'}:00', {column})"
 
@@ -34,15 +33,35 @@ def bucket_start(vendor: str, column: str, seconds: int) -> str:
 def epoch_seconds(vendor: str, column: str) -> str:
     """Whole seconds since the epoch (rounded down) of the datetime ``column``, an integer."""
     _check(vendor)
-    if vendor == "postgresql":
-        return f"floor(extract(epoch FROM {column}))::bigint"
+    if vendor == "postgresql":  # date_part: double precision, exact to the microsecond for these dates (extract:
+        return f"floor(date_part('epoch', {column}))::bigint"  # numeric, slower)
     return f"CAST(strftime('%%s', {column}) AS INTEGER)"
+
+
+def from_epoch_seconds(vendor: str, seconds: str) -> str:
+    """The UTC date-time ``seconds`` (a whole number of seconds since the epoch) as the backend stores datetimes
+    (so it compares equal to a stored bucket start)."""
+    _check(vendor)
+    if vendor == "postgresql":
+        return f"to_timestamp({seconds})"
+    return f"datetime({seconds}, 'unixepoch')"
 
 
 def weighted(vendor: str, value: str, weight: str) -> str:
     """``value * weight`` without integer overflow where the backend can (PostgreSQL: numeric)."""
     _check(vendor)
     return f"({value})::numeric * ({weight})" if vendor == "postgresql" else f"({value}) * ({weight})"
+
+
+def weighted_sum(vendor: str, value: str, weight: str) -> str:
+    """Aggregate: the sum of ``value * weight`` over the group without integer overflow. PostgreSQL: the rows of
+    weight 1 (every raw sample) summed as integers (``sum(bigint)``, exact), only the others multiplied as
+    ``numeric`` (several times slower per row); a ``numeric``."""
+    _check(vendor)
+    if vendor == "postgresql":
+        return (f"(coalesce(sum({value}) FILTER (WHERE {weight} = 1), 0) + "
+                f"coalesce(sum(({value})::numeric * ({weight})) FILTER (WHERE {weight} <> 1), 0))")
+    return f"sum(({value}) * ({weight}))"
 
 
 def half_up_average(vendor: str, total: str, weight: str) -> str:

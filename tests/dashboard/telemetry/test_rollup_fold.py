@@ -7,7 +7,7 @@ import random
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from dashboard.models import OccupancySample
 from dashboard.telemetry import rollup as rollup_module
@@ -188,6 +188,21 @@ def test_rollup_keys_are_unique_and_raw_keys_may_repeat():
     OccupancySample.objects.create(level=Level.MINUTE, **row)
     with pytest.raises(IntegrityError), transaction.atomic():
         OccupancySample.objects.create(level=Level.MINUTE, **row)
+
+
+def test_the_rollup_key_compares_bytes_on_postgresql():
+    """Migration 0014: PostgreSQL's conflict key index compares its text columns byte by byte (SQLite always does),
+    and the fold's merge still finds the row it conflicts with (a late sample merged, not a second row)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'dashboard_occ_rollup_key'")
+            (definition,) = cursor.fetchone()
+        assert definition.count('COLLATE "C"') == len(OccupancySample.KEY) and "WHERE (level > 0)" in definition
+    row = {"node_name": "node-a", "tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "prod"}
+    OccupancySample.objects.create(level=Level.MINUTE, ts=T0, bytes=100, samples=3, **row)
+    OccupancySample.objects.create(level=Level.RAW, ts=T0 + timedelta(seconds=5), bytes=200, **row)
+    rollup_module._fold_chunk(Level.RAW, Level.MINUTE, T0, T0 + timedelta(minutes=1))
+    assert list(OccupancySample.objects.values_list("level", "bytes", "samples")) == [(Level.MINUTE, 125, 4)]
 
 
 def test_retention_bounds_the_table(horizons):

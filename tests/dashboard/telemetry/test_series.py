@@ -45,34 +45,35 @@ def _floor(ts: datetime, seconds: int) -> datetime:
 
 
 def _brute_minutes(rows: list[OccupancySample], start: datetime, end: datetime) -> dict:
-    """(width, ts, scope) -> column values: the 1-minute rows of [start, end) by the documented rules."""
-    pairs: dict = defaultdict(list)
-    for row in sorted(rows, key=lambda r: (r.ts, r.id)):
-        pairs[(row.node_name, CacheScope(row.tenant_id, row.served_model_name, row.namespace,
-                                         row.request_group))].append(row)
+    """(width, ts, scope) -> column values: the 1-minute rows of [start, end) by the documented rules (per node,
+    scope and minute each counter's largest value, its increase from the node's previous minute's largest, or
+    within the minute when there is none)."""
     cells: dict = {}
-    for (node, scope), ordered in pairs.items():
-        previous = None
-        for row in ordered:
-            if start <= row.ts < end:
-                cell = cells.setdefault((_floor(row.ts, 60), node, scope),
-                                        {"totals": [0] * len(GAUGES), "weight": 0, "inc": [0] * len(COUNTERS)})
-                weight = max(row.samples, 1)
-                for n, name in enumerate(GAUGES):
-                    cell["totals"][n] += getattr(row, name) * weight
-                cell["weight"] += weight
-                if previous is not None and int(row.ts.timestamp()) // 60 - int(previous.ts.timestamp()) // 60 <= 1:
-                    for n, name in enumerate(COUNTERS):
-                        value, was = getattr(row, name), getattr(previous, name)
-                        cell["inc"][n] += value - was if value >= was else value
-            previous = row
+    for row in rows:
+        scope = CacheScope(row.tenant_id, row.served_model_name, row.namespace, row.request_group)
+        cell = cells.setdefault((row.node_name, scope, int(row.ts.timestamp()) // 60), {
+            "totals": [0] * len(GAUGES), "weight": 0, "high": [None] * len(COUNTERS), "low": [None] * len(COUNTERS)})
+        weight = max(row.samples, 1)
+        for n, name in enumerate(GAUGES):
+            cell["totals"][n] += getattr(row, name) * weight
+        cell["weight"] += weight
+        for n, name in enumerate(COUNTERS):
+            value = getattr(row, name)
+            cell["high"][n] = value if cell["high"][n] is None else max(cell["high"][n], value)
+            cell["low"][n] = value if cell["low"][n] is None else min(cell["low"][n], value)
     out: dict = {}
-    for (minute, _node, scope), cell in cells.items():
-        for key in ((60, minute, scope), (60, minute, scope.release_scope())):
+    for (node, scope, minute), cell in cells.items():
+        ts = datetime.fromtimestamp(minute * 60, tz=UTC)
+        if not start <= ts < end:
+            continue
+        previous = cells.get((node, scope, minute - 1))
+        increases = [high - (low if previous is None else 0 if high < previous["high"][n] else previous["high"][n])
+                     for n, (high, low) in enumerate(zip(cell["high"], cell["low"], strict=True))]
+        for key in ((60, ts, scope), (60, ts, scope.release_scope())):
             values = out.setdefault(key, [0] * (len(GAUGES) + len(COUNTERS) + 1))
             for n, total in enumerate(cell["totals"]):
                 values[n] += _half_up(total, cell["weight"])
-            for n, increase in enumerate(cell["inc"]):
+            for n, increase in enumerate(increases):
                 values[len(GAUGES) + n] += increase
             values[-1] += cell["weight"]
     return out
@@ -202,6 +203,23 @@ def test_counters_count_increases_not_totals():
     assert rows[(0, None)].hit_blocks == 17
     # bytes: each node's mean in the minute (1000, 2000 -> 1500; 3000, 4000 -> 3500), summed over nodes
     assert [rows[(0, "")].bytes, rows[(1, "")].bytes] == [3000, 7000]
+
+
+def test_an_agent_restart_within_a_minute_counts_from_zero_in_the_next_minute():
+    """Counters per node and minute are their largest value (what the fold keeps): a restart inside a minute counts
+    that minute's increase up to its largest value and the rest, from zero, in the next minute; nothing is lost or
+    counted twice over the two."""
+    start = datetime(2026, 11, 30, 11, 0, tzinfo=UTC)
+    scope = SCOPES[0]
+    OccupancySample.objects.bulk_create([
+        OccupancySample(ts=start + timedelta(seconds=seconds), node_name="node-a", **scope._asdict(), hit_blocks=value)
+        for seconds, value in ((0, 100), (60, 110), (70, 120), (80, 5), (90, 10), (120, 15))])
+    series_mod._write(ScopeSeries.Width.MINUTE, start, start + timedelta(minutes=3))
+    hits = {row.ts.minute: row.hit_blocks for row in ScopeSeries.objects.filter(request_group="")}
+    # minute 0: the node's first, one sample: 0; minute 1: 120 - 100 (the restart to 5, then 10, not seen);
+    # minute 2: 15 < 120, a restart: 15 from zero (the 5 and 10 of minute 1 with it)
+    assert hits == {0: 0, 1: 20, 2: 15}
+    assert sum(hits.values()) == (110 - 100) + (120 - 110) + 5 + (10 - 5) + (15 - 10)  # as consecutive samples say
 
 
 def test_rollup_keeps_the_series_of_the_samples_it_folds(settings):
