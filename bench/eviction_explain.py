@@ -16,8 +16,13 @@ by three features of the request:
 - **depth**: its length in blocks (what a hit on it is worth).
 
 So ``belady:hit-density`` says what the optimum keeps that the policy evicts, in the terms a policy could
-learn. The rows of each table add up to the pair's total difference. Prints the tables, then one JSON
-object on the last line.
+learn. The rows of each table add up to the pair's total difference.
+
+Each pair also gets its **trajectory**: the running sum of the difference at the end of each eighth of the
+requests (``--parts``), with the trace's time there. It says *when* one policy pulls ahead, which is what any
+online feedback (a shadow LRU, set dueling) could have reacted to: a policy ahead of LRU until the last
+eighth gives such feedback nothing to act on before the loss. Prints the tables, then one JSON object on the
+last line.
 """
 
 from __future__ import annotations
@@ -89,6 +94,29 @@ def explain(requests: Sequence[TraceRequest], hits_a: Sequence[int], hits_b: Seq
     return out
 
 
+def trajectory(requests: Sequence[TraceRequest], hits_a: Sequence[int], hits_b: Sequence[int],
+               parts: int = 8) -> list[dict]:
+    """Running sum of ``hits_a[i] - hits_b[i]`` (requests in time order) at the end of each of ``parts``
+    equal slices of the requests: ``[{"requests": n, "seconds": t, "lead": int}, ...]``, ``n`` the requests
+    replayed so far, ``t`` the last one's time in seconds from the first request. The last lead is the total.
+    Raises ``ValueError`` for ``parts`` < 1."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    n = len(requests)
+    ends = sorted({max(1, (n * k) // parts) for k in range(1, parts + 1)}) if n else []
+    t0 = requests[0].timestamp_ms if n else 0
+    out: list[dict] = []
+    lead = 0
+    i = 0
+    for end in ends:
+        while i < end:
+            lead += hits_a[i] - hits_b[i]
+            i += 1
+        out.append({"requests": end, "seconds": round((requests[end - 1].timestamp_ms - t0) / 1000.0, 1),
+                    "lead": lead})
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.eviction_explain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="FAST'25-format JSONL trace (default: %(default)s)")
@@ -96,7 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cache capacities in tokens (default: 10M)")
     parser.add_argument("--pairs", nargs="+", default=list(DEFAULT_PAIRS), metavar="A:B",
                         help="policy pairs A:B, A's hits minus B's (default: %(default)s)")
+    parser.add_argument("--parts", type=int, default=8,
+                        help="slices of the requests for each pair's running lead (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.parts < 1:
+        parser.error("--parts must be >= 1")
     pairs = [tuple(p.split(":", 1)) for p in args.pairs]
     bad = [":".join(p) for p in pairs if len(p) != 2 or p[0] not in POLICIES or p[1] not in POLICIES]
     if bad:
@@ -120,11 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cap_fig: dict = {}
         for a, b in pairs:
             fig = explain(requests, hits[a], hits[b])
+            fig["trajectory"] = trajectory(requests, hits[a], hits[b], args.parts)
             cap_fig[f"{a}:{b}"] = fig
             print(f"   {a} - {b}: {fig['total']:+,} hit blocks")
             for feature in ("turn", "gap", "depth"):
                 cells = "  ".join(f"{label} {v:+,}" for label, v in fig[feature].items())
                 print(f"      by {feature:<5} {cells}")
+            cells = "  ".join(f"{p['requests']} ({p['seconds']:.0f} s) {p['lead']:+,}" for p in fig["trajectory"])
+            print(f"      running lead after requests: {cells}")
         result["capacities"][str(cap_tokens)] = cap_fig
     print(json.dumps(result, separators=(",", ":")))
     return 0

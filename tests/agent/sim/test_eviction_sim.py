@@ -216,6 +216,17 @@ def test_explain_attributes_each_request_difference_by_turn_gap_and_depth():
     assert fig["gap"]["first"] == 0 and fig["gap"]["<60s"] == 1 and fig["gap"]["120-240s"] == 3
     assert fig["gap"][">=1920s"] == 3
     assert fig["depth"] == {"<10": 7, "10-29": 0, "30-79": 0, "80+": 0}
+    # the running lead: brute force at each slice end, the last one the total
+    traj = ex.trajectory(reqs, a, b, parts=4)
+    ends = [max(1, len(reqs) * k // 4) for k in range(1, 5)]
+    assert [p["requests"] for p in traj] == ends
+    assert [p["lead"] for p in traj] == [sum(a[:e]) - sum(b[:e]) for e in ends]
+    assert traj[-1]["lead"] == fig["total"]
+    assert traj[0]["seconds"] == round((reqs[ends[0] - 1].timestamp_ms - reqs[0].timestamp_ms) / 1000.0, 1)
+    assert ex.trajectory(reqs[:3], a[:3], b[:3], parts=8)[-1] == {"requests": 3, "seconds": 30.0, "lead": 0}
+    assert ex.trajectory([], [], []) == []
+    with pytest.raises(ValueError):
+        ex.trajectory(reqs, a, b, parts=0)
     assert [ex.turn_label(t) for t in (1, 2, 3, 4, 5, 8, 9, 100)] == ["1", "2", "3-4", "3-4", "5-8", "5-8", "9+", "9+"]
     assert [ex.depth_label(n) for n in (1, 9, 10, 29, 30, 79, 80)] == ["<10", "<10", "10-29", "10-29", "30-79",
                                                                       "30-79", "80+"]
@@ -240,6 +251,7 @@ def test_explain_per_request_hits_add_up_to_the_simulator_totals(tmp_path, head)
     assert set(pairs) == {"belady:hit-density", "hit-density:lru"}
     for fig in pairs.values():
         assert sum(fig["turn"].values()) == sum(fig["gap"].values()) == sum(fig["depth"].values()) == fig["total"]
+        assert len(fig["trajectory"]) == 8 and fig["trajectory"][-1]["lead"] == fig["total"]
     assert pairs["belady:hit-density"]["total"] >= 0  # the optimum is never behind
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()):
         ex.main(["--trace", str(path), "--pairs", "belady-lru"])
