@@ -534,6 +534,8 @@ class PressureBench:
                             "--report-interval", "5", "--pool", "solo",
                             "--reconcile-interval", f"{self.args.reconcile_interval:g}",
                             "--budget-policy", arm["policy"], "--orphan-collection", arm["orphans"]]
+                    if self.args.lease_ttl_ms:  # the agents count on the master's lease (their lease-aware checks)
+                        argv += ["--store-lease-ttl", f"{self.args.lease_ttl_ms / 1000:g}"]
                     agents.append(Service(f"agent {node.name}", argv, env, base / f"agent-{node.name}.log").start())
                 for service in agents:
                     service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"{service.name} ready")

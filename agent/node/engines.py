@@ -69,6 +69,7 @@ from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoint
 from agent.contract.scope import ENGINE_LOOKUPS, CacheScope
 from agent.datapath.maintenance import (
     DEFAULT_FOREIGN_CHECK_INTERVAL,
+    DEFAULT_LEASE_TTL,
     DEFAULT_ORPHAN_RULE,
     DEFAULT_PROBE_INTERVAL,
     DEFAULT_RECONCILE_INTERVAL,
@@ -161,6 +162,8 @@ class NodeEngines:
             ``hit-density``, the default, or ``lru``).
         orphan_collection: the maintenance's orphan rule (``agent.datapath.maintenance.ORPHAN_RULES``: ``pressure``,
             the default, ``eager`` or ``off``).
+        lease_ttl: the Store master's ``--default_kv_lease_ttl`` in seconds (the maintenance's lease-aware
+            reconciles, ``agent.datapath.maintenance``).
 
     Thread-safety: :meth:`on_apply` (the worker thread), :meth:`tick` (the maintenance thread) and
     :meth:`report_fields` (the telemetry thread) may run at once; state changes happen under one lock, Store
@@ -178,7 +181,8 @@ class NodeEngines:
                  segment_options: Mapping[str, Any] | None = None, is_privileged: bool | None = None,
                  proc_root: str | Path = "/proc", namespace_scan_interval: float = NAMESPACE_SCAN_INTERVAL,
                  unit_dir: str | Path | None = None, account_rules: EngineAccountRules | None = None,
-                 budget_policy: str = "hit-density", orphan_collection: str | bool = DEFAULT_ORPHAN_RULE) -> None:
+                 budget_policy: str = "hit-density", orphan_collection: str | bool = DEFAULT_ORPHAN_RULE,
+                 lease_ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.node = node
         self.account_rules = account_rules or EngineAccountRules()
         self.unit_dir = Path(unit_dir) if unit_dir is not None else None
@@ -202,7 +206,7 @@ class NodeEngines:
                                            reconcile_interval=reconcile_interval, reconcile_sample=reconcile_sample,
                                            probe_interval=probe_interval,
                                            foreign_check_interval=foreign_check_interval,
-                                           orphan_collection=orphan_collection,
+                                           orphan_collection=orphan_collection, lease_ttl=lease_ttl,
                                            on_problem=self._problem, on_store_failure=self._close_store)
         self.document: ConfigDocument | None = None
         self.observer: Any = None       # agent.engines.vllm.observer.EngineObserver
