@@ -190,7 +190,7 @@ class BudgetEnforcer:
         goal = max(0, min(budget_bytes, math.ceil(budget_bytes * low_water)) - ahead_bytes)
         if self.used_bytes(ids) <= goal:
             return set()
-        return {key for _, key in self._plan(ids, goal, goal, set())}
+        return {key for _, key in self._plan(ids, goal, max(goal, budget_bytes - ahead_bytes), set())}
 
     def _plan(self, ids: list[CacheScope], target: int, budget_bytes: int,
               blocked: set[str]) -> list[tuple[ScopeTable, str]]:

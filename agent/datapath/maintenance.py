@@ -38,7 +38,8 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    counter grew (every tenant when only a global one grew, or the master restarted) is reconciled at once, not at
    the next interval, so the ledger follows the Store within seconds of an eviction round (at most once per
    ``signal_gap`` seconds per tenant: a signal inside the gap waits for its end). That reconcile stands for the
-   round's scheduled reconcile or probe of that tenant.
+   round's scheduled reconcile or probe of that tenant. After a master restart (a counter went down: every object
+   is gone, leased or not) it checks every block, not lease-aware.
 
 Every reconcile is **lease-aware** (``docs/eviction.md`` §8, "How soon the ledger follows a master eviction"): a
 check leases what it finds for the master's ``--default_kv_lease_ttl`` (``lease_ttl``), and a leased block is
@@ -209,6 +210,7 @@ class Maintenance:
         self.signal_gap = signal_gap
         self.lease_ttl = lease_ttl
         self.signalled: set[str] = set()                  # tenants waiting for their reconcile on a signal
+        self._restarted: set[str] = set()                 # ... of them, after a master restart (not lease-aware)
         self._signal_reconciled: dict[str, float] = {}    # tenant -> time.monotonic() of its last one
         self.signal_reconciles = 0
 
@@ -230,8 +232,8 @@ class Maintenance:
         """One round: budgets and orphans (unless ``enforce`` is False), then the eviction signal (a reconcile of
         every block of each tenant whose master eviction counter grew, at most once per ``signal_gap``), then a
         reconcile of the other tenants when ``reconcile`` (None: when ``reconcile_interval`` passed since the last
-        one; ``full``: every block, not a sample), else a probe when ``probe_interval`` passed and no budget is still
-        over. Reconciles leave out what the module docstring says (lease-aware).
+        one; ``full``: every present block, neither a sample nor lease-aware), else a probe when ``probe_interval``
+        passed and no budget is still over. The other reconciles are lease-aware (module docstring).
         Returns ``checked`` and ``missing`` blocks, ``removed`` over budget and ``orphans_removed``. Orphans are
         collected before the budgets are trimmed (of the tenants :meth:`orphan_tenants` names)."""
         now = time.monotonic() if now is None else now
@@ -244,7 +246,8 @@ class Maintenance:
         tenants = [t for t in tenants if t not in done]  # just checked every block of these
         if reconcile:
             self.last_reconcile = self.last_probe = now
-            scheduled = self.reconcile(tenants, None if full else self.reconcile_sample, budgets)
+            scheduled = (self.reconcile(tenants, None, lease_aware=False) if full
+                         else self.reconcile(tenants, self.reconcile_sample, budgets))
             checked, missing = checked + scheduled[0], missing + scheduled[1]
         elif self.probe_interval > 0 and not self.over_budget(budgets) and (
                 self.last_probe is None or now - self.last_probe >= self.probe_interval):
@@ -278,8 +281,11 @@ class Maintenance:
                           if watch.last_error else None)
             affected = signal.affected(tenants)
             self.signalled.update(affected)
+            if signal.restarted:  # every object went, leased or not: check every block, not lease-aware
+                self._restarted.update(affected)
             self._pressed_at.update(dict.fromkeys(affected, now))
         self.signalled &= set(tenants)
+        self._restarted &= self.signalled
         ready = sorted(t for t in self.signalled
                        if t not in self._signal_reconciled or now - self._signal_reconciled[t] >= self.signal_gap)
         if not ready:
@@ -288,7 +294,12 @@ class Maintenance:
             self.signalled.discard(tenant_id)
             self._signal_reconciled[tenant_id] = now
         self.signal_reconciles += len(ready)
-        checked, missing = self.reconcile(ready, None, budgets)
+        restarted = self._restarted.intersection(ready)
+        self._restarted -= restarted
+        checked, missing = self.reconcile(sorted(set(ready) - restarted), None, budgets)
+        if restarted:
+            full = self.reconcile(sorted(restarted), None, lease_aware=False)
+            checked, missing = checked + full[0], missing + full[1]
         log.info("node %s: the master evicted: reconciled tenant(s) %s (%d block(s) checked, %d gone)", self.node,
                  ", ".join(ready), checked, missing)
         return checked, missing, set(ready)
@@ -381,15 +392,15 @@ class Maintenance:
         self.removed_orphans += removed
         return removed
 
-    def reconcile(self, tenants: Iterable[str], sample: int | None,
-                  budgets: Iterable[Budget] = ()) -> tuple[int, int]:
-        """Check ``sample`` present blocks of each tenant (None: all) against the Store, lease-aware (module
-        docstring: blocks this node's checks leased less than ``lease_ttl - LEASE_MARGIN`` ago and the next victims
-        of the tenant's ``budgets`` are left out); returns ``(checked, missing)`` blocks (missing ones left the
-        ledger)."""
+    def reconcile(self, tenants: Iterable[str], sample: int | None, budgets: Iterable[Budget] = (), *,
+                  lease_aware: bool = True) -> tuple[int, int]:
+        """Check ``sample`` present blocks of each tenant (None: all) against the Store; ``lease_aware`` (module
+        docstring), blocks this node's checks leased less than ``lease_ttl - LEASE_MARGIN`` ago and the next
+        victims of the tenant's ``budgets`` are left out. Returns ``(checked, missing)`` blocks (missing ones left
+        the ledger)."""
         checked = missing = 0
-        budgets = list(budgets)
-        leased_for = max(0.0, self.lease_ttl - LEASE_MARGIN) if self.lease_ttl > 0 else 0.0
+        budgets = list(budgets) if lease_aware else []
+        leased_for = max(0.0, self.lease_ttl - LEASE_MARGIN) if lease_aware and self.lease_ttl > 0 else 0.0
         for tenant_id in sorted(tenants):
             store = self.store_for(tenant_id)
             if store is None:

@@ -251,6 +251,9 @@ def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_bloc
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     store = opener(engines.document.store, meta(RUN)["tenant_id"])
     store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
+    # a fake store loses objects whatever their leases; a real master keeps a block this agent's check leased (the
+    # confirmation of each write) until the lease ends, which lease-aware checks count on: 0 checks every block
+    engines.maintenance.lease_ttl = 0
     assert engines.tick()["checked"] == 19  # the first tick reconciles; the next reconcile is 30 s away
     engines.maintenance.probe_interval = 0
     assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}  # no probe
