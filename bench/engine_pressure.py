@@ -634,6 +634,11 @@ class PressureBench:
                 figures["ledger_settle_s"] = (None if not settles or None in settles
                                               else max(t for t in settles if t is not None))
                 figures["ledger_unsettled_rounds"] = settles.count(None)
+                figures["ledger_settle_each_s"] = settles
+                # every sample, for a look at a round (seconds since the first, ledger and Store bytes, evicted)
+                t_first = sampler.timed[0][0] if sampler.timed else 0.0
+                (base / "ledger_samples.json").write_text(json.dumps(
+                    [[round(t - t_first, 2), led, sto, ev] for t, led, sto, ev in sampler.timed]))
                 figures["tenant_charged_max"] = max((store for _, store in samples), default=0)
                 figures["tenant_charged_end"] = int(master.tenant_quota(TENANT)["charged_bytes"])
                 figures["agent_cpu_s"] = round(sum(cpu_seconds(a.pid) for a in agents if a.pid), 1)
