@@ -394,14 +394,14 @@ class EngineSimulator:
         self._mounted = False
         self.batches = 0
         from agent.datapath.budget import BudgetEnforcer
-        from agent.datapath.maintenance import Maintenance
+        from agent.datapath.maintenance import DEFAULT_LEASE_TTL, Maintenance
 
         self.budget = BudgetEnforcer(ledger)
         #: The node-maintenance policy the agent runs for real engines (``agent.datapath.maintenance``): budgets
         #: after each write, orphans, reconcile and probes every ``reconcile_seconds`` (under the batch lock).
         self.maintenance = Maintenance(node, ledger, self.budget, self._tenant_store,
                                        reconcile_interval=reconcile_seconds,
-                                       **({} if lease_ttl is None else {"lease_ttl": lease_ttl}))
+                                       lease_ttl=DEFAULT_LEASE_TTL if lease_ttl is None else lease_ttl)
         self.maintenance.last_reconcile = time.monotonic()  # the first reconcile one interval after start
 
     # --- config ---------------------------------------------------------------------------------------------
