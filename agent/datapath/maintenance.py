@@ -230,7 +230,7 @@ class Maintenance:
     def tick(self, budgets: list[Budget], tenants: Iterable[str], *, now: float | None = None,
              reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
         """One round: budgets and orphans (unless ``enforce`` is False), then the eviction signal (a reconcile of
-        every block of each tenant whose master eviction counter grew, at most once per ``signal_gap``), then a
+        each tenant whose master eviction counter grew, not sampled, at most once per ``signal_gap``), then a
         reconcile of the other tenants when ``reconcile`` (None: when ``reconcile_interval`` passed since the last
         one; ``full``: every present block, neither a sample nor lease-aware), else a probe when ``probe_interval``
         passed and no budget is still over. The other reconciles are lease-aware (module docstring).
@@ -259,7 +259,7 @@ class Maintenance:
     def signal_round(self, budgets: list[Budget], tenants: Iterable[str], *,
                      now: float | None = None) -> tuple[int, int]:
         """Only step 4 (a caller's light round between full rounds): poll the eviction counters when due and reconcile
-        every block of each signalled tenant of ``tenants`` whose last such reconcile is ``signal_gap`` old, but the
+        each signalled tenant of ``tenants`` whose last such reconcile is ``signal_gap`` old: every block but the
         next victims of its ``budgets`` and what this node's checks leased (module docstring). Returns ``(checked,
         missing)`` blocks."""
         now = time.monotonic() if now is None else now

@@ -331,8 +331,11 @@ def test_engine_writes_confirmed_by_a_check_are_under_its_lease():
     ledger.record_put(ns, hashes[2:], hashes[1], [Outcome.STORED], 256)
     assert ledger.reconcile(store, sample=None, leased_for=9.0).checked == 1
     assert ledger.reconcile(store, sample=None).checked == 3
+    assert ledger.recent_bytes([ns.scope], 10.0) == 3 * 256  # what was booked lately: the trims' coming work
     clock.now += 9.0
     assert ledger.reconcile(store, sample=None, leased_for=9.0).checked == 3
+    clock.now += 1.0
+    assert ledger.recent_bytes([ns.scope], 10.0) == 0
 
 
 def test_a_signalled_tenant_over_its_budget_is_reconciled_at_once_but_for_the_trims_next_victims():
