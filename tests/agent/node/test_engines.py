@@ -399,9 +399,11 @@ def test_the_maintenance_thread_wakes_for_the_eviction_signal_between_ticks(tmp_
     try:
         now = 100.0
         monkeypatch.setattr(engines_module.time, "monotonic", lambda: now)  # a fixed clock: no wall-clock speed
-        assert engines._wait(now) == 2.0                 # nothing to poll: the next full tick
+        assert engines._wait(now) == engines_module.CONFIRM_INTERVAL == 0.5  # a light round: confirm the writes
         engines.maintenance.set_master_metrics(["http://127.0.0.1:9/metrics"])
-        assert engines._wait(now) == engines.maintenance.eviction_watch.poll_interval == 1.0
+        assert engines._wait(now) == 0.5                 # the counters' poll (1 s) comes at every other one
+        engines.maintenance.eviction_watch.poll_interval = 0.25
+        assert engines._wait(now) == 0.25
         assert engines._wait(now - 5.0) == 0.0           # a full tick overdue: at once
         assert engines.signal_tick() == {"checked": 0, "missing": 0}  # no document: no tenant, nothing checked
     finally:
