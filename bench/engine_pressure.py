@@ -534,6 +534,8 @@ class PressureBench:
                             "--report-interval", "5", "--pool", "solo",
                             "--reconcile-interval", f"{self.args.reconcile_interval:g}",
                             "--budget-policy", arm["policy"], "--orphan-collection", arm["orphans"]]
+                    if self.args.lease_ttl_ms:  # the agents count on the master's lease (their lease-aware checks)
+                        argv += ["--store-lease-ttl", f"{self.args.lease_ttl_ms / 1000:g}"]
                     agents.append(Service(f"agent {node.name}", argv, env, base / f"agent-{node.name}.log").start())
                 for service in agents:
                     service.wait_until(lambda s=service: "ready." in s.log_text(), 120, f"{service.name} ready")
@@ -632,6 +634,11 @@ class PressureBench:
                 figures["ledger_settle_s"] = (None if not settles or None in settles
                                               else max(t for t in settles if t is not None))
                 figures["ledger_unsettled_rounds"] = settles.count(None)
+                figures["ledger_settle_each_s"] = settles
+                # every sample, for a look at a round (seconds since the first, ledger and Store bytes, evicted)
+                t_first = sampler.timed[0][0] if sampler.timed else 0.0
+                (base / "ledger_samples.json").write_text(json.dumps(
+                    [[round(t - t_first, 2), led, sto, ev] for t, led, sto, ev in sampler.timed]))
                 figures["tenant_charged_max"] = max((store for _, store in samples), default=0)
                 figures["tenant_charged_end"] = int(master.tenant_quota(TENANT)["charged_bytes"])
                 figures["agent_cpu_s"] = round(sum(cpu_seconds(a.pid) for a in agents if a.pid), 1)

@@ -64,6 +64,8 @@ DEMO_KEYS = ("agent.node-a", "agent.node-b", "dashboard.ingest", "dashboard.cont
 DEMO_KEY_PATTERNS = ("agent.*", "dashboard.*", "_kombu.binding*", "unacked*")
 #: The demo runs every process as one user (``--single-user``: engines run as the agent's account, root included).
 AGENT_COMMAND = [sys.executable, "-m", "agent", "run", "--single-user"]
+#: The demo master's ``--default_kv_lease_ttl`` in ms (the agents get it as ``--store-lease-ttl``).
+MASTER_LEASE_MS = 1000
 #: ``--engine`` values: the engine simulator in the agents, or real vLLM instances (``demo.engine_demo``).
 ENGINES = ("simulator", "vllm")
 #: Trace conversations the ``--engine vllm`` run sends by default (``demo.engine_demo.DEFAULT_CONVERSATIONS``).
@@ -265,7 +267,7 @@ class Demo:
         # reads lease objects for 1 s (default 10 s): long enough for a transfer, short enough that the agents'
         # budget keeper can soon remove a block a decode read
         self.master = MasterProcess({}, eviction_high_watermark_ratio=0.9, eviction_ratio=0.1,
-                                    default_kv_lease_ttl=1000, workdir=self.var / "master")
+                                    default_kv_lease_ttl=MASTER_LEASE_MS, workdir=self.var / "master")
         try:
             self.master.start()
         except MasterError as exc:
@@ -363,7 +365,8 @@ class Demo:
             secret_file = self.agent_secret_file(node, self.deployment.node_ids[node])
             argv = [*AGENT_COMMAND, "--node", node, "--broker", self.broker_url, "--secret-file", str(secret_file),
                     "--state-dir", str(self.agent_state_dir(node)), "--report-interval", "1",
-                    "--heartbeat-interval", "2", "--pool", "solo", "--simulate-engines"]
+                    "--heartbeat-interval", "2", "--pool", "solo", "--simulate-engines",
+                    "--store-lease-ttl", f"{MASTER_LEASE_MS / 1000:g}"]
             if node == DECODE_NODE:
                 overrides = self.var / f"{node}-launch.json"
                 overrides.write_text(json.dumps(launch_overrides(), indent=2) + "\n")

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from demo.cli import ADMIN, AGENT_COMMAND, ENGINE_CONVERSATIONS, Demo
+from demo.cli import ADMIN, AGENT_COMMAND, ENGINE_CONVERSATIONS, MASTER_LEASE_MS, Demo
 from demo.procs import ROOT, DemoError
 
 #: Conversations (and turns of each) the demo sends without ``--requests``.
@@ -146,7 +146,7 @@ class EngineDemo(Demo):
         return [*AGENT_COMMAND, "--node", node, "--broker", self.broker_url, "--secret-file", str(secret_file),
                 "--state-dir", str(self.agent_state_dir(node)), "--instance-root", str(self.instance_root(node)),
                 "--report-interval", "1", "--heartbeat-interval", "2", "--pool", "solo",
-                "--reconcile-interval", f"{RECONCILE_SECONDS:g}"]
+                "--reconcile-interval", f"{RECONCILE_SECONDS:g}", "--store-lease-ttl", f"{MASTER_LEASE_MS / 1000:g}"]
 
     def start_agents(self) -> None:
         """Start the agents of node-a and node-b."""

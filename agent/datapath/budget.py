@@ -172,6 +172,26 @@ class BudgetEnforcer:
             removed.extend(self._remove_waves(plan, remove_fn, blocked))
         return removed
 
+    def next_victims(self, scopes: CacheScope | KeySpace | Iterable[CacheScope], budget_bytes: int, *,
+                     low_water: float = 1.0, ahead_bytes: int = 0) -> set[str]:
+        """Primary keys of the blocks :meth:`enforce` would remove next — the plan down to the low-water mark, and
+        ``ahead_bytes`` (bytes) further, for what the engines will write before the next trims — without removing
+        anything. Empty while the bytes are at most that mark less ``ahead_bytes``. A check that leases blocks
+        (``Ledger.reconcile(exclude=...)``) leaves these out, so it does not refuse the trim's coming removals.
+
+        Raises:
+            ValueError: negative ``budget_bytes`` or ``ahead_bytes``, or ``low_water`` outside (0, 1].
+        """
+        if budget_bytes < 0 or ahead_bytes < 0:
+            raise ValueError(f"budget_bytes and ahead_bytes must not be negative, got {budget_bytes}, {ahead_bytes}")
+        if not 0.0 < low_water <= 1.0:
+            raise ValueError(f"low_water must be in (0, 1], got {low_water}")
+        ids = _scopes(scopes)
+        goal = max(0, min(budget_bytes, math.ceil(budget_bytes * low_water)) - ahead_bytes)
+        if self.used_bytes(ids) <= goal:
+            return set()
+        return {key for _, key in self._plan(ids, goal, max(goal, budget_bytes - ahead_bytes), set())}
+
     def _plan(self, ids: list[CacheScope], target: int, budget_bytes: int,
               blocked: set[str]) -> list[tuple[ScopeTable, str]]:
         """Victims per scope for its share of the bytes above ``target``, ``blocked`` keys left out (asked

@@ -75,10 +75,12 @@ class EvictionCounters:
 @dataclass(frozen=True)
 class EvictionSignal:
     """What a poll found: ``tenants`` whose counter grew, or ``every_tenant`` (a global counter grew without any
-    tenant's, or the master restarted). Empty and False: nothing new."""
+    tenant's, or the master restarted: then ``restarted`` too, and every object is gone, leased or not). Empty and
+    False: nothing new."""
 
     tenants: frozenset[str] = frozenset()
     every_tenant: bool = False
+    restarted: bool = False
 
     def __bool__(self) -> bool:
         return self.every_tenant or bool(self.tenants)
@@ -232,7 +234,7 @@ class EvictionWatch:
             return EvictionSignal()
         self.polls += 1
         tenants: set[str] = set()
-        every = False
+        every = restart = False
         errors: list[str] = []
         for url in self.urls:
             if self._failed_until.get(url, now) > now:
@@ -251,7 +253,7 @@ class EvictionWatch:
                 continue
             grown, restarted = _compare(previous, reading)
             if restarted:
-                every = True
+                every = restart = True
             tenants |= grown
             if not grown and any(reading.totals.get(n, 0.0) > previous.totals.get(n, 0.0)
                                  for n in GLOBAL_EVICTION_COUNTERS):
@@ -262,7 +264,7 @@ class EvictionWatch:
             self.last_error = errors[0]
         elif not self._failed_until:
             self.last_error = ""
-        signal = EvictionSignal(frozenset(tenants), every)
+        signal = EvictionSignal(frozenset(tenants), every, restart)
         if signal:
             self.signals += 1
         return signal

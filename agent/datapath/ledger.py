@@ -45,7 +45,7 @@ import enum
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -88,10 +88,13 @@ class BlockEntry:
         children_count: how many of those children are present.
         cut: some known ancestor is absent (the prefix chain is broken above it); an owned present block with
             ``cut`` is an orphan.
+        checked_at: ``Ledger.clock`` seconds of this node's last existence check that found it present (``-inf``:
+            none): that check leased it for the master's ``--default_kv_lease_ttl`` from then on, so the master
+            cannot have evicted it before about ``checked_at`` + the lease (:meth:`Ledger.reconcile` ``leased_for``).
     """
 
     __slots__ = ("key", "block_hash", "parent", "keyspace", "size", "owned", "present", "created_at", "last_access",
-                 "hit_count", "children", "children_count", "cut")
+                 "hit_count", "children", "children_count", "cut", "checked_at")
 
     def __init__(self, key: str, block_hash: bytes, parent: str | None, keyspace: KeySpace, size: int,
                  owned: bool, now: float) -> None:
@@ -108,6 +111,7 @@ class BlockEntry:
         self.children: set[str] = set()
         self.children_count = 0
         self.cut = False
+        self.checked_at = float("-inf")
 
     def __repr__(self) -> str:
         state = ("owned" if self.owned else "foreign") + ("" if self.present else ",absent")
@@ -430,9 +434,11 @@ class Ledger:
     # --- recording ------------------------------------------------------------------------------------------
 
     def record_put(self, ks: KeySpace, block_hashes: Sequence[bytes], parent: bytes | None,
-                   outcomes: Sequence[Outcome], block_bytes: int) -> None:
+                   outcomes: Sequence[Outcome], block_bytes: int, *, checked: bool = False) -> None:
         """Record one put batch of a chain: ``block_hashes[i]``'s parent is ``block_hashes[i-1]`` (``parent``
         for the first), each with its :class:`Outcome`. Only ``STORED`` blocks become owned and counted.
+        ``checked``: an existence check just found the ``STORED`` blocks (an engine's write confirmed by
+        ``agent.datapath.pending``), so they are under its read lease from now (``BlockEntry.checked_at``).
 
         Call :meth:`observe` with the batch's existence check first, so evictions it reveals are counted."""
         if len(outcomes) != len(block_hashes):
@@ -454,6 +460,8 @@ class Ledger:
                     was_counted = e.owned and e.present
                     t.set_state(e, present=True, owned=True, size=block_bytes)
                     e.last_access = now
+                    if checked:
+                        e.checked_at = now
                     t.puts += 1
                     t.notify("access" if was_counted else "insert", e)
                 elif outcome is Outcome.EXISTED:
@@ -618,20 +626,28 @@ class Ledger:
     # --- reconciliation -------------------------------------------------------------------------------------
 
     def reconcile(self, store: StoreClient, *, sample: int | None = 64, rng: random.Random | None = None,
-                  batch: int = 4096) -> ReconcileResult:
+                  batch: int = 4096, leased_for: float = 0.0, exclude: Collection[str] = ()) -> ReconcileResult:
         """Check the blocks of ``store.tenant_id``'s scopes against the store with ``batch_is_exist``.
 
         Checks ``sample`` random present blocks (every block when ``sample`` is None or larger than their
         number); when a sample finds one missing, checks every block (master evictions come in rounds). A block
         is present only if all its objects exist; SGLang halves left alone are removed from the store.
 
+        Left out (neither checked nor leased again): blocks this node's own check found present less than
+        ``leased_for`` seconds ago (``BlockEntry.checked_at``; the master cannot have evicted them while that
+        check's read lease runs: pass a little under the master's ``--default_kv_lease_ttl``, 0 checks all), and the
+        primary keys in ``exclude`` (a budget's next victims: its removal says whether they are gone, without the
+        lease a check would put on them). ``ReconcileResult.full`` means every other present block was checked.
+
         Raises:
             StoreError: ``batch_is_exist`` answered -1 for some key.
         """
         rng = rng or random.Random()
+        now = self.clock()
         with self.lock:
             candidates = [e for t in self._tables.values() if t.scope.tenant_id == store.tenant_id
-                          for e in t.entries.values() if e.present]
+                          for e in t.entries.values()
+                          if e.present and now - e.checked_at >= leased_for and e.key not in exclude]
         if not candidates:
             return ReconcileResult(0, 0, True)
         full = sample is None or sample >= len(candidates)
@@ -643,6 +659,14 @@ class Ledger:
             checked += len(candidates)
             full = True
         return ReconcileResult(checked, len(missing), full)
+
+    def recent_bytes(self, scopes: Iterable[CacheScope], within: float) -> int:
+        """Bytes of the owned present blocks of ``scopes`` this node booked less than ``within`` seconds ago
+        (``BlockEntry.created_at``): what its engines wrote lately, the rate a budget's trim must keep up with."""
+        now = self.clock()
+        with self.lock:
+            return sum(e.size for s in scopes if (t := self._tables.get(s)) is not None
+                       for e in t.entries.values() if e.owned and e.present and now - e.created_at < within)
 
     # --- orphans --------------------------------------------------------------------------------------------
 
@@ -739,9 +763,11 @@ class Ledger:
     def _check(self, store: StoreClient, entries: list[BlockEntry], batch: int) -> list[BlockEntry]:
         missing: list[BlockEntry] = []
         partial: list[str] = []
+        found: list[tuple[BlockEntry, float]] = []
         for start in range(0, len(entries), batch):
             chunk = entries[start:start + batch]
             keys, spans = _keys_and_spans(chunk)
+            sent = self.clock()  # the lease runs from the master's answer, after this
             codes = store.exists(keys)
             errors = [(k, c) for k, c in zip(keys, codes) if c < 0]
             if errors:
@@ -752,10 +778,14 @@ class Ledger:
                 if not all(flags):
                     missing.append(e)
                     partial.extend(k for k, c in zip(keys[pos:pos + n], flags) if c)
+                else:
+                    found.append((e, sent))
                 pos += n
         if partial:
             store.remove(partial)
         with self.lock:
+            for e, sent in found:
+                e.checked_at = max(e.checked_at, sent)
             for e in missing:
                 t = self._tables.get(e.keyspace.scope)
                 if t is not None and t.entries.get(e.key) is e and e.present:

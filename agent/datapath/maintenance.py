@@ -35,13 +35,21 @@ the demo runs the product's policy. A round (:meth:`Maintenance.tick`), in this 
    ``/metrics`` URLs of the applied document's ``NodeSettings.master_metrics_urls``: one small HTTP read, no lease)
    are polled every ``poll_interval`` seconds (at a round: as often as the caller runs rounds, or light rounds of
    this step alone, :meth:`Maintenance.signal_round`, between them: the real-engine agent does); a tenant whose
-   counter grew (every tenant when only a global one grew, or the master restarted) gets a full reconcile at once,
-   not at the next interval, so the ledger follows the Store within seconds of an eviction round. Lease-aware:
-   only on a signal, at most once per ``signal_gap`` seconds per tenant (a signal inside the gap waits for its
-   end), and not while one of the tenant's budgets is still over after the trim (the reconcile's leases would refuse
-   the trim's removals for 10 s and the master would evict at the quota instead: ``docs/eviction.md`` §8, "How soon
-   the ledger follows a master eviction"). That reconcile stands for the round's scheduled reconcile or probe of
-   that tenant.
+   counter grew (every tenant when only a global one grew, or the master restarted) is reconciled at once, not at
+   the next interval, so the ledger follows the Store within seconds of an eviction round (at most once per
+   ``signal_gap`` seconds per tenant: a signal inside the gap waits for its end). That reconcile stands for the
+   round's scheduled reconcile or probe of that tenant. After a master restart (a counter went down: every object
+   is gone, leased or not) it checks every block, not lease-aware.
+
+Every reconcile is **lease-aware** (``docs/eviction.md`` §8, "How soon the ledger follows a master eviction"): a
+check leases what it finds for the master's ``--default_kv_lease_ttl`` (``lease_ttl``), and a leased block is
+neither evictable by the master nor removable by a trim. So a reconcile leaves out (a) the blocks this node's own
+check found present less than ``lease_ttl - LEASE_MARGIN`` seconds ago (the confirmation of an engine's write, an
+earlier reconcile: the master cannot have evicted them since) and (b) each budget's next victims
+(``BudgetEnforcer.next_victims``: the trim's plan to ``BUDGET_LOW_WATER``, plus what this node's engines wrote in
+the last ``lease_ttl``, which the trims of the coming lease must remove too): the trim's own removal tells whether
+those are gone (-704), and a check would refuse that removal for the whole lease while the master, which ignores
+budgets, evicts at the quota instead.
 
 Store clients come from the caller (``store_for(tenant_id)``, one per tenant, None while it cannot be opened). A
 failing step is reported through ``on_problem(part, message)`` (``budget``, ``orphans``, ``store:<tenant>``) and
@@ -84,6 +92,12 @@ ORPHAN_ROUNDS = 256
 #: Least seconds between two reconciles of one tenant on an eviction signal (each leases the tenant's existing
 #: objects for ``--default_kv_lease_ttl``, 10 s).
 DEFAULT_SIGNAL_GAP = 3.0
+#: The master's ``--default_kv_lease_ttl`` in seconds (Mooncake 0.3.13.post1's default, ``mooncake_master --help``):
+#: how long a block this node's check found present stays leased, so unevictable and unremovable.
+DEFAULT_LEASE_TTL = 10.0
+#: Seconds of that lease not counted on (the check's answer, and the booking after it, come after the master granted
+#: the lease; a master configured with a shorter lease than ``lease_ttl`` needs ``lease_ttl`` set to it).
+LEASE_MARGIN = 1.0
 #: The orphan rules (module docstring, step 2) and the default.
 ORPHAN_RULES = ("pressure", "eager", "off")
 DEFAULT_ORPHAN_RULE = "pressure"
@@ -156,6 +170,8 @@ class Maintenance:
         eviction_watch: the master's eviction counters (``agent.datapath.eviction_signal.EvictionWatch``; default
             one without URLs, polling nothing, until :meth:`set_master_metrics`).
         signal_gap: least seconds between two reconciles of a tenant on an eviction signal.
+        lease_ttl: the master's ``--default_kv_lease_ttl`` in seconds (module docstring, lease-aware reconciles; 0:
+            every reconcile checks every present block).
 
     Not thread-safe: one caller runs the rounds (the maintenance thread, or the simulator under its batch lock).
     Counters: :attr:`removed_over_budget`, :attr:`removed_orphans` (blocks, since creation),
@@ -171,7 +187,8 @@ class Maintenance:
                  on_problem: Callable[[str, str | None], None] | None = None,
                  on_store_failure: Callable[[str], None] | None = None,
                  eviction_watch: EvictionWatch | None = None,
-                 signal_gap: float = DEFAULT_SIGNAL_GAP) -> None:
+                 signal_gap: float = DEFAULT_SIGNAL_GAP,
+                 lease_ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.node = node
         self.ledger = ledger
         self.budget = budget
@@ -191,7 +208,9 @@ class Maintenance:
         self.removed_orphans = 0
         self.eviction_watch = eviction_watch if eviction_watch is not None else EvictionWatch()
         self.signal_gap = signal_gap
+        self.lease_ttl = lease_ttl
         self.signalled: set[str] = set()                  # tenants waiting for their reconcile on a signal
+        self._restarted: set[str] = set()                 # ... of them, after a master restart (not lease-aware)
         self._signal_reconciled: dict[str, float] = {}    # tenant -> time.monotonic() of its last one
         self.signal_reconciles = 0
 
@@ -210,10 +229,11 @@ class Maintenance:
 
     def tick(self, budgets: list[Budget], tenants: Iterable[str], *, now: float | None = None,
              reconcile: bool | None = None, full: bool = False, enforce: bool = True) -> dict[str, int]:
-        """One round: budgets and orphans (unless ``enforce`` is False), then the eviction signal (a full reconcile
-        of each tenant whose master eviction counter grew, at most once per ``signal_gap``), then a reconcile of the
-        other tenants when ``reconcile`` (None: when ``reconcile_interval`` passed since the last one; ``full``:
-        every block, not a sample), else a probe when ``probe_interval`` passed and no budget is still over.
+        """One round: budgets and orphans (unless ``enforce`` is False), then the eviction signal (a reconcile of
+        each tenant whose master eviction counter grew, not sampled, at most once per ``signal_gap``), then a
+        reconcile of the other tenants when ``reconcile`` (None: when ``reconcile_interval`` passed since the last
+        one; ``full``: every present block, neither a sample nor lease-aware), else a probe when ``probe_interval``
+        passed and no budget is still over. The other reconciles are lease-aware (module docstring).
         Returns ``checked`` and ``missing`` blocks, ``removed`` over budget and ``orphans_removed``. Orphans are
         collected before the budgets are trimmed (of the tenants :meth:`orphan_tenants` names)."""
         now = time.monotonic() if now is None else now
@@ -226,20 +246,22 @@ class Maintenance:
         tenants = [t for t in tenants if t not in done]  # just checked every block of these
         if reconcile:
             self.last_reconcile = self.last_probe = now
-            scheduled = self.reconcile(tenants, None if full else self.reconcile_sample)
+            scheduled = (self.reconcile(tenants, None, lease_aware=False) if full
+                         else self.reconcile(tenants, self.reconcile_sample, budgets))
             checked, missing = checked + scheduled[0], missing + scheduled[1]
         elif self.probe_interval > 0 and not self.over_budget(budgets) and (
                 self.last_probe is None or now - self.last_probe >= self.probe_interval):
             self.last_probe = now
-            probed = self.reconcile(tenants, PROBE_SAMPLE)
+            probed = self.reconcile(tenants, PROBE_SAMPLE, budgets)
             checked, missing = checked + probed[0], missing + probed[1]
         return {"checked": checked, "missing": missing, "removed": removed, "orphans_removed": orphans}
 
     def signal_round(self, budgets: list[Budget], tenants: Iterable[str], *,
                      now: float | None = None) -> tuple[int, int]:
         """Only step 4 (a caller's light round between full rounds): poll the eviction counters when due and reconcile
-        every block of each signalled tenant of ``tenants`` whose last such reconcile is ``signal_gap`` old and none
-        of whose ``budgets`` is over (no trim waits on leases). Returns ``(checked, missing)`` blocks."""
+        each signalled tenant of ``tenants`` whose last such reconcile is ``signal_gap`` old: every block but the
+        next victims of its ``budgets`` and what this node's checks leased (module docstring). Returns ``(checked,
+        missing)`` blocks."""
         now = time.monotonic() if now is None else now
         checked, missing, _ = self._on_eviction_signal(sorted(set(tenants)), now, budgets)
         return checked, missing
@@ -248,11 +270,10 @@ class Maintenance:
 
     def _on_eviction_signal(self, tenants: list[str], now: float,
                             budgets: Iterable[Budget] = ()) -> tuple[int, int, set[str]]:
-        """Poll the eviction counters when due; reconcile every block of each signalled tenant of ``tenants`` whose
-        last such reconcile is ``signal_gap`` old and none of whose ``budgets`` is still over (the others wait: the
-        reconcile would lease every block of the tenant for ``--default_kv_lease_ttl``, 10 s, refusing the very
-        removals the trim waits on, while the master then evicts at the quota instead; the scheduled reconcile still
-        runs). Returns ``(checked, missing, tenants reconciled)``."""
+        """Poll the eviction counters when due; reconcile each signalled tenant of ``tenants`` whose last such
+        reconcile is ``signal_gap`` old, lease-aware (:meth:`reconcile` with ``budgets``: a budget's next victims and
+        what this node's checks leased are left out, so the trim is not refused while the master evicts at the quota
+        instead). Returns ``(checked, missing, tenants reconciled)``."""
         watch = self.eviction_watch
         if watch.due(now):
             signal = watch.poll(now)
@@ -260,10 +281,12 @@ class Maintenance:
                           if watch.last_error else None)
             affected = signal.affected(tenants)
             self.signalled.update(affected)
+            if signal.restarted:  # every object went, leased or not: check every block, not lease-aware
+                self._restarted.update(affected)
             self._pressed_at.update(dict.fromkeys(affected, now))
         self.signalled &= set(tenants)
-        trimming = {b.tenant_id for b in budgets if self.budget.used_bytes(b.scopes) > b.node_budget_bytes}
-        ready = sorted(t for t in self.signalled - trimming
+        self._restarted &= self.signalled
+        ready = sorted(t for t in self.signalled
                        if t not in self._signal_reconciled or now - self._signal_reconciled[t] >= self.signal_gap)
         if not ready:
             return 0, 0, set()
@@ -271,7 +294,12 @@ class Maintenance:
             self.signalled.discard(tenant_id)
             self._signal_reconciled[tenant_id] = now
         self.signal_reconciles += len(ready)
-        checked, missing = self.reconcile(ready, None)
+        restarted = self._restarted.intersection(ready)
+        self._restarted -= restarted
+        checked, missing = self.reconcile(sorted(set(ready) - restarted), None, budgets)
+        if restarted:
+            full = self.reconcile(sorted(restarted), None, lease_aware=False)
+            checked, missing = checked + full[0], missing + full[1]
         log.info("node %s: the master evicted: reconciled tenant(s) %s (%d block(s) checked, %d gone)", self.node,
                  ", ".join(ready), checked, missing)
         return checked, missing, set(ready)
@@ -364,16 +392,22 @@ class Maintenance:
         self.removed_orphans += removed
         return removed
 
-    def reconcile(self, tenants: Iterable[str], sample: int | None) -> tuple[int, int]:
-        """Check ``sample`` present blocks of each tenant (None: all) against the Store; returns ``(checked,
-        missing)`` blocks (missing ones left the ledger)."""
+    def reconcile(self, tenants: Iterable[str], sample: int | None, budgets: Iterable[Budget] = (), *,
+                  lease_aware: bool = True) -> tuple[int, int]:
+        """Check ``sample`` present blocks of each tenant (None: all) against the Store; ``lease_aware`` (module
+        docstring), blocks this node's checks leased less than ``lease_ttl - LEASE_MARGIN`` ago and the next
+        victims of the tenant's ``budgets`` are left out. Returns ``(checked, missing)`` blocks (missing ones left
+        the ledger)."""
         checked = missing = 0
+        budgets = list(budgets) if lease_aware else []
+        leased_for = max(0.0, self.lease_ttl - LEASE_MARGIN) if lease_aware and self.lease_ttl > 0 else 0.0
         for tenant_id in sorted(tenants):
             store = self.store_for(tenant_id)
             if store is None:
                 continue
             try:
-                result = self.ledger.reconcile(store, sample=sample)
+                exclude = self.next_victims(tenant_id, budgets)
+                result = self.ledger.reconcile(store, sample=sample, leased_for=leased_for, exclude=exclude)
             except Exception as exc:  # the next round retries (a fresh client if this one broke)
                 self._problem(f"store:{tenant_id}", f"reconciling tenant {tenant_id} with the Store failed: {exc}")
                 if self._on_store_failure is not None:
@@ -386,6 +420,22 @@ class Maintenance:
                          self.node, result.missing, tenant_id)
         return checked, missing
 
+    def next_victims(self, tenant_id: str, budgets: Iterable[Budget]) -> set[str]:
+        """Primary keys of the blocks the trims of ``tenant_id``'s ``budgets`` will remove within the master's lease:
+        each budget's plan to ``BUDGET_LOW_WATER`` plus the bytes this node booked under it in the last
+        ``lease_ttl`` seconds (``BudgetEnforcer.next_victims``, ``Ledger.recent_bytes``). Empty without budgets or
+        with ``lease_ttl`` 0."""
+        out: set[str] = set()
+        if self.lease_ttl <= 0 or not hasattr(self.budget, "next_victims"):
+            return out
+        for item in budgets:
+            if item.tenant_id != tenant_id:
+                continue
+            ahead = self.ledger.recent_bytes(item.scopes, self.lease_ttl)
+            out |= self.budget.next_victims(item.scopes, item.node_budget_bytes, low_water=BUDGET_LOW_WATER,
+                                            ahead_bytes=ahead)
+        return out
+
     def _problem(self, part: str, message: str | None) -> None:
         if self._on_problem is not None:
             self._on_problem(part, message)
@@ -393,4 +443,4 @@ class Maintenance:
             log.error("node %s: %s", self.node, message)
 
 
-__all__ = ["BUDGET_LOW_WATER", "DEFAULT_SIGNAL_GAP", "Budget", "Maintenance", "document_budgets"]
+__all__ = ["BUDGET_LOW_WATER", "DEFAULT_LEASE_TTL", "DEFAULT_SIGNAL_GAP", "Budget", "Maintenance", "document_budgets"]

@@ -449,7 +449,7 @@ def _by_keyspace(items: Sequence[tuple[str, _Value]]) -> list[tuple[KeySpace, li
 def _book_runs(ledger: Ledger, ks: KeySpace, hashes: Sequence[bytes], parents: Sequence[bytes | None],
                sizes: Sequence[int]) -> None:
     """``record_put`` confirmed blocks of one key space in report order, each run of consecutive blocks of one chain
-    in one call."""
+    in one call, as just checked (the check leased them: ``BlockEntry.checked_at``)."""
     start = 0
     n = len(hashes)
     while start < n:
@@ -457,7 +457,7 @@ def _book_runs(ledger: Ledger, ks: KeySpace, hashes: Sequence[bytes], parents: S
         end = start + 1
         while end < n and parents[end] == hashes[end - 1] and sizes[end] == size:
             end += 1
-        ledger.record_put(ks, hashes[start:end], parent, [Outcome.STORED] * (end - start), size)
+        ledger.record_put(ks, hashes[start:end], parent, [Outcome.STORED] * (end - start), size, checked=True)
         start = end
 
 

@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between checks of engine-written blocks against the Store (default 30; each "
                           "check leases the checked objects for the master's --default_kv_lease_ttl, during "
                           "which budget removals skip them: keep it well above that TTL)")
+    run.add_argument("--store-lease-ttl", type=positive_float, default=10.0, metavar="S",
+                     help="the Store master's --default_kv_lease_ttl in seconds (default 10, Mooncake 0.3.13.post1's "
+                          "default): a block this agent's check found present is not checked again within it, and "
+                          "reconciles leave the budgets' next victims out (docs/eviction.md section 8). Set it to the "
+                          "master's value when that is shorter")
     run.add_argument("--metrics-interval", type=positive_float, default=5.0,
                      help="seconds between scrapes of each vLLM instance's /metrics (default 5)")
     run.add_argument("--budget-policy", choices=["hit-density", "hit-density-inferred", "lru"],
@@ -323,7 +328,8 @@ def _engines(args: argparse.Namespace, ledger, state_dir: Path, *, observe: bool
                        reconcile_interval=args.reconcile_interval, metrics_interval=args.metrics_interval,
                        is_privileged=False if args.single_user else None, unit_dir=args.engine_unit_dir,
                        account_rules=EngineAccountRules(min_uid=args.min_engine_uid, max_uid=args.max_engine_uid),
-                       budget_policy=args.budget_policy, orphan_collection=args.orphan_collection)
+                       budget_policy=args.budget_policy, orphan_collection=args.orphan_collection,
+                       lease_ttl=args.store_lease_ttl)
 
 
 def _simulator(args: argparse.Namespace, ledger, state_dir: Path):
@@ -339,7 +345,8 @@ def _simulator(args: argparse.Namespace, ledger, state_dir: Path):
             overrides = load_overrides(args.launch_overrides)
         except (OSError, ValueError) as exc:
             _usage_error(f"--launch-overrides: {exc}")
-    return EngineSimulator(args.node, ledger, overrides=overrides, results=ResultFile(state_dir / RESULTS_FILE))
+    return EngineSimulator(args.node, ledger, overrides=overrides, results=ResultFile(state_dir / RESULTS_FILE),
+                           lease_ttl=args.store_lease_ttl)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -358,6 +358,8 @@ class EngineSimulator:
         open_on_apply: open every tenant's store client when a document is applied (mounts the segment early).
         results: where each batch's :class:`BatchResult` is appended (:class:`ResultFile`; the agent passes
             :data:`RESULTS_FILE` in its state directory), ``None`` = nowhere.
+        lease_ttl: the Store master's ``--default_kv_lease_ttl`` in seconds for the maintenance's lease-aware
+            reconciles (None: ``agent.datapath.maintenance.DEFAULT_LEASE_TTL``).
 
     Thread-safe: batches run one at a time (a lock); :meth:`snapshot` may be called from any thread.
     """
@@ -367,7 +369,7 @@ class EngineSimulator:
                  store_opener: Callable[..., Any] | None = None,
                  handoff: Callable[[str, dict[str, Any]], None] | None = None,
                  reconcile_seconds: float = DEFAULT_RECONCILE_SECONDS, open_on_apply: bool = True,
-                 results: ResultFile | None = None) -> None:
+                 results: ResultFile | None = None, lease_ttl: float | None = None) -> None:
         if cache_blocks < 1:
             raise ValueError(f"cache_blocks must be at least 1, got {cache_blocks}")
         self.node = node
@@ -392,13 +394,14 @@ class EngineSimulator:
         self._mounted = False
         self.batches = 0
         from agent.datapath.budget import BudgetEnforcer
-        from agent.datapath.maintenance import Maintenance
+        from agent.datapath.maintenance import DEFAULT_LEASE_TTL, Maintenance
 
         self.budget = BudgetEnforcer(ledger)
         #: The node-maintenance policy the agent runs for real engines (``agent.datapath.maintenance``): budgets
         #: after each write, orphans, reconcile and probes every ``reconcile_seconds`` (under the batch lock).
         self.maintenance = Maintenance(node, ledger, self.budget, self._tenant_store,
-                                       reconcile_interval=reconcile_seconds)
+                                       reconcile_interval=reconcile_seconds,
+                                       lease_ttl=DEFAULT_LEASE_TTL if lease_ttl is None else lease_ttl)
         self.maintenance.last_reconcile = time.monotonic()  # the first reconcile one interval after start
 
     # --- config ---------------------------------------------------------------------------------------------

@@ -169,3 +169,22 @@ def test_the_trim_ends_at_the_low_water_mark_in_whole_blocks_across_groups(budge
         assert len(store.objects) == after
         check_no_orphans(ledger, ns, store)
         check_no_orphans(ledger, other, store)
+
+
+def test_next_victims_is_the_coming_trim_and_removes_nothing():
+    """``BudgetEnforcer.next_victims`` plans what ``enforce`` would remove (the same blocks) without removing any;
+    ``ahead_bytes`` extends the plan by that much more (the trims of the coming lease); under its mark: nothing."""
+    store, ns, ledger, connector, enforcer = make()
+    for start in (10, 20, 30, 40):
+        put(connector, ns, list(range(start, start + 4)))
+    size = connector.block_bytes
+    table = ledger.table(ns)
+    assert enforcer.next_victims(ns.scope, 16 * size) == set()
+    planned = enforcer.next_victims(ns.scope, 12 * size, low_water=0.9)
+    ahead = enforcer.next_victims(ns.scope, 12 * size, low_water=0.9, ahead_bytes=4 * size)
+    assert table.blocks == 16 and len(planned) == 5 and planned < ahead and len(ahead) >= len(planned) + 4
+    removed = enforcer.enforce(ns.scope, 12 * size, connector_remover(connector), low_water=0.9)
+    assert set(removed) == planned
+    check_no_orphans(ledger, ns, store)
+    with pytest.raises(ValueError):
+        enforcer.next_victims(ns.scope, 12 * size, ahead_bytes=-1)

@@ -117,7 +117,9 @@ def test_signalled_reconciles_are_lease_aware_once_per_gap_and_only_on_a_signal(
     store, ns, ledger, connector, enforcer = make()
     put(connector, ns, list(range(1, 9)))
     fake = FakeMetrics()
-    maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0)
+    # lease_ttl 0: every reconcile checks every block (the leases of its own checks: the test after the next)
+    maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0,
+                               lease_ttl=0)
     maintenance.last_reconcile = 0.0
     checked = []
     for step in range(1, 11):                           # no eviction: nothing is checked (no lease taken)
@@ -235,7 +237,7 @@ def test_read_metrics_bounds_the_headers_too(server):
 
 def test_a_light_signal_round_reconciles_between_full_rounds_and_trims_nothing():
     """``Maintenance.signal_round`` (the real-engine agent's round between its 2 s ticks): only the eviction signal —
-    a poll when due and the signalled tenant's full reconcile — and no budget trim, even over a budget."""
+    a poll when due and the signalled tenant's reconcile — and no budget trim, even over a budget."""
     store, ns, ledger, connector, enforcer = make()
     size = connector.block_bytes
     hashes = put(connector, ns, list(range(1, 9)))
@@ -251,30 +253,132 @@ def test_a_light_signal_round_reconciles_between_full_rounds_and_trims_nothing()
     assert ledger.table(ns).blocks == 7 and maintenance.signal_reconciles == 1
     fake.text = metrics(2, {"alpha": 2 * size})        # another eviction; the tenant is over a budget now
     budgets = [Budget([ns.scope], 2 * size, "alpha")]
-    assert maintenance.signal_round(budgets, ["alpha"], now=6.0) == (0, 0) and ledger.table(ns).blocks == 7
-    assert maintenance.signalled == {"alpha"}          # no trim here, and no reconcile while the trim waits
+    maintenance.signal_round(budgets, ["alpha"], now=6.0)
+    assert ledger.table(ns).blocks == 7 and maintenance.removed_over_budget == 0  # no trim in a light round
 
 
-def test_a_signalled_tenant_over_its_budget_is_trimmed_before_it_is_reconciled():
-    """A reconcile leases every block it finds for the master's lease (10 s), which would refuse the trim's removals
-    (and the master then evicts at the quota instead): while a budget of the signalled tenant is still over after
-    the round's trim, its reconcile waits; once the trim held the budget, it runs."""
+class Clock:
+    """A ledger clock the test moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _checked_keys(store):
+    """Record the keys each ``exists`` call of ``store`` asks about (a list per call)."""
+    calls: list[list[str]] = []
+    real = store.exists
+
+    def exists(keys):
+        calls.append(list(keys))
+        return real(keys)
+
+    store.exists = exists
+    return calls
+
+
+def test_a_block_this_node_checked_is_not_checked_again_within_the_lease():
+    """A check leases what it finds for the master's --default_kv_lease_ttl: the master cannot evict those blocks
+    until it ends, so a reconcile on the next signal leaves them out (a check would only lengthen the lease), and
+    checks them again once ``lease_ttl - LEASE_MARGIN`` passed. After a master restart (a counter went down) every
+    block is checked: leased or not, every object went."""
+    from agent.datapath.maintenance import LEASE_MARGIN
+
     store, ns, ledger, connector, enforcer = make()
-    size = connector.block_bytes
+    clock = Clock()
+    ledger.clock = clock
     hashes = put(connector, ns, list(range(1, 9)))
+    fake = FakeMetrics()
+    maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0,
+                               lease_ttl=10.0)
+    maintenance.last_reconcile = 0.0
+    calls = _checked_keys(store)
+    maintenance.tick([], ["alpha"], now=1.0)            # the baseline reading
+    fake.text = metrics(1, {"alpha": 1})
+    assert maintenance.tick([], ["alpha"], now=2.0)["checked"] == 8  # a connector's put leases nothing: all
+    clock.now += 4.0
+    put(connector, ns, [1, 2, 3, 4, 50, 51])            # two blocks more, not checked yet
+    fake.text = metrics(2, {"alpha": 2})
+    assert maintenance.tick([], ["alpha"], now=6.0)["checked"] == 2  # the 8 are still under this node's lease
+    assert set(calls[-1]) == {k for h in ns.trace_hashes([1, 2, 3, 4, 50, 51])[4:] for k in ns.keys_for(h)}
+    clock.now += 10.0 - LEASE_MARGIN - 4.0              # the first check's lease is about to end: checked again
+    for key in ns.keys_for(hashes[-1]):                 # the master evicts a block whose lease ended
+        del store.objects[key]
+    fake.text = metrics(3, {"alpha": 3})
+    assert maintenance.tick([], ["alpha"], now=10.0) == {"checked": 8, "missing": 1, "removed": 0,
+                                                         "orphans_removed": 0}
+    store.objects.clear()                               # the master restarted: its counters start again from 0
+    fake.text = metrics(0, {})
+    assert maintenance.tick([], ["alpha"], now=14.0)["missing"] == 9 and ledger.table(ns).blocks == 0
+
+
+def test_engine_writes_confirmed_by_a_check_are_under_its_lease():
+    """``record_put(checked=True)`` (an engine write the agent's ``batch_is_exist`` confirmed) stamps the block as
+    leased now; a lease-aware reconcile leaves it out until ``leased_for`` passed, a plain one does not."""
+    from agent.datapath.ledger import Outcome
+
+    store, ns, ledger, connector, enforcer = make()
+    clock = Clock()
+    ledger.clock = clock
+    hashes = ns.trace_hashes([1, 2, 3])
+    for h in hashes:
+        for key in ns.keys_for(h):
+            store.objects[key] = b"x"
+    ledger.record_put(ns, hashes[:2], None, [Outcome.STORED] * 2, 256, checked=True)
+    ledger.record_put(ns, hashes[2:], hashes[1], [Outcome.STORED], 256)
+    assert ledger.reconcile(store, sample=None, leased_for=9.0).checked == 1
+    assert ledger.reconcile(store, sample=None).checked == 3
+    assert ledger.recent_bytes([ns.scope], 10.0) == 3 * 256  # what was booked lately: the trims' coming work
+    clock.now += 9.0
+    assert ledger.reconcile(store, sample=None, leased_for=9.0).checked == 3
+    clock.now += 1.0
+    assert ledger.recent_bytes([ns.scope], 10.0) == 0
+
+
+def test_a_signalled_tenant_over_its_budget_is_reconciled_at_once_but_for_the_trims_next_victims():
+    """A reconcile leases every block it finds for the master's lease (10 s), which would refuse the trim's coming
+    removals while the master, which ignores budgets, evicts at the quota instead. So a signalled tenant with a
+    budget is reconciled at once, but its trim's next victims (``BudgetEnforcer.next_victims``: down to the low-water
+    mark and the bytes written in the last lease further) are left out: the trim's removal says whether those are
+    gone (-704: the ledger forgets them), without a lease."""
+    from agent.datapath.maintenance import BUDGET_LOW_WATER
+
+    store, ns, ledger, connector, enforcer = make()
+    clock = Clock()
+    ledger.clock = clock
+    size = connector.block_bytes
+    for start in (10, 20, 30, 40):                      # four chains of 4 blocks, 16 blocks, written long ago
+        put(connector, ns, list(range(start, start + 4)))
+        clock.now += 1.0
+    clock.now += 60.0
     fake = FakeMetrics()
     maintenance = _maintenance(ledger, store, enforcer, fake, reconcile_interval=3600.0, probe_interval=0)
     maintenance.last_reconcile = 0.0
     maintenance.tick([], ["alpha"], now=1.0)            # the baseline reading
-    budgets = [Budget([ns.scope], 4 * size, "alpha")]
-    leased = [k for h in hashes[4:] for k in ns.keys_for(h)]
-    for key in leased:                                  # read leases: the trim is refused
+    budgets = [Budget([ns.scope], 14 * size, "alpha")]
+    victims = enforcer.next_victims([ns.scope], 14 * size, low_water=BUDGET_LOW_WATER)
+    assert len(victims) == 3 and ledger.table(ns).blocks == 16  # a plan only: nothing removed
+    leased = [k for key in victims for k in ns.keys_for(ledger.table(ns).get(key).block_hash)]
+    for key in list(store.objects):                     # read leases of the engines: every removal is refused
         store.fail[key] = -706
+    keep = [e for e in ledger.table(ns).owned_present() if e.key not in victims]
+    for key in ns.keys_for(keep[0].block_hash):         # the master evicted a block the trim does not want
+        del store.objects[key]
+    calls = _checked_keys(store)
     fake.text = metrics(1, {"alpha": size})
     counts = maintenance.tick(budgets, ["alpha"], now=5.0)
-    assert counts["removed"] == 0 and counts["checked"] == 0 and maintenance.signalled == {"alpha"}
-    for key in leased:                                  # the leases ran out: the trim goes, then the reconcile
-        del store.fail[key]
-    counts = maintenance.tick(budgets, ["alpha"], now=9.0)
-    assert counts["removed"] > 0 and counts["checked"] == ledger.table(ns).blocks > 0
-    assert not maintenance.signalled and maintenance.signal_reconciles == 1
+    assert counts["removed"] == 0 and maintenance.signal_reconciles == 1 and not maintenance.signalled
+    assert counts["checked"] == 13 and counts["missing"] == 1     # at once, all but the trim's next victims
+    assert not {k for c in calls for k in c} & set(leased)        # which no check leased
+    assert ledger.table(ns).blocks == 15
+    victim = next(e for k in sorted(victims) if (e := ledger.table(ns).get(k)).children_count == 0)
+    for key in ns.keys_for(victim.block_hash):          # the master evicts a victim: the trim's removal finds it
+        store.fail.pop(key)
+        del store.objects[key]
+    before = len(calls)
+    maintenance.enforce_budgets(budgets)
+    assert ledger.table(ns).get(victim.key) is None or not ledger.table(ns).get(victim.key).present
+    assert len(calls) == before                         # no existence check: the removal's -704 said it

@@ -41,7 +41,7 @@ def test_the_ledger_follows_the_masters_eviction_within_a_few_rounds(mooncake_ma
         assert connector.block_bytes == MiB
         maintenance = Maintenance("node-a", ledger, BudgetEnforcer(ledger), lambda tenant: store,
                                   reconcile_interval=3600.0, probe_interval=0, signal_gap=POLL,
-                                  eviction_watch=EvictionWatch(poll_interval=POLL))
+                                  eviction_watch=EvictionWatch(poll_interval=POLL), lease_ttl=0.02)  # LEASE
         maintenance.set_master_metrics([master.metrics_url])
         maintenance.tick([], ["b"])                     # the first scheduled reconcile, and the counters' baseline
         scheduled = maintenance.last_reconcile

@@ -251,6 +251,9 @@ def test_a_probe_between_reconciles_finds_an_emptied_store_and_checks_every_bloc
     opener: Stores = engines._store_opener  # type: ignore[assignment]
     store = opener(engines.document.store, meta(RUN)["tenant_id"])
     store.objects = {key: b"x" for key in meta(RUN)["store_keys"]["keys_present"]}
+    # a fake store loses objects whatever their leases; a real master keeps a block this agent's check leased (the
+    # confirmation of each write) until the lease ends, which lease-aware checks count on: 0 checks every block
+    engines.maintenance.lease_ttl = 0
     assert engines.tick()["checked"] == 19  # the first tick reconciles; the next reconcile is 30 s away
     engines.maintenance.probe_interval = 0
     assert engines.tick() == {"checked": 0, "missing": 0, "removed": 0, "orphans_removed": 0}  # no probe
@@ -396,9 +399,11 @@ def test_the_maintenance_thread_wakes_for_the_eviction_signal_between_ticks(tmp_
     try:
         now = 100.0
         monkeypatch.setattr(engines_module.time, "monotonic", lambda: now)  # a fixed clock: no wall-clock speed
-        assert engines._wait(now) == 2.0                 # nothing to poll: the next full tick
+        assert engines._wait(now) == engines_module.CONFIRM_INTERVAL == 0.5  # a light round: confirm the writes
         engines.maintenance.set_master_metrics(["http://127.0.0.1:9/metrics"])
-        assert engines._wait(now) == engines.maintenance.eviction_watch.poll_interval == 1.0
+        assert engines._wait(now) == 0.5                 # the counters' poll (1 s) comes at every other one
+        engines.maintenance.eviction_watch.poll_interval = 0.25
+        assert engines._wait(now) == 0.25
         assert engines._wait(now - 5.0) == 0.0           # a full tick overdue: at once
         assert engines.signal_tick() == {"checked": 0, "missing": 0}  # no document: no tenant, nothing checked
     finally:
