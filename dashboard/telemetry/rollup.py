@@ -14,7 +14,16 @@ the deletion of exactly the rows it read, in one transaction per chunk: on Postg
 RETURNING`` of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the
 transaction holds the database's write lock from its start. So a sample that arrives while a rollup runs is never
 lost nor counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is
-merged into the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level
+merged into the existing row on the next run.
+
+On PostgreSQL a raw chunk whose buckets hold no 1-minute row is first tried from the series' cells
+(``OccupancyCell``: the 1-minute rows of its minutes as the series' pass over the raw samples computed them): its raw
+rows are deleted and, if they are exactly as many as the cells' samples, the cells inserted as the 1-minute rows;
+else the deletion is rolled back (a savepoint) and the chunk aggregated as above. Only this fold deletes raw rows and
+the series writes a minute's cells only under this fold's lock and only if the minute holds nothing but raw samples
+(no fold moved it), so the rows deleted include every row the cells were made of: equal counts mean the same rows.
+Such a minute's series rows count those very samples, so it is not checked again (``series.changed``). The fold of
+a chunk deletes its cells either way. Folds of concurrent rollups are serialized (a transaction-level
 advisory lock on PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
 ``dashboard_occ_rollup_key`` (its text columns compared byte by byte on PostgreSQL, migration 0014; rollup levels
 only: raw rows may repeat a key, two reports of one node may carry the same ``sent_at``) is the conflict target.

@@ -18,7 +18,11 @@ transaction under an advisory lock on PostgreSQL):
   the next minute (nothing lost or counted twice over the two). A minute is computed from the raw samples
   (``SETTLE_SECONDS`` after it ends, while they stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and gives the same
   values from the fold's 1-minute rows (but a node's first minute: a folded row has no increase within it). The
-  release rows (``request_group`` NULL) sum the release's scope rows of the minute.
+  release rows (``request_group`` NULL) sum the release's scope rows of the minute. On PostgreSQL the same pass
+  keeps the cells of its minutes that hold nothing but raw samples of weight 1 as ``OccupancyCell`` rows (the raw
+  fold's 1-minute rows: each gauge's average, ``max_bytes`` and the counters' largest value, the samples), so the
+  fold of those minutes writes them instead of aggregating the raw samples again (``dashboard.telemetry.rollup``);
+  the transaction also holds the fold's lock, so it never keeps cells of a minute a fold is moving.
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
