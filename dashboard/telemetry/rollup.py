@@ -19,14 +19,16 @@ merged into the existing row on the next run.
 On PostgreSQL a raw chunk whose buckets hold no 1-minute row is first tried from the series' cells
 (``OccupancyCell``: the 1-minute rows of its minutes as the series' pass over the raw samples computed them): its raw
 rows are deleted and, if they are exactly as many as the cells' samples, the cells inserted as the 1-minute rows;
-else the deletion is rolled back (a savepoint) and the chunk aggregated as above. Only this fold deletes raw rows and
-the series writes a minute's cells only under this fold's lock and only if the minute holds nothing but raw samples
-(no fold moved it), so the rows deleted include every row the cells were made of: equal counts mean the same rows.
-Such a minute's series rows count those very samples, so it is not checked again (``series.changed``). The fold of
-a chunk deletes its cells either way. Folds of concurrent rollups are serialized (a transaction-level
-advisory lock on PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
-``dashboard_occ_rollup_key`` (its text columns compared byte by byte on PostgreSQL, migration 0014; rollup levels
-only: raw rows may repeat a key, two reports of one node may carry the same ``sent_at``) is the conflict target.
+else the deletion is rolled back (a savepoint) and the chunk aggregated as above. Raw rows are only inserted
+(ingest) and deleted by this fold, and the series writes a minute's cells only under this fold's lock and only if
+the minute holds nothing but raw samples (no fold moved it), so the rows deleted include every row the cells were
+made of: equal counts mean the same rows. Such a minute's series rows count those very samples, so it is not
+checked again (``series.changed``). The fold of a chunk deletes its cells either way.
+
+Folds of concurrent rollups are serialized (a transaction-level advisory lock on PostgreSQL). Only buckets entirely
+older than the cutoff are folded. The unique index ``dashboard_occ_rollup_key`` (its text columns compared byte by
+byte on PostgreSQL, migration 0014; rollup levels only: raw rows may repeat a key, two reports of one node may carry
+the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
 last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
@@ -141,9 +143,9 @@ def _fold_from_cells(cursor, params: dict) -> int | None:
     the 1-minute rows the series kept for its minutes (``OccupancyCell``), if those cells count exactly the rows
     deleted; returns the rows folded, or ``None`` (nothing changed) when the cells do not account for every row.
 
-    Only this fold deletes raw rows, and the cells of a minute are written (under this fold's lock) only while its
-    raw rows are all there and no fold has moved it: the rows of the chunk now are the rows the cells were made of
-    plus any stored since, so equal counts mean the same rows."""
+    Raw rows are only inserted (ingest) and deleted by this fold, and the cells of a minute are written (under this
+    fold's lock) only while its raw rows are all there and no fold has moved it: the rows of the chunk now are the
+    rows the cells were made of plus any stored since, so equal counts mean the same rows."""
     cells = connection.ops.quote_name(OccupancyCell._meta.db_table)
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
     in_chunk = "minute >= %(start_minute)s AND minute < %(end_minute)s"
