@@ -399,8 +399,9 @@ def phase_rollup(fleet, opts: Options) -> dict:
     """``rollup()`` of ``opts.rollup_minutes`` of raw samples of ``opts.rollup_nodes`` nodes, scaled to one hour of
     the fleet's samples (by rows folded): the samples end a minute past the raw horizon, and ``rollup()`` runs
     twice, as the periodic task would have: once 90 s after they end (the occupancy summed over nodes of their
-    minutes, from the raw rows) and once now (their fold; a check that their minutes' samples did not change);
-    both timed."""
+    minutes, from the raw rows; on PostgreSQL also the fold's 1-minute rows of those minutes) and once now (their
+    fold: on PostgreSQL from those rows when no sample came since, else with a check that their minutes' samples did
+    not change); both timed."""
     from django.conf import settings
 
     from dashboard.models import OccupancySample

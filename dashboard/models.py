@@ -309,6 +309,45 @@ class ScopeSeries(models.Model):
         return f"{self.tenant_id} {self.get_width_display()} at {self.ts}"
 
 
+class OccupancyCell(models.Model):
+    """One node's samples of one cache scope and minute as the fold would write its 1-minute ``OccupancySample``
+    row, kept by the series' pass over the raw samples (``dashboard.telemetry.series``) so the fold of that minute
+    writes its rows from these instead of aggregating the raw samples again (``dashboard.telemetry.rollup``).
+
+    ``minute``: whole minutes since the epoch (UTC); gauges the average of the samples (rounded half up),
+    ``max_bytes`` and counters the largest, ``samples`` the raw samples (each of weight 1). Written only on
+    PostgreSQL (an ``UNLOGGED`` table: a crash empties it, and the fold then aggregates the raw samples), only for
+    minutes that held nothing but raw samples of weight 1, deleted by the fold of their minute.
+    """
+
+    minute = models.BigIntegerField()
+    node_name = models.CharField(max_length=128)
+    tenant_id = models.CharField(max_length=128)
+    served_model_name = models.CharField(max_length=255, blank=True, default="")
+    namespace = models.CharField(max_length=255, blank=True, default="")
+    request_group = models.CharField(max_length=255, blank=True, default="")
+    blocks = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    max_bytes = models.BigIntegerField(default=0)
+    orphaned_bytes = models.BigIntegerField(default=0)
+    in_flight_requests = models.BigIntegerField(default=0)
+    puts = models.BigIntegerField(default=0)
+    gets = models.BigIntegerField(default=0)
+    hit_blocks = models.BigIntegerField(default=0)
+    miss_blocks = models.BigIntegerField(default=0)
+    evicted_blocks = models.BigIntegerField(default=0)
+    store_evicted_blocks = models.BigIntegerField(default=0)
+    budget_evicted_blocks = models.BigIntegerField(default=0)
+    orphan_removed_blocks = models.BigIntegerField(default=0)
+    samples = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        indexes = [models.Index(fields=["minute"], name="dashboard_cell_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} {self.tenant_id} minute {self.minute}"
+
+
 class InstanceStats(models.Model):
     """The newest engine facts of one real engine instance, per ``(node_name, instance_id)``: the
     ``agent.contract.messages.InstanceStats`` row of the newest report that carried it (ingest keeps the row whose

@@ -14,10 +14,21 @@ the deletion of exactly the rows it read, in one transaction per chunk: on Postg
 RETURNING`` of the chunk (a row committed after the statement began is neither read nor deleted), on SQLite the
 transaction holds the database's write lock from its start. So a sample that arrives while a rollup runs is never
 lost nor counted twice; one for a bucket already rolled up (late, or arriving between chunks) stays raw and is
-merged into the existing row on the next run. Folds of concurrent rollups are serialized (a transaction-level
-advisory lock on PostgreSQL). Only buckets entirely older than the cutoff are folded. The unique index
-``dashboard_occ_rollup_key`` (its text columns compared byte by byte on PostgreSQL, migration 0014; rollup levels
-only: raw rows may repeat a key, two reports of one node may carry the same ``sent_at``) is the conflict target.
+merged into the existing row on the next run.
+
+On PostgreSQL a raw chunk whose buckets hold no 1-minute row is first tried from the series' cells
+(``OccupancyCell``: the 1-minute rows of its minutes as the series' pass over the raw samples computed them): its raw
+rows are deleted and, if they are exactly as many as the cells' samples, the cells inserted as the 1-minute rows;
+else the deletion is rolled back (a savepoint) and the chunk aggregated as above. Raw rows are only inserted
+(ingest) and deleted by this fold, and the series writes a minute's cells only under this fold's lock and only if
+the minute holds nothing but raw samples (no fold moved it), so the rows deleted include every row the cells were
+made of: equal counts mean the same rows. Such a minute's series rows count those very samples, so it is not
+checked again (``series.changed``). The fold of a chunk deletes its cells either way.
+
+Folds of concurrent rollups are serialized (a transaction-level advisory lock on PostgreSQL). Only buckets entirely
+older than the cutoff are folded. The unique index ``dashboard_occ_rollup_key`` (its text columns compared byte by
+byte on PostgreSQL, migration 0014; rollup levels only: raw rows may repeat a key, two reports of one node may carry
+the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
 last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
@@ -42,6 +53,7 @@ from dashboard.models import (
     ConfigVersion,
     InstanceStats,
     MasterQuotaSample,
+    OccupancyCell,
     OccupancySample,
     Report,
 )
@@ -55,7 +67,7 @@ Level = OccupancySample.Level
 RAW_CHUNK_SECONDS = 60
 MINUTE_CHUNK_SECONDS = 600
 #: ``pg_advisory_xact_lock`` key serializing the folds of concurrent rollups ("kvpool-rollup").
-ADVISORY_LOCK = 0x6B76_706F_6F6C_0001
+ADVISORY_LOCK = series.FOLD_LOCK
 
 _KEY = OccupancySample.KEY
 _GAUGES = OccupancySample.GAUGES
@@ -126,14 +138,45 @@ def _merge_sql(vendor: str, aggregated: str, merge: bool) -> str:
     )
 
 
-def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int:
+def _fold_from_cells(cursor, params: dict) -> int | None:
+    """PostgreSQL, a raw chunk of whole minutes whose buckets hold no 1-minute row: delete its raw rows and insert
+    the 1-minute rows the series kept for its minutes (``OccupancyCell``), if those cells count exactly the rows
+    deleted; returns the rows folded, or ``None`` (nothing changed) when the cells do not account for every row.
+
+    Raw rows are only inserted (ingest) and deleted by this fold, and the cells of a minute are written (under this
+    fold's lock) only while its raw rows are all there and no fold has moved it: the rows of the chunk now are the
+    rows the cells were made of plus any stored since, so equal counts mean the same rows."""
+    cells = connection.ops.quote_name(OccupancyCell._meta.db_table)
+    table = connection.ops.quote_name(OccupancySample._meta.db_table)
+    in_chunk = "minute >= %(start_minute)s AND minute < %(end_minute)s"
+    cursor.execute(f"SELECT count(*), coalesce(sum(samples), 0) FROM {cells} WHERE {in_chunk}", params)
+    kept, expected = cursor.fetchone()
+    if not kept:
+        return None
+    savepoint = transaction.savepoint()
+    cursor.execute(f"DELETE FROM {table} WHERE level = %(source)s AND ts >= %(start)s AND ts < %(end)s", params)
+    if cursor.rowcount != expected:  # a sample stored since the cells were made: aggregate the rows themselves
+        transaction.savepoint_rollback(savepoint)
+        return None
+    columns = (*_KEY, *_GAUGES, *_LARGEST, "samples")
+    cursor.execute(f"INSERT INTO {table} (level, ts, {', '.join(columns)}) "
+                   f"SELECT %(target)s, {vendor_sql.from_epoch_seconds('postgresql', 'minute * 60')}, "
+                   f"{', '.join(columns)} FROM {cells} WHERE {in_chunk}", params)
+    cursor.execute(f"DELETE FROM {cells} WHERE {in_chunk}", params)
+    transaction.savepoint_commit(savepoint)
+    return int(expected)
+
+
+def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> tuple[int, bool]:
     """Fold the ``source`` rows with ``start <= ts < end`` into ``target`` rows and delete them, in one
-    transaction; returns the rows folded. ``start`` and ``end`` are bucket starts of ``target``'s or finer."""
+    transaction; returns the rows folded and whether the 1-minute rows came from the series' cells (their minutes'
+    series rows count those very samples). ``start`` and ``end`` are bucket starts of ``target``'s or finer."""
     vendor = connection.vendor
     table = connection.ops.quote_name(OccupancySample._meta.db_table)
     adapt = connection.ops.adapt_datetimefield_value
     params = {"source": source, "target": target, "start": adapt(start), "end": adapt(end),
-              "first_bucket": adapt(_floor_seconds(start, _BUCKET_SECONDS[target]))}
+              "first_bucket": adapt(_floor_seconds(start, _BUCKET_SECONDS[target])),
+              "start_minute": int(start.timestamp()) // 60, "end_minute": int(end.timestamp()) // 60}
     chunk = "level = %(source)s AND ts >= %(start)s AND ts < %(end)s"
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
@@ -145,32 +188,39 @@ def _fold_chunk(source: int, target: int, start: datetime, end: datetime) -> int
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE level = %(target)s AND ts >= %(first_bucket)s "
                        f"AND ts < %(end)s)", params)
         merge = bool(cursor.fetchone()[0])
+        if vendor == "postgresql" and source == Level.RAW:
+            if not merge and (folded := _fold_from_cells(cursor, params)) is not None:
+                return folded, True
+            cursor.execute(f"DELETE FROM {connection.ops.quote_name(OccupancyCell._meta.db_table)} "
+                           f"WHERE minute >= %(start_minute)s AND minute < %(end_minute)s", params)
         if vendor == "postgresql":
             moved = f"DELETE FROM {table} WHERE {chunk} RETURNING ts, {', '.join(_COLUMNS)}"
             # the rows moved are read once (aggregated); their count comes from the buckets
             cursor.execute(f"WITH moved AS ({moved}), a AS ({_aggregate_sql(vendor, 'moved', target)}), "
                            f"merged AS ({_merge_sql(vendor, 'a', merge)}) SELECT coalesce(sum(source_rows), 0) FROM a",
                            params)
-            return int(cursor.fetchone()[0])
+            return int(cursor.fetchone()[0]), False
         # SQLite: the transaction holds the write lock (IMMEDIATE) from its start, nobody inserts in between
         cursor.execute(_merge_sql(vendor, f"({_aggregate_sql(vendor, f'{table} WHERE {chunk}', target)}) a", merge),
                        params)
         cursor.execute(f"DELETE FROM {table} WHERE {chunk}", params)
-        return cursor.rowcount
+        return cursor.rowcount, False
 
 
 def _fold(source: int, target: int, cutoff: datetime, chunk_seconds: int,
           changed: list[tuple[datetime, datetime]] | None = None) -> int:
     """Fold rows of level ``source`` older than ``cutoff`` (a ``target`` bucket start) into level ``target``, a
     ``chunk_seconds`` time range per transaction, oldest first; returns rows folded, and appends each range folded
-    to ``changed``. A row that arrives for a range already passed waits for the next run."""
+    to ``changed`` but those folded from the series' cells (unchanged since summed). A row that arrives for a range
+    already passed waits for the next run."""
     folded = 0
     rows = OccupancySample.objects.filter(level=source, ts__lt=cutoff)
     while (first := rows.aggregate(first=Min("ts"))["first"]) is not None:
         start = _floor_seconds(first, chunk_seconds)
         end = min(start + timedelta(seconds=chunk_seconds), cutoff)
-        folded += _fold_chunk(source, target, start, end)
-        if changed is not None:
+        moved, from_cells = _fold_chunk(source, target, start, end)
+        folded += moved
+        if changed is not None and not from_cells:
             changed.append((start, end))
         rows = rows.filter(ts__gte=end)
     return folded

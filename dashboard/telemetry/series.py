@@ -18,7 +18,11 @@ transaction under an advisory lock on PostgreSQL):
   the next minute (nothing lost or counted twice over the two). A minute is computed from the raw samples
   (``SETTLE_SECONDS`` after it ends, while they stay raw for ``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and gives the same
   values from the fold's 1-minute rows (but a node's first minute: a folded row has no increase within it). The
-  release rows (``request_group`` NULL) sum the release's scope rows of the minute.
+  release rows (``request_group`` NULL) sum the release's scope rows of the minute. On PostgreSQL the same pass
+  keeps the cells of its minutes that hold nothing but raw samples of weight 1 as ``OccupancyCell`` rows (the raw
+  fold's 1-minute rows: each gauge's average, ``max_bytes`` and the counters' largest value, the samples), so the
+  fold of those minutes writes them instead of aggregating the raw samples again (``dashboard.telemetry.rollup``);
+  the transaction also holds the fold's lock, so it never keeps cells of a minute a fold is moving.
 * **5 minutes** from the 1-minute rows, then **15 minutes**, **1 hour**, **2 hours** and **6 hours** each from the
   tier before (the bucket widths of the chart's windows: a chart reads one row per release and bucket), per scope
   and per release: each gauge the mean of the finer rows in the bucket (rounded half up), counters and samples
@@ -42,7 +46,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max
 
-from dashboard.models import OccupancySample, ScopeSeries
+from dashboard.models import OccupancyCell, OccupancySample, ScopeSeries
 from dashboard.telemetry import vendor_sql
 
 Width = ScopeSeries.Width
@@ -55,6 +59,9 @@ LOOKBACK_MINUTES = 1
 CHUNK_SECONDS = 600
 #: ``pg_advisory_xact_lock`` key serializing the writes of concurrent rollups to the series ("kvpool-series").
 ADVISORY_LOCK = 0x6B76_706F_6F6C_0002
+#: ``pg_advisory_xact_lock`` key of the raw fold (``rollup.ADVISORY_LOCK``, "kvpool-rollup"): the 1-minute rows'
+#: transaction holds it too, so the cells it keeps never describe a minute a fold has moved (module docstring).
+FOLD_LOCK = 0x6B76_706F_6F6C_0001
 
 #: The sample levels a minute is summed from (raw and 1-minute rows; as a list of the (level, ts) index's first
 #: column, so the reads are index range scans, not a scan of every level's rows).
@@ -64,6 +71,9 @@ _SCOPE = ScopeSeries.SCOPE
 _RELEASE = ("tenant_id", "served_model_name", "namespace")
 _GAUGES = ScopeSeries.GAUGES
 _COLUMNS = (*_SCOPE, *_GAUGES, *_COUNTERS, "samples")
+#: The columns of an ``OccupancyCell`` the series' own cells lack: gauges, and values kept as the largest.
+_CELL_GAUGES = tuple(name for name in OccupancySample.GAUGES if name not in _GAUGES)
+_CELL_LARGEST = tuple(name for name in ("max_bytes", *OccupancySample.COUNTERS) if name not in _COUNTERS)
 #: Each coarser tier and the finer one it is made of (its width divides the coarser one's), in order.
 _FINER = {Width.FIVE_MINUTES: Width.MINUTE, Width.QUARTER_HOUR: Width.FIVE_MINUTES, Width.HOUR: Width.QUARTER_HOUR,
           Width.TWO_HOURS: Width.HOUR, Width.SIX_HOURS: Width.TWO_HOURS}
@@ -99,8 +109,13 @@ def _params(**values) -> dict:
             for name, value in values.items()}
 
 
+def _cells_table() -> str:
+    return connection.ops.quote_name(OccupancyCell._meta.db_table)
+
+
 def _minute_sql(vendor: str) -> str:
-    """The 1-minute scope rows of ``[start, end)`` from the samples (previous minutes from ``lookback`` on).
+    """The 1-minute scope rows of ``[start, end)`` from the samples (previous minutes from ``lookback`` on), and on
+    PostgreSQL the ``OccupancyCell`` rows of its minutes that hold nothing but raw samples of weight 1.
 
     One hashed pass over the samples makes a cell per node, cache scope and minute (gauges' weighted totals, each
     counter's largest and smallest value, the samples); only those cells (about 6 samples each at fleet size) are
@@ -119,12 +134,28 @@ def _minute_sql(vendor: str) -> str:
         f"sum(CASE WHEN prev_minute IS NULL OR minute - prev_minute > {LOOKBACK_MINUTES} THEN {name} - low_{name} "
         f"WHEN {name} >= prev_{name} THEN {name} - prev_{name} ELSE {name} END)" for name in _COUNTERS)
     averages = ", ".join(f"sum({vendor_sql.half_up_average(vendor, name, 'samples')})" for name in _GAUGES)
+    kept = ""
+    if vendor == "postgresql":  # the fold's other columns, and the rows it could not take from the cells
+        totals += "".join(f", {vendor_sql.weighted_sum(vendor, name, weight)} AS {name}" for name in _CELL_GAUGES)
+        extremes += "".join(f", max({name}) AS {name}" for name in _CELL_LARGEST)
+        extremes += ", count(*) FILTER (WHERE level <> 0 OR samples <> 1) AS odd"
+        values = ", ".join([
+            "minute", *pair,
+            *(vendor_sql.half_up_average(vendor, name, "samples") for name in OccupancySample.GAUGES),
+            "max_bytes", *OccupancySample.COUNTERS, "samples"])
+        kept = f"""
+        , kept AS (
+            INSERT INTO {_cells_table()} (minute, {", ".join(pair)}, {", ".join(OccupancySample.GAUGES)}, max_bytes,
+                                          {", ".join(OccupancySample.COUNTERS)}, samples)
+            SELECT {values} FROM cells
+            WHERE minute >= %(start_minute)s AND minute NOT IN (SELECT minute FROM cells WHERE odd > 0)
+        )"""
     return f"""
         WITH cells AS (
             SELECT {keys}, {minute} AS minute, {totals}, {extremes}, sum({weight}) AS samples
             FROM {samples} WHERE level IN ({_LEVELS}) AND ts >= %(lookback)s AND ts < %(end)s
             GROUP BY {", ".join(pair)}, {minute}
-        ), lagged AS (
+        ){kept}, lagged AS (
             SELECT *, {lags}, LAG(minute) OVER w AS prev_minute
             FROM cells
             WINDOW w AS (PARTITION BY {", ".join(pair)} ORDER BY minute)
@@ -165,10 +196,15 @@ def _write(width: int, start: datetime, end: datetime) -> None:
         return
     vendor = connection.vendor
     params = _params(width=int(width), start=start, end=end, start_minute=int(start.timestamp()) // 60,
+                     end_minute=int(end.timestamp()) // 60,
                      lookback=start - timedelta(minutes=LOOKBACK_MINUTES), finer=int(_FINER.get(width, 0)))
     with transaction.atomic(), connection.cursor() as cursor:
         if vendor == "postgresql":
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK])
+            if width == Width.MINUTE:  # the cells: no fold moves these minutes until this transaction ends
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [FOLD_LOCK])
+                cursor.execute(f"DELETE FROM {_cells_table()} WHERE minute >= %(start_minute)s "
+                               f"AND minute < %(end_minute)s", params)
         for statement in vendor_sql.analytic_settings(vendor):  # sorts and hashes in memory, no JIT
             cursor.execute(statement)
         cursor.execute(f"DELETE FROM {_table()} WHERE width = %(width)s AND ts >= %(start)s AND ts < %(end)s",

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from dashboard.models import OccupancySample
+from dashboard.models import OccupancyCell, OccupancySample, ScopeSeries
 from dashboard.telemetry import rollup as rollup_module
 from dashboard.telemetry.rollup import floor_hour, floor_minute, rollup
 from tests.support.messages import T0
@@ -217,3 +217,41 @@ def test_retention_bounds_the_table(horizons):
     assert not OccupancySample.objects.filter(ts__lt=T0).exists()
     assert OccupancySample.objects.filter(level=Level.HOUR).count() == len(
         {(s["node_name"], *(s[name] for name in OccupancySample.KEY[1:])) for s in recent})
+
+
+def test_the_raw_fold_takes_the_series_cells_only_when_they_count_every_sample(horizons, monkeypatch):
+    """The series' pass keeps per-node minute cells (PostgreSQL); the fold writes a minute's 1-minute rows from them
+    when they count exactly its raw rows, and aggregates the raw rows of a minute that got a sample since; either
+    way the rows equal the brute-force fold and the series counts every sample once."""
+    rng = random.Random(11)
+    start = floor_minute(T0)
+    samples = _random_samples(rng, start, 3 * 60, 60)
+    _store(samples)
+    rollup(now=start + timedelta(minutes=3, seconds=40))  # sums the three minutes, folds nothing yet
+    if connection.vendor == "postgresql":
+        assert sorted(set(OccupancyCell.objects.values_list("minute", flat=True))) == [
+            int(start.timestamp()) // 60 + n for n in range(3)]
+    else:
+        assert not OccupancyCell.objects.exists()
+    late = dict(samples[1], ts=start + timedelta(minutes=1, seconds=15), bytes=5)  # for a minute already summed
+    _store([late])
+    taken: list[int | None] = []
+    fold_from_cells = rollup_module._fold_from_cells
+
+    def spy(cursor, params):
+        taken.append(fold_from_cells(cursor, params))
+        return taken[-1]
+
+    monkeypatch.setattr(rollup_module, "_fold_from_cells", spy)
+    assert rollup(now=start + timedelta(hours=1, minutes=5))["raw_folded"] == len(samples) + 1
+    oracle = Oracle()
+    oracle.fold([*samples, late], Level.MINUTE, floor_minute)
+    assert _database_rows() == oracle.rows
+    assert not OccupancyCell.objects.exists()
+    if connection.vendor == "postgresql":  # minutes 0 and 2 from their cells, minute 1 from its raw rows
+        assert taken[1] is None and [n for n in taken if n is not None] == [
+            sum(1 for s in samples if floor_minute(s["ts"]) == start + timedelta(minutes=m)) for m in (0, 2)]
+    else:
+        assert taken == []
+    summed = ScopeSeries.objects.filter(width=ScopeSeries.Width.MINUTE, request_group__isnull=False)
+    assert sum(summed.values_list("samples", flat=True)) == len(samples) + 1
