@@ -93,8 +93,10 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
                      model_roots=[str(TINY_MODEL.parent)])
     assignment = make_assignment(node, release, port=api_port)
 
-    # the master with the registry's tenants and quotas; the dashboard renders for it
-    master = mooncake_master_factory({tenant.tenant_id: tenant.quota_bytes})
+    # the master with the registry's tenants and quotas; the dashboard renders for it. Reads lease objects for 1 s
+    # (the demo's --default_kv_lease_ttl; Mooncake's default is 10 s): the budget step below waits for the leases
+    # the checks before it took to end, and a shorter lease is all that changes
+    master = mooncake_master_factory({tenant.tenant_id: tenant.quota_bytes}, default_kv_lease_ttl=1000)
     settings.KVPOOL_MASTER_ADDRESS = master.rpc_address
     settings.KVPOOL_METADATA_SERVER = master.metadata_server
     settings.KVPOOL_GLOBAL_SEGMENT_SIZE = 256 << 20
@@ -212,7 +214,7 @@ def test_engine_writes_are_observed_by_the_agent(engine_python, mooncake_master_
 
         # a budget below the occupancy: the release goes under it, leaves only, no orphan. The reconciles and the
         # probe's checks above leased every object (Mooncake 0.3.13.post1: batch_is_exist takes a read lease for
-        # --default_kv_lease_ttl, 10 s): removals without force wait for the leases to end, tick after tick
+        # --default_kv_lease_ttl, 1 s here): removals without force wait for the leases to end, tick after tick
         release.budget_bytes = 5 * OBJECT_BYTES
         validated_save(release)
         push()

@@ -8,14 +8,18 @@ checkout, built as any node builds it (a wheel with build isolation, not an edit
 * every module of the installed ``agent`` package imports, from outside the checkout, and Django is neither
   installed nor imported.
 
-Installing torch dominates: about 75 s on this machine with pip's cache warm (torch comes from the local wheel
-folder of the machine's pip configuration); a cold cache downloads the other dependencies once.
+The install is constrained to the torch that requirements.txt pins (the version every other test runs with; on this
+machine the CPU wheel in the local wheel folder of pip's configuration). Unconstrained, pip picks the newest torch
+its indexes hold, here a CUDA build that pulls about 2.5 GB of NVIDIA libraries a CPU test never loads: their
+unpacking took most of the test's time. Installing torch still dominates; a cold cache downloads the other
+dependencies once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +39,7 @@ _NOT_SOURCE = shutil.ignore_patterns(
 )
 
 _IMPORT_ALL = r"""
-import importlib, importlib.util, json, pkgutil, sys
+import importlib, importlib.metadata, importlib.util, json, pkgutil, sys
 import agent
 names = sorted(m.name for m in pkgutil.walk_packages(agent.__path__, "agent."))
 for name in names:
@@ -46,6 +50,7 @@ print(json.dumps({
     "django_imported": sorted(m for m in sys.modules if m.split(".")[0] == "django"),
     "django_installed": importlib.util.find_spec("django") is not None,
     "native": importlib.util.find_spec("agent.datapath._chainhash") is not None,
+    "torch": importlib.metadata.version("torch"),
 }))
 """
 
@@ -54,6 +59,18 @@ def _env() -> dict[str, str]:
     """The environment without anything that would make the checkout (or .venv) importable."""
     drop = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "DJANGO_SETTINGS_MODULE", "PYTHONSTARTUP"}
     return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def _pinned(name: str) -> str:
+    """``name==version`` as requirements.txt pins it (the pinned set ``make install`` uses).
+
+    Raises:
+        AssertionError: requirements.txt does not pin ``name`` with ``==``.
+    """
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if re.fullmatch(rf"{re.escape(name)}==\S+", line.strip()):
+            return line.strip()
+    raise AssertionError(f"requirements.txt pins no {name}==")
 
 
 def _run(cmd: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -67,11 +84,13 @@ def test_agent_extra_installs_a_working_agent_without_django(tmp_path: Path) -> 
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     bin_dir = venv / "bin"
 
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(_pinned("torch") + "\n")
     started = time.monotonic()
     # --no-compile: no bytecode for torch's 2,371 modules (45 MiB of source) and the other dependencies' up front;
     # what the checks below import compiles on import as usual. Otherwise the install a node runs
     install = _run([str(bin_dir / "pip"), "install", "--disable-pip-version-check", "--no-compile",
-                    f"{source}[agent]"], cwd=tmp_path, timeout=780)
+                    "--constraint", str(constraints), f"{source}[agent]"], cwd=tmp_path, timeout=780)
     elapsed = time.monotonic() - started
     print(f"pip install .[agent] into a fresh venv: {elapsed:.0f} s")
     assert install.returncode == 0, (install.stdout + install.stderr)[-4000:]
@@ -91,5 +110,6 @@ def test_agent_extra_installs_a_working_agent_without_django(tmp_path: Path) -> 
     expected = {"agent.contract.messages", "agent.contract.signing", "agent.contract.keys", "agent.node.cli",
                 "agent.datapath.connector", "agent.datapath.store", "agent.sim.workload"}
     assert expected <= set(result["modules"]), sorted(expected - set(result["modules"]))
+    assert result["torch"].split("+")[0] == _pinned("torch").split("==")[1], result["torch"]  # the constraint held
     assert result["django_installed"] is False
     assert result["django_imported"] == []
