@@ -6,7 +6,8 @@
   average, peak bytes, hit ratio over the window, in-flight requests, evicted blocks by cause) and per bucket the
   hit ratio and the blocks evicted by cause (``store``: the master evicted them; ``budget``: the agent removed them
   over a budget; ``orphan``: the agent removed them as orphans — ``OccupancySample.EVICTION_CAUSES``).
-* ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
+* ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample
+  (``LatestSample``: one row per node and cache scope, kept by the database as samples are inserted).
 * ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
 
 Series and current occupancy are per release: keyed by the whole release's ``agent.contract.scope.CacheScope``
@@ -24,10 +25,11 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F, Max, Window
+from django.db.models.functions import Collate
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
-from dashboard.models import MasterQuotaSample, OccupancySample, ScopeSeries
+from dashboard.models import LatestSample, MasterQuotaSample, OccupancySample, ScopeSeries
 from dashboard.telemetry import vendor_sql
 
 #: Eviction causes in display order (``cause`` label values), and the sample counter of each.
@@ -258,31 +260,38 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     """
 
 
-def _tier_sql(vendor: str, base_sql: str) -> str:
+def _ranking_sql(vendor: str, base_sql: str) -> str:
+    """The releases of the ``ScopeSeries`` rows of ``base_sql`` with the most bytes over the window (the sum of their
+    rows' bytes; ties by name, byte order), the first ``%s`` of them (param after ``base_sql``'s), each with the
+    number of releases in the rows: ``(tenant_id, served_model_name, namespace, releases)``. One grouping of the
+    rows (a hash aggregate: no sort of the cells), then a sort of one row per release."""
+    release = ", ".join(_RELEASE)
+    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
+    return (f"SELECT {release}, count(*) OVER () FROM (SELECT {release}, sum(bytes) AS total FROM ({base_sql}) base "
+            f"GROUP BY {release}) totals ORDER BY total DESC, {order} LIMIT %s")
+
+
+def _tier_sql(vendor: str, base_sql: str, kept: int | None) -> str:
     """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
-    ``width``, ``last`` bucket index before ``base_sql``'s, then ``CHART_MAX_SERIES`` three times), returning per
-    bucket and release ``(index, tenant_id, served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes,
-    *increases, 0)``: each gauge the mean of its rows (rounded half up), the counters' increases summed; for the
-    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``.
-    The rows are one per release and bucket (the tier's width is the chart's bucket width), taken as they are."""
+    ``width``, ``last`` bucket index before ``base_sql``'s), returning per bucket and release ``(index, tenant_id,
+    served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes, *increases, 0)``: the rows as they are
+    (one per release and bucket: the tier's width is the chart's). ``kept``: ``None`` keeps every release;
+    otherwise only the ``kept`` releases listed after ``base_sql``'s params (3 params each) keep their rows, the
+    others are summed per bucket into ``(index, NULL, NULL, NULL, sums of those values..., 0)`` (one pass, a hash
+    aggregate per bucket)."""
     release = ", ".join(_RELEASE)
     index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
-    gauges = ("bytes", "in_flight_requests", "orphaned_bytes")
-    # the tier's width is the chart's (WINDOW_TIERS): one row per release and bucket already, nothing to aggregate
-    cells = f"SELECT {index} AS idx, {release}, {', '.join((*gauges, *_COUNTERS))} FROM ({base_sql}) base"
-    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
-    values = (*gauges, *_COUNTERS)
-    # ranks by window functions, not a join of the cells with per-release totals: right after the series was
-    # written (no statistics yet) the planner looped over both (7.7 s for 5,760 cells)
+    values = ("bytes", "in_flight_requests", "orphaned_bytes", *_COUNTERS)
+    if kept is None:
+        return f"SELECT {index}, {release}, {', '.join(values)}, 0 FROM ({base_sql}) base"
+    listed = ", ".join(["(%s, %s, %s)"] * kept)
+    keys = ", ".join(f"CASE WHEN listed THEN {name} END AS {name}" for name in _RELEASE)
     return f"""
-        WITH cells AS ({cells}), ranked AS (
-            SELECT t.*, DENSE_RANK() OVER (ORDER BY total DESC, {order}) AS rank
-            FROM (SELECT cells.*, sum(bytes) OVER (PARTITION BY {order}) AS total FROM cells) t
-        )
-        SELECT idx, {", ".join((*_RELEASE, *values))}, 0 FROM ranked WHERE rank <= %s
-        UNION ALL
-        SELECT idx, NULL, NULL, NULL, {", ".join(f"CAST(sum({name}) AS BIGINT)" for name in values)}, max(rank) - %s
-        FROM ranked WHERE rank > %s GROUP BY idx
+        SELECT idx, {release}, {", ".join(f"CAST(sum({name}) AS BIGINT)" for name in values)}, 0
+        FROM (SELECT idx, {keys}, {", ".join(values)}
+              FROM (SELECT {index} AS idx, ({release}) IN (VALUES {listed}) AS listed, {release}, {", ".join(values)}
+                    FROM ({base_sql}) base) marked) cells
+        GROUP BY idx, {release}
     """
 
 
@@ -331,14 +340,24 @@ def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: dateti
         base = base.filter(request_group__isnull=True)  # the release rows
     base_sql, base_params = base.values("ts", *_RELEASE, "bytes", "in_flight_requests", "orphaned_bytes",
                                         *_COUNTERS).query.sql_with_params()
-    settings_sql = vendor_sql.analytic_settings(connection.vendor)
+    vendor = connection.vendor
+    settings_sql = vendor_sql.analytic_settings(vendor)
+    cap = CHART_MAX_SERIES
     # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
     with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
         for statement in settings_sql:
             cursor.execute(statement)
-        cursor.execute(_tier_sql(connection.vendor, base_sql),
-                       [int(start.timestamp()), width, count - 1, *base_params, *[CHART_MAX_SERIES] * 3])
-        cells = cursor.fetchall()
+        # ranked first, then the cells with the kept releases as parameters: a join of the cells with per-release
+        # totals let a planner without statistics (right after the series was written) loop over both (7.7 s for
+        # 5,760 cells), and ranking by window functions sorted every cell twice (1.2 s for 24 h of 2,000 releases)
+        cursor.execute(_ranking_sql(vendor, base_sql), [*base_params, cap])
+        ranked = cursor.fetchall()
+        releases = ranked[0][3] if ranked else 0
+        kept = None if releases <= cap else [row[:3] for row in ranked]
+        cursor.execute(_tier_sql(vendor, base_sql, None if kept is None else len(kept)),
+                       [int(start.timestamp()), width, count - 1, *[value for key in kept or () for value in key],
+                        *base_params])
+        cells = [(*cell[:-1], releases - cap) if cell[1] is None else cell for cell in cursor.fetchall()]
     # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
     # the releases beyond the cap under the key (None, None, None), their number last
     newest: dict[tuple, tuple] = {}
@@ -464,31 +483,38 @@ class ReleaseNow:
         return self.hit_blocks / total if total else None
 
 
+def _newest_pairs(filters: OccupancyFilter, now: datetime, max_age_seconds: int, node_name: str | None):
+    """``LatestSample`` rows of ``filters`` (``node_name``'s only, when given) whose newest raw sample is in
+    ``[now - max_age_seconds, now]``, each with ``newest``: the newest such ``ts`` of its node and release."""
+    base = filters.apply(LatestSample.objects.filter(ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
+    if node_name is not None:
+        base = base.filter(node_name=node_name)
+    release = ("node_name", "tenant_id", "served_model_name", "namespace")
+    # grouped byte by byte (equal names are equal bytes): a linguistic collation's sort is several times slower
+    keys = [Collate(F(name), "C") if connection.vendor == "postgresql" else F(name) for name in release]
+    return base.order_by().annotate(newest=Window(Max("ts"), partition_by=keys))
+
+
 def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime | None = None,
                       max_age_seconds: int = CURRENT_WINDOW_SECONDS,
                       node_name: str | None = None) -> dict[CacheScope, ReleaseNow]:
     """Per release (keyed by its ``CacheScope.release_scope()``), the sum over nodes of each node's newest raw
-    sample of it (not older than ``max_age_seconds``). A node that stopped reporting longer ago drops out.
-    ``node_name``: of that node's samples only (a node page: one node's share of each release, ``by_node``)."""
+    sample of it (not older than ``max_age_seconds``; every request group's row at that time). A node that stopped
+    reporting longer ago drops out. ``node_name``: of that node's samples only (a node page: one node's share of
+    each release, ``by_node``). Read from ``LatestSample`` (the newest raw sample of each node and cache scope:
+    one row per pair, not the window's samples); ``max_age_seconds`` beyond the raw horizon
+    (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) sees no more than it."""
     now = now or timezone.now()
     filters = filters or OccupancyFilter()
-    base = filters.apply(OccupancySample.objects.filter(
-        level=OccupancySample.Level.RAW, ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
-    if node_name is not None:
-        base = base.filter(node_name=node_name)
-    newest = {
-        (row["node_name"], row["tenant_id"], row["served_model_name"], row["namespace"]): row["newest"]
-        for row in base.values("node_name", "tenant_id", "served_model_name", "namespace").annotate(newest=Max("ts"))
-    }
+    rows_sql, params = _newest_pairs(filters, now, max_age_seconds, node_name).values_list(
+        "ts", "newest", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
+        "blocks", "in_flight_requests", "hit_blocks", "miss_blocks").query.sql_with_params()
     result: dict[CacheScope, ReleaseNow] = {}
-    if not newest:
-        return result
-    rows = base.filter(ts__in=set(newest.values())).values_list(
-        "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes", "blocks",
-        "in_flight_requests", "hit_blocks", "miss_blocks")
-    for ts, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in rows:
-        if newest.get((node, tenant_id, model, namespace)) != ts:
-            continue
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM ({rows_sql}) w WHERE w.ts = w.newest", params)
+        fetched = cursor.fetchall()
+    for ts, _newest, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in fetched:
+        ts = _aware(ts)
         key = CacheScope(tenant_id, model, namespace)  # the whole release
         entry = result.setdefault(key, ReleaseNow(key=key))
         entry.bytes += size
@@ -502,6 +528,13 @@ def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime |
     return result
 
 
+def _aware(value) -> datetime:
+    """A ``ts`` as a raw cursor returns it (a datetime, or SQLite's text) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
     """Sum of ``current_occupancy`` per tenant_id."""
     totals: dict[str, int] = defaultdict(int)
@@ -512,20 +545,14 @@ def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
 
 def tenant_bytes_now(*, now: datetime | None = None, max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[str, int]:
     """``tenant_bytes(current_occupancy())`` summed in the database: per tenant_id, the bytes of each node's newest
-    raw sample of each release (every request group's row at that time), one query whatever the fleet (the
-    overview's figure; ``current_occupancy`` builds every release's entry in Python)."""
-    from django.db import connections, router
-
+    raw sample of each release (every request group's row at that time), one query over ``LatestSample`` (one row
+    per node and cache scope) whatever the fleet (the overview's figure; ``current_occupancy`` builds every
+    release's entry in Python)."""
     now = now or timezone.now()
-    base = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
-                                          ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now)
-    release = ("node_name", "tenant_id", "served_model_name", "namespace")
-    # One scan with a window function: a join of the rows with their newest ts lets a planner without statistics
-    # (right after a bulk load) pick a nested loop over both, minutes at fleet size.
-    rows = base.order_by().annotate(newest=Window(Max("ts"), partition_by=[F(name) for name in release]))
-    rows_sql, params = rows.values("tenant_id", "ts", "bytes", "newest").query.sql_with_params()
+    rows_sql, params = _newest_pairs(OccupancyFilter(), now, max_age_seconds, None).values(
+        "tenant_id", "ts", "bytes", "newest").query.sql_with_params()
     sql = f"SELECT w.tenant_id, SUM(w.bytes) FROM ({rows_sql}) w WHERE w.ts = w.newest GROUP BY w.tenant_id"
-    with connections[router.db_for_read(OccupancySample)].cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {tenant_id: int(total) for tenant_id, total in cursor.fetchall()}
 
