@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection, transaction
 from django.db.models import F, Max, Window
 from django.db.models.functions import Collate
@@ -297,7 +298,8 @@ def _tier_sql(vendor: str, base_sql: str, kept: int | None) -> str:
 
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
                      now: datetime | None = None) -> OccupancySeries:
-    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
+    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement; for the
+    series' windows two: the ranking, then the cells).
 
     Windows of an hour and longer (``WINDOW_TIERS``) read the occupancy summed over nodes (``ScopeSeries``, one
     row per release or request group and bucket of the window's width, ``dashboard.telemetry.series``): a
@@ -332,7 +334,8 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
 def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
                count: int) -> list[tuple]:
     """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows
-    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise)."""
+    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise), the releases beyond
+    ``CHART_MAX_SERIES`` (``_ranking_sql``) summed under the key ``(None, None, None)``, their number last."""
     if tier != width:
         raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
     base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
@@ -484,9 +487,11 @@ class ReleaseNow:
 
 
 def _newest_pairs(filters: OccupancyFilter, now: datetime, max_age_seconds: int, node_name: str | None):
-    """``LatestSample`` rows of ``filters`` (``node_name``'s only, when given) whose newest raw sample is in
-    ``[now - max_age_seconds, now]``, each with ``newest``: the newest such ``ts`` of its node and release."""
-    base = filters.apply(LatestSample.objects.filter(ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
+    """``LatestSample`` rows of ``filters`` (``node_name``'s only, when given) whose newest raw sample is not older
+    than ``now - max_age_seconds``, each with ``newest``: the newest such ``ts`` of its node and release. A sample
+    dated after ``now`` (an agent's clock ahead, within the skew ingest accepts: ``agent_auth.check_not_ahead``)
+    counts: it is the pair's newest, and the one before it is not kept."""
+    base = filters.apply(LatestSample.objects.filter(ts__gte=now - timedelta(seconds=max_age_seconds)))
     if node_name is not None:
         base = base.filter(node_name=node_name)
     release = ("node_name", "tenant_id", "served_model_name", "namespace")
@@ -506,10 +511,13 @@ def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime |
     (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) sees no more than it."""
     now = now or timezone.now()
     filters = filters or OccupancyFilter()
-    rows_sql, params = _newest_pairs(filters, now, max_age_seconds, node_name).values_list(
-        "ts", "newest", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
-        "blocks", "in_flight_requests", "hit_blocks", "miss_blocks").query.sql_with_params()
     result: dict[CacheScope, ReleaseNow] = {}
+    try:
+        rows_sql, params = _newest_pairs(filters, now, max_age_seconds, node_name).values_list(
+            "ts", "newest", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
+            "blocks", "in_flight_requests", "hit_blocks", "miss_blocks").query.sql_with_params()
+    except EmptyResultSet:  # a viewer who may see no tenant
+        return result
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT * FROM ({rows_sql}) w WHERE w.ts = w.newest", params)
         fetched = cursor.fetchall()

@@ -171,8 +171,8 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
     """Run both folds, the occupancy summed over nodes (``dashboard.telemetry.series``: new minutes, the minutes
     folded again) and the retention; returns counts per step (JSON-ready): ``raw_folded``, ``minute_folded`` (source
     rows folded), ``series_minutes`` (new minutes summed), ``series_deleted`` (series rows past retention),
-    ``hour_deleted``, ``latest_deleted`` (``LatestSample`` rows older than the raw horizon), ``receipts_deleted``, ``acks_deleted``,
-    ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
+    ``hour_deleted``, ``latest_deleted`` (``LatestSample`` rows older than the raw horizon), ``receipts_deleted``,
+    ``acks_deleted``, ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
     now = now or timezone.now()
     raw_cutoff = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS))
     minute_cutoff = floor_hour(now - timedelta(seconds=settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS))
