@@ -65,6 +65,9 @@ def load_history(days: int, nodes: list[str], scopes: list[tuple[str, str, str, 
     epoch0 = int(start.timestamp())
     counts = {"pairs": len(pairs)}
     with transaction.atomic(), connection.cursor() as cursor:
+        # the ORDER BY of each level's rows (written in time order, as the rollup writes them) and the sort of the
+        # samples' trigger (LatestSample) in memory: with the default 4 MB they spilled millions of rows to disk
+        cursor.execute("SET LOCAL work_mem = '256MB'")
         cursor.execute("CREATE TEMPORARY TABLE fleet_pairs (p integer, phase integer, node_name text, tenant_id text,"
                        " served_model_name text, namespace text, request_group text) ON COMMIT DROP")
         node_index = {node: i for i, node in enumerate(nodes)}

@@ -261,39 +261,90 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     """
 
 
-def _ranking_sql(vendor: str, base_sql: str) -> str:
-    """The releases of the ``ScopeSeries`` rows of ``base_sql`` with the most bytes over the window (the sum of their
-    rows' bytes; ties by name, byte order), the first ``%s`` of them (param after ``base_sql``'s), each with the
-    number of releases in the rows: ``(tenant_id, served_model_name, namespace, releases)``. One grouping of the
-    rows (a hash aggregate: no sort of the cells), then a sort of one row per release."""
-    release = ", ".join(_RELEASE)
-    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
-    return (f"SELECT {release}, count(*) OVER () FROM (SELECT {release}, sum(bytes) AS total FROM ({base_sql}) base "
-            f"GROUP BY {release}) totals ORDER BY total DESC, {order} LIMIT %s")
+_TIER_VALUES = ("bytes", "in_flight_requests", "orphaned_bytes", *_COUNTERS)
 
 
-def _tier_sql(vendor: str, base_sql: str, kept: int | None) -> str:
-    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
-    ``width``, ``last`` bucket index before ``base_sql``'s), returning per bucket and release ``(index, tenant_id,
-    served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes, *increases, 0)``: the rows as they are
-    (one per release and bucket: the tier's width is the chart's). ``kept``: ``None`` keeps every release;
-    otherwise only the ``kept`` releases listed after ``base_sql``'s params (3 params each) keep their rows, the
-    others are summed per bucket into ``(index, NULL, NULL, NULL, sums of those values..., 0)`` (one pass, a hash
-    aggregate per bucket)."""
+def _totals_sql(vendor: str, base_sql: str) -> str:
+    """One pass over the ``ScopeSeries`` rows of ``base_sql`` returning the totals per release ``(NULL, tenant_id,
+    served_model_name, namespace, sums of _TIER_VALUES..., rows)`` and per bucket ``(ts, NULL, NULL, NULL, sums...,
+    rows)`` (PostgreSQL: ``GROUPING SETS``, two hash aggregates over one scan; SQLite: ``UNION ALL`` of both). By
+    ``ts``, the bucket start (the tier's width is the chart's): no per-row arithmetic (PostgreSQL's epoch of a
+    timestamp is a ``numeric``, several times the cost of the scan)."""
     release = ", ".join(_RELEASE)
-    index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
-    values = ("bytes", "in_flight_requests", "orphaned_bytes", *_COUNTERS)
-    if kept is None:
-        return f"SELECT {index}, {release}, {', '.join(values)}, 0 FROM ({base_sql}) base"
-    listed = ", ".join(["(%s, %s, %s)"] * kept)
-    keys = ", ".join(f"CASE WHEN listed THEN {name} END AS {name}" for name in _RELEASE)
-    return f"""
-        SELECT idx, {release}, {", ".join(f"CAST(sum({name}) AS BIGINT)" for name in values)}, 0
-        FROM (SELECT idx, {keys}, {", ".join(values)}
-              FROM (SELECT {index} AS idx, ({release}) IN (VALUES {listed}) AS listed, {release}, {", ".join(values)}
-                    FROM ({base_sql}) base) marked) cells
-        GROUP BY idx, {release}
-    """
+    sums = ", ".join(f"CAST(sum({name}) AS BIGINT)" for name in _TIER_VALUES)
+    if vendor == "postgresql":
+        return (f"SELECT CASE WHEN GROUPING(ts) = 0 THEN ts END, {release}, {sums}, count(*) FROM ({base_sql}) base "
+                f"GROUP BY GROUPING SETS (({release}), (ts))")
+    return (f"SELECT NULL, {release}, {sums}, count(*) FROM ({base_sql}) base GROUP BY {release} "
+            f"UNION ALL SELECT ts, NULL, NULL, NULL, {sums}, count(*) FROM ({base_sql}) base GROUP BY ts")
+
+
+def _cells_sql(base_sql: str, kept: int | None) -> str:
+    """The ``ScopeSeries`` rows of ``base_sql`` as chart cells ``(ts, tenant_id, served_model_name, namespace,
+    *_TIER_VALUES)``: the rows as they are, one per release and bucket (the tier's width is the chart's); ``kept``:
+    only those of the ``kept`` releases listed after ``base_sql``'s params (3 params each)."""
+    release = ", ".join(_RELEASE)
+    where = "" if kept is None else f" WHERE ({release}) IN (VALUES {', '.join(['(%s, %s, %s)'] * kept)})"
+    return f"SELECT ts, {release}, {', '.join(_TIER_VALUES)} FROM ({base_sql}) base{where}"
+
+
+def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
+               count: int) -> list[tuple]:
+    """The chart's rows (as ``_series_sql``'s) for ``filters`` over ``[start, end]`` from the ``tier``-wide
+    ``ScopeSeries`` rows (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise): per bucket and
+    release its row's values (bytes, the counters' increases), per release the in-flight requests and orphaned bytes
+    of its newest bucket. Beyond ``CHART_MAX_SERIES`` releases (ranked by the sum of their bytes over the window,
+    ties by name in byte order), the others are summed per bucket under the key ``(None, None, None)``, their number
+    in ``b``.
+
+    Two statements: the totals per release (the ranking) and per bucket in one pass (``_totals_sql``), then the
+    kept releases' rows (``_cells_sql``, named as parameters); the others' sums per bucket are the bucket's total
+    minus the kept releases' (exact: integer sums). A join of the rows with per-release totals let a planner without
+    statistics (right after the series was written) loop over both (7.7 s for 5,760 cells); ranking by window
+    functions sorted every row twice (1.2 s for 24 hours of 2,000 releases)."""
+    if tier != width:
+        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
+    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
+    if filters.request_group is None:
+        base = base.filter(request_group__isnull=True)  # the release rows
+    try:
+        base_sql, base_params = base.values("ts", *_RELEASE, *_TIER_VALUES).query.sql_with_params()
+    except EmptyResultSet:  # a viewer who may see no tenant
+        return []
+    vendor = connection.vendor
+    settings_sql = vendor_sql.analytic_settings(vendor)
+    cap = CHART_MAX_SERIES
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
+            cursor.execute(statement)
+        cursor.execute(_totals_sql(vendor, base_sql), [*base_params] * (1 if vendor == "postgresql" else 2))
+        totals = cursor.fetchall()
+        releases = {tuple(row[1:4]): row[4] for row in totals if row[0] is None}
+        kept = None
+        if len(releases) > cap:
+            kept = sorted(releases, key=lambda key: (-releases[key], *(name.encode() for name in key)))[:cap]
+        cursor.execute(_cells_sql(base_sql, None if kept is None else len(kept)),
+                       [*base_params, *(name for key in kept or () for name in key)])
+        cells = [(_index(ts, start, width, count), *rest) for ts, *rest in cursor.fetchall()]
+    totals = [(_index(row[0], start, width, count), *row[1:]) for row in totals if row[0] is not None]
+    if kept is not None:  # the others per bucket: the bucket's totals less the kept releases' rows
+        others = {row[0]: [*row[4:]] for row in totals}
+        for cell in cells:
+            rest = others[cell[0]]
+            for n, value in enumerate(cell[4:]):
+                rest[n] -= value
+            rest[-1] -= 1
+        cells.extend((index, None, None, None, *rest[:-1]) for index, rest in others.items() if rest[-1])
+    # as _series_sql's rows: kind 0 per bucket (b: the releases summed), kind 1 per release (in-flight and orphaned
+    # of its newest bucket); the releases beyond the cap under the key (None, None, None)
+    summed = 0 if kept is None else len(releases) - cap
+    newest: dict[tuple, tuple] = {}
+    for cell in cells:
+        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
+            newest[cell[1:4]] = cell
+    return [*((0, cell[0], *cell[1:4], cell[4], summed if cell[1] is None else 0, *cell[7:]) for cell in cells),
+            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
 
 
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
@@ -331,44 +382,9 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     return _assemble(rows, window, width, start, end, buckets)
 
 
-def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
-               count: int) -> list[tuple]:
-    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows
-    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise), the releases beyond
-    ``CHART_MAX_SERIES`` (``_ranking_sql``) summed under the key ``(None, None, None)``, their number last."""
-    if tier != width:
-        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
-    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
-    if filters.request_group is None:
-        base = base.filter(request_group__isnull=True)  # the release rows
-    base_sql, base_params = base.values("ts", *_RELEASE, "bytes", "in_flight_requests", "orphaned_bytes",
-                                        *_COUNTERS).query.sql_with_params()
-    vendor = connection.vendor
-    settings_sql = vendor_sql.analytic_settings(vendor)
-    cap = CHART_MAX_SERIES
-    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
-    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
-        for statement in settings_sql:
-            cursor.execute(statement)
-        # ranked first, then the cells with the kept releases as parameters: a join of the cells with per-release
-        # totals let a planner without statistics (right after the series was written) loop over both (7.7 s for
-        # 5,760 cells), and ranking by window functions sorted every cell twice (1.2 s for 24 h of 2,000 releases)
-        cursor.execute(_ranking_sql(vendor, base_sql), [*base_params, cap])
-        ranked = cursor.fetchall()
-        releases = ranked[0][3] if ranked else 0
-        kept = None if releases <= cap else [row[:3] for row in ranked]
-        cursor.execute(_tier_sql(vendor, base_sql, None if kept is None else len(kept)),
-                       [int(start.timestamp()), width, count - 1, *[value for key in kept or () for value in key],
-                        *base_params])
-        cells = [(*cell[:-1], releases - cap) if cell[1] is None else cell for cell in cursor.fetchall()]
-    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
-    # the releases beyond the cap under the key (None, None, None), their number last
-    newest: dict[tuple, tuple] = {}
-    for cell in cells:
-        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
-            newest[cell[1:4]] = cell
-    return [*((0, cell[0], *cell[1:4], cell[4], cell[-1], *cell[7:-1]) for cell in cells),
-            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
+def _index(ts, start: datetime, width: int, count: int) -> int:
+    """The chart bucket of a bucket start ``ts`` as a cursor returns it (a datetime, or SQLite's text)."""
+    return min(int((_aware(ts) - start).total_seconds()) // width, count - 1)
 
 
 def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width: int, count: int) -> list[tuple]:
