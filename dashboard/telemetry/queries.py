@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connection, transaction
+from django.db import connection, connections, router, transaction
 from django.db.models import F, Max, Window
 from django.db.models.functions import Collate
 from django.utils import timezone
@@ -534,7 +534,7 @@ def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime |
             "blocks", "in_flight_requests", "hit_blocks", "miss_blocks").query.sql_with_params()
     except EmptyResultSet:  # a viewer who may see no tenant
         return result
-    with connection.cursor() as cursor:
+    with connections[router.db_for_read(LatestSample)].cursor() as cursor:
         cursor.execute(f"SELECT * FROM ({rows_sql}) w WHERE w.ts = w.newest", params)
         fetched = cursor.fetchall()
     for ts, _newest, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in fetched:
@@ -576,7 +576,7 @@ def tenant_bytes_now(*, now: datetime | None = None, max_age_seconds: int = CURR
     rows_sql, params = _newest_pairs(OccupancyFilter(), now, max_age_seconds, None).values(
         "tenant_id", "ts", "bytes", "newest").query.sql_with_params()
     sql = f"SELECT w.tenant_id, SUM(w.bytes) FROM ({rows_sql}) w WHERE w.ts = w.newest GROUP BY w.tenant_id"
-    with connection.cursor() as cursor:
+    with connections[router.db_for_read(LatestSample)].cursor() as cursor:
         cursor.execute(sql, params)
         return {tenant_id: int(total) for tenant_id, total in cursor.fetchall()}
 
