@@ -6,9 +6,11 @@ the raw horizon (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) and raw rows every 10 s af
 per row), one ``INSERT ... SELECT`` per level from ``generate_series`` times × the node/scope pairs (``COPY``-ed
 into a temporary table). Gauges vary by pair and time, counters grow with time (cumulative, as agents report).
 The occupancy summed over nodes (``ScopeSeries``) is written for the same history at the tiers' densities and
-retentions (``_load_series``). ``fleet_scopes(count)`` builds cache scopes like a fleet's (tenants × served models
-× release namespaces × request groups, ``""`` included). Used by ``bench.occupancy_chart`` and usable by
-``bench.fleet``.
+retentions (``_load_series``: per bucket from each scope's and release's sums over its pairs, computed once; the
+same rows and values as grouping every (pair, bucket), in a fraction of the time). The samples' trigger fills
+``LatestSample`` from the raw rows, as at ingest. ``fleet_scopes(count)`` builds cache scopes like a fleet's
+(tenants × served models × release namespaces × request groups, ``""`` included). Used by
+``bench.occupancy_chart`` and ``bench.fleet``.
 """
 from __future__ import annotations
 
