@@ -84,7 +84,7 @@ from django.utils import timezone
 
 from agent.contract.keys import sglang_model_component
 from agent.contract.scope import ENGINE_LOOKUPS
-from dashboard.models import ConfigVersion, InstanceStats, NodeState, OccupancySample, Report
+from dashboard.models import ConfigVersion, InstanceStats, LatestSample, NodeState, Report
 from tenants.choices import Engine, ReleaseState
 from tenants.models import (
     AuditEntry,
@@ -330,9 +330,10 @@ def _reported_name_problems(now: datetime) -> tuple[int, list[str]]:
     report, and one line per pair whose names the registry lacks (``_name_problem``), ordered by node, tenant,
     served model, namespace, request group.
 
-    Set-based: one query groups the samples by cache scope and counts each one's nodes (the database sorts the
-    samples once; 10,000 scopes come back, not 50,000 pairs), the registry's names are four queries; only the
-    scopes with a problem are read again, with their nodes."""
+    Set-based, from ``LatestSample`` (the newest raw sample of each pair, one row per pair: not the window's
+    samples, 360 per pair in an hour): one query groups the pairs by cache scope and counts each one's nodes
+    (10,000 scopes come back, not 50,000 pairs), the registry's names are four queries; only the scopes with a
+    problem are read again, with their nodes."""
     registry = {
         "tenants": set(Tenant.objects.values_list("tenant_id", flat=True)),
         "models": set(ServedModel.objects.values_list("tenant__tenant_id", "served_model_name")),
@@ -341,12 +342,12 @@ def _reported_name_problems(now: datetime) -> tuple[int, list[str]]:
         "groups": set(RequestGroup.objects.values_list("tenant__tenant_id", "name")),
     }
     scope_fields = ("tenant_id", "served_model_name", "namespace", "request_group")
-    recent = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
-                                            ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
+    # the newest raw sample of each (node, cache scope): a pair reported in the window has its newest one in it
+    recent = LatestSample.objects.filter(ts__gte=now - timedelta(seconds=REPORTED_NAMES_WINDOW_SECONDS))
     seen = 0
     wrong: dict[tuple[str, ...], str] = {}
     for *names, nodes in (recent.order_by().values_list(*scope_fields)
-                          .annotate(nodes=Count("node_name", distinct=True))):
+                          .annotate(nodes=Count("node_name"))):  # one row per (node, scope)
         seen += nodes
         problem = _name_problem(*names, registry)
         if problem is not None:
@@ -354,7 +355,7 @@ def _reported_name_problems(now: datetime) -> tuple[int, list[str]]:
     if not wrong:
         return seen, []
     pairs = (recent.filter(tenant_id__in={names[0] for names in wrong})
-             .values_list("node_name", *scope_fields).distinct().order_by("node_name", *scope_fields))
+             .values_list("node_name", *scope_fields).order_by("node_name", *scope_fields))
     problems = []
     for node, *names in pairs.iterator(chunk_size=2000):
         problem = wrong.get(tuple(names))

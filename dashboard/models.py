@@ -348,6 +348,44 @@ class OccupancyCell(models.Model):
         return f"{self.node_name} {self.tenant_id} minute {self.minute}"
 
 
+class LatestSample(models.Model):
+    """The newest raw ``OccupancySample`` of each (node, cache scope): its time and the figures the current
+    occupancy reads (``dashboard.telemetry.queries.current_occupancy``, ``tenant_bytes_now``, the checklist's
+    reported names), so those read one row per pair instead of the raw samples of their window (at fleet size
+    millions of rows).
+
+    Written by the database itself wherever raw samples are written (ingest's ``COPY``, bulk loads): a trigger on
+    ``OccupancySample`` inserts (PostgreSQL: once per statement, from its new rows, set-based; SQLite: per row) upserts
+    the newest raw row of each pair, moving ``ts`` forward only (an older, re-delivered sample changes nothing; of
+    rows with the same ``ts`` the last inserted is kept). Deleted by the rollup when ``ts`` is older than the raw
+    horizon (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``: the pair has no raw sample left). Migration 0016.
+    """
+
+    node_name = models.CharField(max_length=128)
+    tenant_id = models.CharField(max_length=128)
+    served_model_name = models.CharField(max_length=255, blank=True, default="")
+    namespace = models.CharField(max_length=255, blank=True, default="")
+    request_group = models.CharField(max_length=255, blank=True, default="")
+    ts = models.DateTimeField()
+    blocks = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    in_flight_requests = models.BigIntegerField(default=0)
+    hit_blocks = models.BigIntegerField(default=0)
+    miss_blocks = models.BigIntegerField(default=0)
+
+    #: The columns copied from the newest raw sample, besides the key (``OccupancySample.KEY``).
+    COPIED = ("ts", "blocks", "bytes", "in_flight_requests", "hit_blocks", "miss_blocks")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node_name", "tenant_id", "served_model_name", "namespace",
+                                            "request_group"], name="dashboard_latest_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} {self.tenant_id}/{self.namespace} at {self.ts}"
+
+
 class InstanceStats(models.Model):
     """The newest engine facts of one real engine instance, per ``(node_name, instance_id)``: the
     ``agent.contract.messages.InstanceStats`` row of the newest report that carried it (ingest keeps the row whose

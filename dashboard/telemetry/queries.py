@@ -6,7 +6,8 @@
   average, peak bytes, hit ratio over the window, in-flight requests, evicted blocks by cause) and per bucket the
   hit ratio and the blocks evicted by cause (``store``: the master evicted them; ``budget``: the agent removed them
   over a budget; ``orphan``: the agent removed them as orphans — ``OccupancySample.EVICTION_CAUSES``).
-* ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample.
+* ``current_occupancy(filters)`` — per release, the sum over nodes of each node's newest raw sample
+  (``LatestSample``: one row per node and cache scope, kept by the database as samples are inserted).
 * ``latest_master_quotas()`` — newest read-back from the Mooncake master per tenant.
 
 Series and current occupancy are per release: keyed by the whole release's ``agent.contract.scope.CacheScope``
@@ -22,12 +23,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.core.exceptions import EmptyResultSet
+from django.db import connection, connections, router, transaction
 from django.db.models import F, Max, Window
+from django.db.models.functions import Collate
 from django.utils import timezone
 
 from agent.contract.scope import CacheScope
-from dashboard.models import MasterQuotaSample, OccupancySample, ScopeSeries
+from dashboard.models import LatestSample, MasterQuotaSample, OccupancySample, ScopeSeries
 from dashboard.telemetry import vendor_sql
 
 #: Eviction causes in display order (``cause`` label values), and the sample counter of each.
@@ -258,37 +261,96 @@ def _series_sql(vendor: str, base_sql: str) -> str:
     """
 
 
-def _tier_sql(vendor: str, base_sql: str) -> str:
-    """One statement over the ``ScopeSeries`` rows of ``base_sql`` (one tier; params ``start`` epoch seconds,
-    ``width``, ``last`` bucket index before ``base_sql``'s, then ``CHART_MAX_SERIES`` three times), returning per
-    bucket and release ``(index, tenant_id, served_model_name, namespace, bytes, in_flight_requests, orphaned_bytes,
-    *increases, 0)``: each gauge the mean of its rows (rounded half up), the counters' increases summed; for the
-    releases beyond the cap, per bucket, ``(index, NULL, NULL, NULL, sums of those values..., releases summed)``.
-    The rows are one per release and bucket (the tier's width is the chart's bucket width), taken as they are."""
+_TIER_VALUES = ("bytes", "in_flight_requests", "orphaned_bytes", *_COUNTERS)
+
+
+def _totals_sql(vendor: str, base_sql: str) -> str:
+    """One pass over the ``ScopeSeries`` rows of ``base_sql`` returning the totals per release ``(NULL, tenant_id,
+    served_model_name, namespace, sums of _TIER_VALUES..., rows)`` and per bucket ``(ts, NULL, NULL, NULL, sums...,
+    rows)`` (PostgreSQL: ``GROUPING SETS``, two hash aggregates over one scan; SQLite: ``UNION ALL`` of both). By
+    ``ts``, the bucket start (the tier's width is the chart's): no per-row arithmetic (PostgreSQL's epoch of a
+    timestamp is a ``numeric``, several times the cost of the scan)."""
     release = ", ".join(_RELEASE)
-    index = vendor_sql.least(vendor, f"({vendor_sql.epoch_seconds(vendor, 'ts')} - %s) / %s", "%s")
-    gauges = ("bytes", "in_flight_requests", "orphaned_bytes")
-    # the tier's width is the chart's (WINDOW_TIERS): one row per release and bucket already, nothing to aggregate
-    cells = f"SELECT {index} AS idx, {release}, {', '.join((*gauges, *_COUNTERS))} FROM ({base_sql}) base"
-    order = ", ".join(vendor_sql.bytewise(vendor, name) for name in _RELEASE)
-    values = (*gauges, *_COUNTERS)
-    # ranks by window functions, not a join of the cells with per-release totals: right after the series was
-    # written (no statistics yet) the planner looped over both (7.7 s for 5,760 cells)
-    return f"""
-        WITH cells AS ({cells}), ranked AS (
-            SELECT t.*, DENSE_RANK() OVER (ORDER BY total DESC, {order}) AS rank
-            FROM (SELECT cells.*, sum(bytes) OVER (PARTITION BY {order}) AS total FROM cells) t
-        )
-        SELECT idx, {", ".join((*_RELEASE, *values))}, 0 FROM ranked WHERE rank <= %s
-        UNION ALL
-        SELECT idx, NULL, NULL, NULL, {", ".join(f"CAST(sum({name}) AS BIGINT)" for name in values)}, max(rank) - %s
-        FROM ranked WHERE rank > %s GROUP BY idx
-    """
+    sums = ", ".join(f"CAST(sum({name}) AS BIGINT)" for name in _TIER_VALUES)
+    if vendor == "postgresql":
+        return (f"SELECT CASE WHEN GROUPING(ts) = 0 THEN ts END, {release}, {sums}, count(*) FROM ({base_sql}) base "
+                f"GROUP BY GROUPING SETS (({release}), (ts))")
+    return (f"SELECT NULL, {release}, {sums}, count(*) FROM ({base_sql}) base GROUP BY {release} "
+            f"UNION ALL SELECT ts, NULL, NULL, NULL, {sums}, count(*) FROM ({base_sql}) base GROUP BY ts")
+
+
+def _cells_sql(base_sql: str, kept: int | None) -> str:
+    """The ``ScopeSeries`` rows of ``base_sql`` as chart cells ``(ts, tenant_id, served_model_name, namespace,
+    *_TIER_VALUES)``: the rows as they are, one per release and bucket (the tier's width is the chart's); ``kept``:
+    only those of the ``kept`` releases listed after ``base_sql``'s params (3 params each)."""
+    release = ", ".join(_RELEASE)
+    where = "" if kept is None else f" WHERE ({release}) IN (VALUES {', '.join(['(%s, %s, %s)'] * kept)})"
+    return f"SELECT ts, {release}, {', '.join(_TIER_VALUES)} FROM ({base_sql}) base{where}"
+
+
+def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
+               count: int) -> list[tuple]:
+    """The chart's rows (as ``_series_sql``'s) for ``filters`` over ``[start, end]`` from the ``tier``-wide
+    ``ScopeSeries`` rows (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise): per bucket and
+    release its row's values (bytes, the counters' increases), per release the in-flight requests and orphaned bytes
+    of its newest bucket. Beyond ``CHART_MAX_SERIES`` releases (ranked by the sum of their bytes over the window,
+    ties by name in byte order), the others are summed per bucket under the key ``(None, None, None)``, their number
+    in ``b``.
+
+    Two statements: the totals per release (the ranking) and per bucket in one pass (``_totals_sql``), then the
+    kept releases' rows (``_cells_sql``, named as parameters); the others' sums per bucket are the bucket's total
+    minus the kept releases' (exact: integer sums). A join of the rows with per-release totals let a planner without
+    statistics (right after the series was written) loop over both (7.7 s for 5,760 cells); ranking by window
+    functions sorted every row twice (1.2 s for 24 hours of 2,000 releases)."""
+    if tier != width:
+        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
+    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
+    if filters.request_group is None:
+        base = base.filter(request_group__isnull=True)  # the release rows
+    try:
+        base_sql, base_params = base.values("ts", *_RELEASE, *_TIER_VALUES).query.sql_with_params()
+    except EmptyResultSet:  # a viewer who may see no tenant
+        return []
+    vendor = connection.vendor
+    settings_sql = vendor_sql.analytic_settings(vendor)
+    cap = CHART_MAX_SERIES
+    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
+    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
+        for statement in settings_sql:
+            cursor.execute(statement)
+        cursor.execute(_totals_sql(vendor, base_sql), [*base_params] * (1 if vendor == "postgresql" else 2))
+        totals = cursor.fetchall()
+        releases = {tuple(row[1:4]): row[4] for row in totals if row[0] is None}
+        kept = None
+        if len(releases) > cap:
+            kept = sorted(releases, key=lambda key: (-releases[key], *(name.encode() for name in key)))[:cap]
+        cursor.execute(_cells_sql(base_sql, None if kept is None else len(kept)),
+                       [*base_params, *(name for key in kept or () for name in key)])
+        cells = [(_index(ts, start, width, count), *rest) for ts, *rest in cursor.fetchall()]
+    totals = [(_index(row[0], start, width, count), *row[1:]) for row in totals if row[0] is not None]
+    if kept is not None:  # the others per bucket: the bucket's totals less the kept releases' rows
+        others = {row[0]: [*row[4:]] for row in totals}
+        for cell in cells:
+            rest = others[cell[0]]
+            for n, value in enumerate(cell[4:]):
+                rest[n] -= value
+            rest[-1] -= 1
+        cells.extend((index, None, None, None, *rest[:-1]) for index, rest in others.items() if rest[-1])
+    # as _series_sql's rows: kind 0 per bucket (b: the releases summed), kind 1 per release (in-flight and orphaned
+    # of its newest bucket); the releases beyond the cap under the key (None, None, None)
+    summed = 0 if kept is None else len(releases) - cap
+    newest: dict[tuple, tuple] = {}
+    for cell in cells:
+        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
+            newest[cell[1:4]] = cell
+    return [*((0, cell[0], *cell[1:4], cell[4], summed if cell[1] is None else 0, *cell[7:]) for cell in cells),
+            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
 
 
 def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | None = None,
                      now: datetime | None = None) -> OccupancySeries:
-    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement).
+    """Bytes per release over ``window`` (a key of ``WINDOWS``), bucketed; aggregated in SQL (one statement; for the
+    series' windows two: the ranking, then the cells).
 
     Windows of an hour and longer (``WINDOW_TIERS``) read the occupancy summed over nodes (``ScopeSeries``, one
     row per release or request group and bucket of the window's width, ``dashboard.telemetry.series``): a
@@ -320,33 +382,9 @@ def occupancy_series(window: str = DEFAULT_WINDOW, filters: OccupancyFilter | No
     return _assemble(rows, window, width, start, end, buckets)
 
 
-def _tier_rows(filters: OccupancyFilter, tier: int, start: datetime, end: datetime, width: int,
-               count: int) -> list[tuple]:
-    """``_tier_sql``'s rows for ``filters`` over ``[start, end]`` from the ``tier``-wide ``ScopeSeries`` rows
-    (``tier`` must be the chart's bucket ``width``: ``ValueError`` otherwise)."""
-    if tier != width:
-        raise ValueError(f"series tier {tier} s for {width} s buckets: WINDOW_TIERS must map a window to its width")
-    base = filters.apply(ScopeSeries.objects.filter(width=tier, ts__gte=start, ts__lte=end))
-    if filters.request_group is None:
-        base = base.filter(request_group__isnull=True)  # the release rows
-    base_sql, base_params = base.values("ts", *_RELEASE, "bytes", "in_flight_requests", "orphaned_bytes",
-                                        *_COUNTERS).query.sql_with_params()
-    settings_sql = vendor_sql.analytic_settings(connection.vendor)
-    # SET LOCAL needs a transaction; none on SQLite, where one would take the write lock (IMMEDIATE)
-    with transaction.atomic() if settings_sql else nullcontext(), connection.cursor() as cursor:
-        for statement in settings_sql:
-            cursor.execute(statement)
-        cursor.execute(_tier_sql(connection.vendor, base_sql),
-                       [int(start.timestamp()), width, count - 1, *base_params, *[CHART_MAX_SERIES] * 3])
-        cells = cursor.fetchall()
-    # as _series_sql's rows: kind 0 per bucket, kind 1 per release (in-flight and orphaned of its newest bucket);
-    # the releases beyond the cap under the key (None, None, None), their number last
-    newest: dict[tuple, tuple] = {}
-    for cell in cells:
-        if cell[1:4] not in newest or newest[cell[1:4]][0] < cell[0]:
-            newest[cell[1:4]] = cell
-    return [*((0, cell[0], *cell[1:4], cell[4], cell[-1], *cell[7:-1]) for cell in cells),
-            *((1, 0, *key, cell[5], cell[6], *(0 for _ in _COUNTERS)) for key, cell in newest.items())]
+def _index(ts, start: datetime, width: int, count: int) -> int:
+    """The chart bucket of a bucket start ``ts`` as a cursor returns it (a datetime, or SQLite's text)."""
+    return min(int((_aware(ts) - start).total_seconds()) // width, count - 1)
 
 
 def _sample_rows(filters: OccupancyFilter, start: datetime, end: datetime, width: int, count: int) -> list[tuple]:
@@ -464,31 +502,43 @@ class ReleaseNow:
         return self.hit_blocks / total if total else None
 
 
+def _newest_pairs(filters: OccupancyFilter, now: datetime, max_age_seconds: int, node_name: str | None):
+    """``LatestSample`` rows of ``filters`` (``node_name``'s only, when given) whose newest raw sample is not older
+    than ``now - max_age_seconds``, each with ``newest``: the newest such ``ts`` of its node and release. A sample
+    dated after ``now`` (an agent's clock ahead, within the skew ingest accepts: ``agent_auth.check_not_ahead``)
+    counts: it is the pair's newest, and the one before it is not kept."""
+    base = filters.apply(LatestSample.objects.filter(ts__gte=now - timedelta(seconds=max_age_seconds)))
+    if node_name is not None:
+        base = base.filter(node_name=node_name)
+    release = ("node_name", "tenant_id", "served_model_name", "namespace")
+    # grouped byte by byte (equal names are equal bytes): a linguistic collation's sort is several times slower
+    keys = [Collate(F(name), "C") if connection.vendor == "postgresql" else F(name) for name in release]
+    return base.order_by().annotate(newest=Window(Max("ts"), partition_by=keys))
+
+
 def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime | None = None,
                       max_age_seconds: int = CURRENT_WINDOW_SECONDS,
                       node_name: str | None = None) -> dict[CacheScope, ReleaseNow]:
     """Per release (keyed by its ``CacheScope.release_scope()``), the sum over nodes of each node's newest raw
-    sample of it (not older than ``max_age_seconds``). A node that stopped reporting longer ago drops out.
-    ``node_name``: of that node's samples only (a node page: one node's share of each release, ``by_node``)."""
+    sample of it (not older than ``max_age_seconds``; every request group's row at that time). A node that stopped
+    reporting longer ago drops out. ``node_name``: of that node's samples only (a node page: one node's share of
+    each release, ``by_node``). Read from ``LatestSample`` (the newest raw sample of each node and cache scope:
+    one row per pair, not the window's samples); ``max_age_seconds`` beyond the raw horizon
+    (``KVPOOL_ROLLUP_RAW_AFTER_SECONDS``) sees no more than it."""
     now = now or timezone.now()
     filters = filters or OccupancyFilter()
-    base = filters.apply(OccupancySample.objects.filter(
-        level=OccupancySample.Level.RAW, ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now))
-    if node_name is not None:
-        base = base.filter(node_name=node_name)
-    newest = {
-        (row["node_name"], row["tenant_id"], row["served_model_name"], row["namespace"]): row["newest"]
-        for row in base.values("node_name", "tenant_id", "served_model_name", "namespace").annotate(newest=Max("ts"))
-    }
     result: dict[CacheScope, ReleaseNow] = {}
-    if not newest:
+    try:
+        rows_sql, params = _newest_pairs(filters, now, max_age_seconds, node_name).values_list(
+            "ts", "newest", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes",
+            "blocks", "in_flight_requests", "hit_blocks", "miss_blocks").query.sql_with_params()
+    except EmptyResultSet:  # a viewer who may see no tenant
         return result
-    rows = base.filter(ts__in=set(newest.values())).values_list(
-        "ts", "node_name", "tenant_id", "served_model_name", "namespace", "request_group", "bytes", "blocks",
-        "in_flight_requests", "hit_blocks", "miss_blocks")
-    for ts, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in rows:
-        if newest.get((node, tenant_id, model, namespace)) != ts:
-            continue
+    with connections[router.db_for_read(LatestSample)].cursor() as cursor:
+        cursor.execute(f"SELECT * FROM ({rows_sql}) w WHERE w.ts = w.newest", params)
+        fetched = cursor.fetchall()
+    for ts, _newest, node, tenant_id, model, namespace, group, size, blocks, flight, hit, miss in fetched:
+        ts = _aware(ts)
         key = CacheScope(tenant_id, model, namespace)  # the whole release
         entry = result.setdefault(key, ReleaseNow(key=key))
         entry.bytes += size
@@ -502,6 +552,13 @@ def current_occupancy(filters: OccupancyFilter | None = None, *, now: datetime |
     return result
 
 
+def _aware(value) -> datetime:
+    """A ``ts`` as a raw cursor returns it (a datetime, or SQLite's text) as an aware UTC datetime."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
     """Sum of ``current_occupancy`` per tenant_id."""
     totals: dict[str, int] = defaultdict(int)
@@ -512,20 +569,14 @@ def tenant_bytes(occupancy: dict[CacheScope, ReleaseNow]) -> dict[str, int]:
 
 def tenant_bytes_now(*, now: datetime | None = None, max_age_seconds: int = CURRENT_WINDOW_SECONDS) -> dict[str, int]:
     """``tenant_bytes(current_occupancy())`` summed in the database: per tenant_id, the bytes of each node's newest
-    raw sample of each release (every request group's row at that time), one query whatever the fleet (the
-    overview's figure; ``current_occupancy`` builds every release's entry in Python)."""
-    from django.db import connections, router
-
+    raw sample of each release (every request group's row at that time), one query over ``LatestSample`` (one row
+    per node and cache scope) whatever the fleet (the overview's figure; ``current_occupancy`` builds every
+    release's entry in Python)."""
     now = now or timezone.now()
-    base = OccupancySample.objects.filter(level=OccupancySample.Level.RAW,
-                                          ts__gte=now - timedelta(seconds=max_age_seconds), ts__lte=now)
-    release = ("node_name", "tenant_id", "served_model_name", "namespace")
-    # One scan with a window function: a join of the rows with their newest ts lets a planner without statistics
-    # (right after a bulk load) pick a nested loop over both, minutes at fleet size.
-    rows = base.order_by().annotate(newest=Window(Max("ts"), partition_by=[F(name) for name in release]))
-    rows_sql, params = rows.values("tenant_id", "ts", "bytes", "newest").query.sql_with_params()
+    rows_sql, params = _newest_pairs(OccupancyFilter(), now, max_age_seconds, None).values(
+        "tenant_id", "ts", "bytes", "newest").query.sql_with_params()
     sql = f"SELECT w.tenant_id, SUM(w.bytes) FROM ({rows_sql}) w WHERE w.ts = w.newest GROUP BY w.tenant_id"
-    with connections[router.db_for_read(OccupancySample)].cursor() as cursor:
+    with connections[router.db_for_read(LatestSample)].cursor() as cursor:
         cursor.execute(sql, params)
         return {tenant_id: int(total) for tenant_id, total in cursor.fetchall()}
 

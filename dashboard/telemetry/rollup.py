@@ -32,7 +32,8 @@ the same ``sent_at``) is the conflict target.
 
 Then the occupancy summed over nodes (``dashboard.telemetry.series``) is written for the minutes ended since the
 last run and written again for the minutes the raw fold just moved whose samples changed since (late ones), and its
-tiers' retention applied. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, master
+tiers' retention applied. Retention then deletes 1-hour rows older than ``KVPOOL_RETENTION_SECONDS``, the newest
+sample of each (node, cache scope) (``LatestSample``) older than the raw horizon, master
 quota samples older than ``KVPOOL_MASTER_SAMPLE_RETENTION_SECONDS``, report receipts and acks older than the
 1-minute horizon (a duplicate delivered later than that would be stored again), engine facts (``InstanceStats``) no
 report refreshed within that horizon, and config versions older than the retention except each node's newest; each
@@ -52,6 +53,7 @@ from dashboard.models import (
     ConfigAck,
     ConfigVersion,
     InstanceStats,
+    LatestSample,
     MasterQuotaSample,
     OccupancyCell,
     OccupancySample,
@@ -247,8 +249,8 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
     """Run both folds, the occupancy summed over nodes (``dashboard.telemetry.series``: new minutes, the minutes
     folded again) and the retention; returns counts per step (JSON-ready): ``raw_folded``, ``minute_folded`` (source
     rows folded), ``series_minutes`` (new minutes summed), ``series_deleted`` (series rows past retention),
-    ``hour_deleted``, ``receipts_deleted``, ``acks_deleted``,
-    ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
+    ``hour_deleted``, ``latest_deleted`` (``LatestSample`` rows older than the raw horizon), ``receipts_deleted``,
+    ``acks_deleted``, ``instance_stats_deleted``, ``master_samples_deleted``, ``config_versions_deleted``."""
     now = now or timezone.now()
     raw_cutoff = floor_minute(now - timedelta(seconds=settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS))
     minute_cutoff = floor_hour(now - timedelta(seconds=settings.KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS))
@@ -265,6 +267,8 @@ def rollup(now: datetime | None = None) -> dict[str, int]:
             series.resummarize(start, end, now)
     counts["series_deleted"] = series.prune(now)
     counts["hour_deleted"] = OccupancySample.objects.filter(level=Level.HOUR, ts__lt=retention_cutoff).delete()[0]
+    # the newest sample of pairs whose raw samples were all folded (the node or the scope stopped reporting)
+    counts["latest_deleted"] = LatestSample.objects.filter(ts__lt=raw_cutoff).delete()[0]
     counts["receipts_deleted"] = Report.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
     counts["acks_deleted"] = ConfigAck.objects.filter(sent_at__lt=minute_cutoff).delete()[0]
     # engine facts no report refreshed since the receipts of that time went (the instance or its agent is gone)

@@ -152,6 +152,32 @@ def _chart_brute_force(tiers: dict, window: str, filters: OccupancyFilter) -> di
     return out
 
 
+def _capped_brute_force(tiers: dict, window: str, filters: OccupancyFilter, cap: int) -> dict:
+    """``_chart_brute_force`` with at most ``cap`` releases (most bytes summed over the window's buckets; ties by
+    name), the rest summed per bucket under the blank key (in-flight and orphaned of their newest bucket)."""
+    full = _chart_brute_force(tiers, window, filters)
+    if len(full) <= cap:
+        return full
+    ranked = sorted(full, key=lambda key: (-sum(v for v in full[key][0] if v is not None), tuple(key)))
+    kept, rest = ranked[:cap], ranked[cap:]
+    count = len(full[kept[0]][0])
+    data: list = [None] * count
+    columns = [[0] * count for _ in COUNTERS]
+    for key in rest:
+        for index, value in enumerate(full[key][0]):
+            if value is not None:
+                data[index] = (data[index] or 0) + value
+        for n, column in enumerate(full[key][1]):
+            for index, value in enumerate(column):
+                columns[n][index] += value
+    # the newest bucket holding one of the rest: the rest's in-flight and orphaned values in it, summed
+    newest = max(index for index, value in enumerate(data) if value is not None)
+    in_flight = sum(full[key][2] for key in rest if full[key][0][newest] is not None)
+    orphaned = sum(full[key][3] for key in rest if full[key][0][newest] is not None)
+    return {**{key: full[key] for key in kept},
+            CacheScope("", "", ""): (data, columns, in_flight, orphaned)}
+
+
 def _chart(window: str, filters: OccupancyFilter) -> dict:
     result = occupancy_series(window, filters, now=NOW)
     return {s.key: (s.data, [s.hit_blocks_data, s.miss_blocks_data,
@@ -184,6 +210,28 @@ def test_summarize_and_charts_match_a_brute_force(settings):
             expected = _chart_brute_force(want, window, filters)
             assert expected or filters.request_group == "" and window == "1h", (window, filters)
             assert _chart(window, filters) == expected, (window, filters)
+
+
+@pytest.mark.parametrize("cap", [1, 2])
+def test_a_capped_chart_matches_a_brute_force(settings, monkeypatch, cap):
+    """The releases beyond the cap (``CHART_MAX_SERIES``) summed per bucket into one series, for every filter and
+    window of the series: the same numbers as the brute force ranks and sums them."""
+    from dashboard.telemetry import queries
+
+    monkeypatch.setattr(queries, "CHART_MAX_SERIES", cap)
+    settings.KVPOOL_ROLLUP_RAW_AFTER_SECONDS = 3 * 3600
+    rng = random.Random(29)
+    OccupancySample.objects.bulk_create(_random_rows(rng, NOW - timedelta(hours=3, minutes=10), NOW, 1500,
+                                                     levels=(OccupancySample.Level.RAW,)))
+    series_mod.summarize(NOW)
+    want = _stored()
+    capped = 0
+    for window in ("1h", "6h", "24h"):
+        for filters in FILTERS:
+            expected = _capped_brute_force(want, window, filters, cap)
+            capped += CacheScope("", "", "") in expected
+            assert _chart(window, filters) == expected, (window, filters)
+    assert capped >= 3  # the filters of more releases than the cap
 
 
 def test_counters_count_increases_not_totals():
