@@ -14,7 +14,8 @@ unused. Here the split follows demand:
   of it, is *pressed*; every other node gets what it holds plus ``HEADROOM`` (it gives the rest back; no headroom
   once it stopped writing: its ``puts`` did not grow in the window), a silent node what it last held (its unused
   share is lent, the blocks it holds stay counted); the pressed nodes split what is left in proportion to what they
-  hold.
+  hold: of a new or changed budget, all of it; else up to their current shares, and a trimmed one its current share
+  (a report taken before or during a trim still shows the blocks it removes: :func:`_pressed_weight`).
   Every node keeps a floor (``FLOOR_FRACTION`` of its writer-proportional share), the shares sum to exactly the
   budget, and a plan replaces the current shares only when one of them moves by more than ``HYSTERESIS`` (or the
   current ones no longer fit the budget), so documents are not re-pushed for noise. Nobody reporting: the writer
@@ -119,7 +120,7 @@ def plan_shares(budget: int, demand: Mapping[str, NodeDemand]) -> dict[str, int]
         if d.silent:  # keeps what it last held (still in the Store), never more than it had; the rest is lent
             fixed[n] = max(floors[n], min(used, current[n]))
         elif d.trimmed or (d.writing and used >= PRESSED * current[n]):  # one that stopped writing needs no more
-            pressed[n] = float(max(used, floors[n], 1))
+            pressed[n] = float(max(_pressed_weight(used, current[n], d.trimmed, current_fits), floors[n], 1))
         else:
             fixed[n] = max(floors[n], math.ceil(used * (1 + HEADROOM)) if d.writing else used)
     _fit(fixed, floors, budget - sum(floors[n] for n in pressed))
@@ -136,6 +137,22 @@ def plan_shares(budget: int, demand: Mapping[str, NodeDemand]) -> dict[str, int]
             abs(plan[n] - current[n]) <= HYSTERESIS * max(current[n], floors[n], 1) for n in writing):
         plan = current
     return {**static, **plan}
+
+
+def _pressed_weight(used: int, current: int, trimmed: bool, current_fits: bool) -> int:
+    """What a pressed node counts for in the split of what is left (bytes).
+
+    While the current shares are the ones in effect (``current_fits``), a node holds more than its share only until
+    its agent's next trim: a report taken before or during that trim shows blocks about to go, one taken after it
+    what the trim left (down to ``BUDGET_LOW_WATER`` of the share). Weighted by those holdings, two nodes trimmed at
+    the same moment would move bytes from the one whose report came after its trim to the one whose report came
+    before it, and the loser trims again. So a node trimmed in the window counts for its current share (it was held
+    at it), another pressed one for what it holds up to its current share. A new or changed budget
+    (``current_fits`` false) is split by what the nodes hold: their demand as written.
+    """
+    if not current_fits:
+        return used
+    return current if trimmed else min(used, current)
 
 
 def _fit(fixed: dict[Any, int], floors: Mapping[Any, int], room: int) -> None:

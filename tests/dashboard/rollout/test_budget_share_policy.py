@@ -109,3 +109,25 @@ def test_nobody_pressed_returns_the_rest_to_the_reporting_nodes() -> None:
 def test_a_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         plan_shares(-1, {"a": NodeDemand(writers=1)})
+
+
+def test_a_report_taken_during_a_trim_does_not_move_the_split_of_two_pressed_nodes() -> None:
+    # the engine demo's sequence (173 blocks of 16 KiB): the budget was split 127 / 46 blocks from what the nodes
+    # held; then node-b's agent had trimmed to 42 blocks while node-a's report still showed 251 of its 254 (3
+    # removed so far). Weighting the split by those holdings cut node-b to 24.8 blocks (it trimmed again, and
+    # node-a, already at its share, did not grow into what node-b lost): 89 % of the budget held.
+    block, budget = 16_384, 173 * 16_384
+    current = {"a": 2_080_768, "b": 753_664}
+
+    def plan(held_a: int, held_b: int) -> dict[str, int]:
+        return plan_shares(budget, {
+            "a": NodeDemand(writers=1, used_bytes=held_a * block, silent=False, trimmed=True, current=current["a"]),
+            "b": NodeDemand(writers=1, used_bytes=held_b * block, silent=False, trimmed=True, current=current["b"])})
+
+    assert plan(251, 42) == current          # node-a mid-trim, node-b done
+    assert plan(115, 92) == current          # the mirror: node-a done, node-b's report before its trim
+    assert plan(115, 42) == current          # both done (each at or above 90 % of its share)
+    # a node pressed by its writes (not trimmed yet) holding more than its share counts at its share too
+    assert plan_shares(budget, {
+        "a": NodeDemand(writers=1, used_bytes=251 * block, silent=False, current=current["a"]),
+        "b": NodeDemand(writers=1, used_bytes=42 * block, silent=False, trimmed=True, current=current["b"])}) == current
