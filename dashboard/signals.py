@@ -39,10 +39,13 @@ log = logging.getLogger("kvpool.dashboard.signals")
 
 _pending = threading.local()
 
-#: Nodes per ``dashboard.push_nodes`` task: a change that affects many nodes fans out over several workers, and
-#: each task renders, versions, signs and publishes its nodes in batches (``dashboard.rollout.push``), so what
-#: a push costs per task (its registry queries, the pool's room) is paid once per this many nodes.
-PUSH_CHUNK = 200
+#: Nodes per ``dashboard.push_nodes`` task: each task renders, versions, signs and publishes its nodes in batches
+#: (``dashboard.rollout.push``), and what a push costs per task is paid once per this many nodes: its registry
+#: queries, the pool's room and the demand-weighted budget shares, which read the occupancy of *every* node writing
+#: a release the task renders, whatever the task's own share of them (``budget_shares.ShareBook``). At 1,000 nodes
+#: writing one release, tasks of 200 nodes read that five times: 20 % more dashboard CPU per document (``bench.push
+#: --nodes 1000``) for a parallelism that only several control workers on several cores could use.
+PUSH_CHUNK = 1000
 
 
 class TenantStillOwnsObjects(APIException):
