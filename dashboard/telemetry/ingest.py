@@ -21,9 +21,12 @@ transaction:
   engine facts of new reports (``Report.instances``) go into ``InstanceStats``, one row per ``(node, instance)``,
   with one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE reported_at <= excluded.reported_at``, so a re-delivered
   or older report never moves a row back;
-* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)``, then one conditional UPDATE
-  per new ack (all sent as one pipelined ``executemany``) moves its node's state forward (versions never move
-  back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and folded once);
+* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)`` (on PostgreSQL one statement
+  reading the batch's rows from one JSON text), then a conditional UPDATE moves each new ack's node state forward
+  (versions never move back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and
+  folded once): on PostgreSQL one ``UPDATE ... FROM json_array_elements(...)`` for every node with one new ack in
+  the batch (a config push: each node acks once), and a node's several new acks one statement each, in order, as
+  one pipelined ``executemany`` (SQLite: every ack so);
 * heartbeats — the newest per node updates its ``NodeState``.
 
 Node state rows touched by a batch are locked in name order before they are written
@@ -485,10 +488,10 @@ def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None
     """Store acks not seen before and fold each into its node's state (``_ACK_UPDATE``); must run inside a
     transaction.
 
-    The ack rows go in with one ``INSERT ... ON CONFLICT (node_name, sequence) DO NOTHING RETURNING`` per
-    ``RECEIPT_CHUNK``; only the acks that were new are folded (a re-delivered ack changes nothing), in
-    ``(node, sequence)`` order, as one ``executemany`` of ``_ACK_UPDATE`` (one round trip on PostgreSQL:
-    psycopg 3 pipelines it). Duplicates are counted in ``duplicate_acks``.
+    The ack rows go in with ``_insert_acks``; only the acks that were new are folded (a re-delivered ack changes
+    nothing): on PostgreSQL the nodes with one new ack by one ``_ACK_UPDATE_MANY``, the others' acks in
+    ``(node, sequence)`` order as one ``executemany`` of ``_ACK_UPDATE`` (one round trip: psycopg 3 pipelines
+    it); elsewhere every ack by the ``executemany``. Duplicates are counted in ``duplicate_acks``.
     """
     ops = connection.ops
     when = ops.adapt_datetimefield_value
