@@ -447,7 +447,7 @@ _ACK_TYPES = {"applied": "boolean", "raises_floor": "boolean", "version": "bigin
               "sent_at": "timestamptz"}
 _ACK_ROWS = ", ".join(f"(e->>{i})::{_ACK_TYPES.get(name, 'text')} AS ack_{name}"
                       for i, name in enumerate(_ACK_PARAMETERS))
-_ACK_UPDATE_MANY = (re.sub(r"%\((\w+)\)s", r"a.ack_\1", _ACK_UPDATE.split("WHERE")[0])
+_ACK_UPDATE_MANY = (re.sub(r"%\((\w+)\)s", r"a.ack_\1", _ACK_UPDATE.rpartition("WHERE node_name")[0])
                     + f"FROM (SELECT {_ACK_ROWS} FROM json_array_elements(%s::json) AS e) AS a "
                       "WHERE node_name = a.ack_node")
 
