@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -478,7 +477,7 @@ def _insert_versions(versions: list[ConfigVersion]) -> None:
         version.created_at = now
     by_node = {version.node_name: version for version in versions}
     if connection.vendor == "postgresql":
-        _insert_versions_from_json(versions, now, by_node)
+        _insert_versions_from_arrays(versions, now, by_node)
         return
     with _bound_cursor() as cursor:
         for start in range(0, len(versions), INSERT_ROWS):
@@ -502,23 +501,25 @@ def _document_text(version: ConfigVersion) -> str:
     return signing.canonical_bytes(version.document).decode("utf-8")
 
 
-def _insert_versions_from_json(versions: list[ConfigVersion], now: datetime, by_node: dict[str, ConfigVersion]) -> None:
-    """``_insert_versions`` on PostgreSQL: one ``INSERT ... SELECT FROM json_array_elements(<the rows as one JSON
-    text>)`` per ``INSERT_ROWS`` rows, two parameters each (the rows, ``created_at``), bound by the server. A
-    multi-row ``VALUES`` of 6,000 placeholders cost psycopg a scan of the statement in Python per call (its cache
-    holds statements of at most 50 parameters): an eighth of the dashboard worker's CPU in a 1,000-node push."""
+def _insert_versions_from_arrays(versions: list[ConfigVersion], now: datetime,
+                                 by_node: dict[str, ConfigVersion]) -> None:
+    """``_insert_versions`` on PostgreSQL: one ``INSERT ... SELECT FROM unnest(<one array per column>)`` per
+    ``INSERT_ROWS`` rows, the arrays bound by the server in binary (``%b``: no quoting of any element, each document
+    parsed once, as ``jsonb``). A multi-row ``VALUES`` of 6,000 placeholders cost psycopg a scan of the statement in
+    Python per call (its cache holds statements of at most 50 parameters): an eighth of the dashboard worker's CPU
+    in a 1,000-node push."""
     quote = connection.ops.quote_name
     table = quote(ConfigVersion._meta.db_table)
     columns = ", ".join(map(quote, _VERSION_COLUMNS))
     with _bound_cursor() as cursor:
         for start in range(0, len(versions), INSERT_ROWS):
             chunk = versions[start:start + INSERT_ROWS]
-            rows = msgspec.json.encode([[v.node_name, v.version, v.digest, v.content_digest, _document_text(v)]
-                                        for v in chunk]).decode("utf-8")
             cursor.execute(
-                f"INSERT INTO {table} ({columns}) SELECT e->>0, (e->>1)::bigint, e->>2, e->>3, (e->>4)::jsonb, %s "
-                f"FROM json_array_elements(%s::json) AS e RETURNING {quote(ConfigVersion._meta.pk.column)}, "
-                f"{quote('node_name')}", [now, rows])
+                f"INSERT INTO {table} ({columns}) SELECT n, v, d, c, doc::jsonb, %s FROM unnest(%b::text[], "
+                f"%b::bigint[], %b::text[], %b::text[], %b::text[]) AS r(n, v, d, c, doc) "
+                f"RETURNING {quote(ConfigVersion._meta.pk.column)}, {quote('node_name')}",
+                [now, [v.node_name for v in chunk], [v.version for v in chunk], [v.digest for v in chunk],
+                 [v.content_digest for v in chunk], [_document_text(v) for v in chunk]])
             for pk, node_name in cursor.fetchall():
                 version = by_node[node_name]
                 version.pk = pk
