@@ -35,12 +35,26 @@ class NodeStateQuerySet(models.QuerySet):
         locked = self.select_for_update().order_by("node_name")
         if only is not None:
             locked = locked.only(*only)
-        states = {state.node_name: state for state in locked.filter(node_name__in=names)}
+        states = self._locked(locked, names, only)
         missing = [name for name in names if name not in states]
         if missing:  # first message/push of these nodes: create their rows, then lock them too
             self.bulk_create([self.model(node_name=name) for name in missing], ignore_conflicts=True)
-            states.update((state.node_name, state) for state in locked.filter(node_name__in=missing))
+            states.update(self._locked(locked, missing, only))
         return states
+
+    def _locked(self, locked: models.QuerySet, names: list[str], only: Sequence[str] | None) -> dict[str, NodeState]:
+        """The rows of ``names`` (sorted), locked in that order. On PostgreSQL the names travel as one array
+        (``node_name = ANY(%s)``): an ``IN`` of 1,000 names cost Django a lookup preparation and psycopg a quoting
+        per name, a tenth of a fleet push's CPU; elsewhere ``locked`` (the ORM query) filtered by ``IN``."""
+        if connection.vendor != "postgresql" or self.db != "default":
+            return {state.node_name: state for state in locked.filter(node_name__in=names)}
+        meta = self.model._meta
+        quote = connection.ops.quote_name
+        fields = [meta.pk, *(meta.get_field(name) for name in only)] if only is not None else meta.concrete_fields
+        columns = ", ".join(dict.fromkeys(quote(field.column) for field in fields))
+        sql = (f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {quote('node_name')} = ANY(%s) "
+               f"ORDER BY {quote('node_name')} FOR UPDATE")
+        return {state.node_name: state for state in self.model.objects.raw(sql, [names])}
 
     def save_fields(self, states: Iterable[NodeState], fields: Sequence[str]) -> None:
         """Write ``fields`` of the given (loaded, usually locked) states: one ``UPDATE ... WHERE <pk> = %s`` per

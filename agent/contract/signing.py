@@ -64,9 +64,13 @@ def encoded_members(document: Mapping[str, Any]) -> dict[str, bytes]:
     encodings, so a document sent with other small members (a version, a stamp) is not encoded again whole.
 
     Raises what ``canonical_bytes`` raises."""
-    return {key: json.dumps({key: value}, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                            allow_nan=False).encode("utf-8")[1:-1]
-            for key, value in document.items() if key != SIGNATURE_FIELD}
+    encode = _CANONICAL_JSON.encode
+    return {key: encode({key: value}).encode("utf-8")[1:-1] for key, value in document.items()
+            if key != SIGNATURE_FIELD}
+
+
+#: ``json.dumps`` with ``canonical_bytes``' options, built once (``dumps`` builds an encoder per call otherwise).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def joined(members: Mapping[str, bytes]) -> bytes:

@@ -269,6 +269,13 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
     # per release and writer counts. The assignment's own members and its launch are rendered per instance; the
     # whole document is validated by ensure_versions.
     shared: dict[Any, Any] = {}
+    dashboard_reads = list(DASHBOARD_READS)
+    node_settings: dict[NodeSettings, dict[str, Any]] = {}
+
+    def settings_of(node) -> dict[str, Any]:  # one JSON form (one object) for the nodes whose settings are equal
+        value = _node_settings(node, target, metrics_urls)
+        return node_settings.setdefault(value, value.model_dump(mode="json"))
+
     return {
         node.name: {
             "schema": DOCUMENT_SCHEMA_VERSION, "kind": "config", "node": node.name, "store": store,
@@ -276,8 +283,8 @@ def render_contents(nodes) -> dict[str, dict[str, Any]]:
                                        writers_on_node.get((node.pk, a.release_id), 0),
                                        writers.get(a.release_id, 0), budgets, shared, shares),
                            "launch": _launch(a, target)} for a in by_node[node.pk]],
-            "node_settings": _node_settings(node, target, metrics_urls).model_dump(mode="json"),
-            "dashboard_reads": list(DASHBOARD_READS),
+            "node_settings": settings_of(node),
+            "dashboard_reads": dashboard_reads,
         }
         for node in nodes
     }
@@ -306,6 +313,26 @@ def _members_digest(members: dict[str, bytes]) -> str:
 
 def _issued_at(now: datetime) -> str:
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class _SharedMembers:
+    """``signing.encoded_members`` for the contents of one render: a member whose value is the very object another
+    content already had (what ``render_contents`` renders once for many nodes: the store endpoints, the node
+    settings of nodes configured alike, the list of what the dashboard reads) is encoded once. Values are told
+    apart by identity while ``render_contents``' result keeps them all alive."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], bytes] = {}
+
+    def encode(self, content: dict[str, Any]) -> dict[str, bytes]:
+        """The members of ``content`` encoded as ``signing.encoded_members`` encodes them."""
+        members: dict[str, bytes] = {}
+        for key, value in content.items():
+            seen = self._seen.get((key, id(value)))
+            if seen is None:
+                seen = self._seen[(key, id(value))] = signing.encoded_members({key: value})[key]
+            members[key] = seen
+        return members
 
 
 @dataclass
@@ -341,11 +368,12 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
         result: dict[str, Ensured] = {}
         created: list[ConfigVersion] = []
         issued_at = _issued_at(timezone.now())
+        shared_members = _SharedMembers()
         for name in names:
             state, content = states[name], contents[name]
             # the content is encoded once: its digest, the document's digest and the signed delivery are joined
             # from its members' encodings (signing.joined), each the bytes signing.canonical_bytes would give
-            members = signing.encoded_members({k: v for k, v in content.items() if k not in VOLATILE_FIELDS})
+            members = shared_members.encode({k: v for k, v in content.items() if k not in VOLATILE_FIELDS})
             cdigest = _members_digest(members)
             current = latest.get(name)
             if (current is not None and current.content_digest == cdigest
@@ -367,10 +395,27 @@ def ensure_versions(nodes) -> dict[str, Ensured]:
             _insert_versions(created)
             NodeState.objects.save_fields((states[v.node_name] for v in created),
                                           ["desired_version", "desired_digest"])
-    for version in created:
-        log.info("node %s: config version %d (digest %s, %d instances)", version.node_name, version.version,
-                 version.digest[:12], len(version.document["instances"]))
+    _log_created(created)
     return result
+
+
+#: New versions of one ``ensure_versions`` call logged a line each at INFO; past this, one INFO line sums them up
+#: (each node's line at DEBUG): a fleet push wrote 1,000 lines, about a sixth of its CPU per document.
+LOG_EACH_VERSION_UP_TO = 20
+
+
+def _log_created(created: list[ConfigVersion]) -> None:
+    """Log the versions ``ensure_versions`` created (see ``LOG_EACH_VERSION_UP_TO``)."""
+    each = log.info if len(created) <= LOG_EACH_VERSION_UP_TO else log.debug
+    if len(created) > LOG_EACH_VERSION_UP_TO:
+        numbers = [version.version for version in created]
+        log.info("config versions %d..%d for %d nodes (%s … %s)", min(numbers), max(numbers), len(created),
+                 created[0].node_name, created[-1].node_name)
+    if each is log.debug and not log.isEnabledFor(logging.DEBUG):
+        return
+    for version in created:
+        each("node %s: config version %d (digest %s, %d instances)", version.node_name, version.version,
+             version.digest[:12], len(version.document["instances"]))
 
 
 def _latest_versions(states: dict[str, NodeState]) -> dict[str, ConfigVersion]:
@@ -431,6 +476,9 @@ def _insert_versions(versions: list[ConfigVersion]) -> None:
     for version in versions:
         version.created_at = now
     by_node = {version.node_name: version for version in versions}
+    if connection.vendor == "postgresql":
+        _insert_versions_from_arrays(versions, now, by_node)
+        return
     with _bound_cursor() as cursor:
         for start in range(0, len(versions), INSERT_ROWS):
             chunk = versions[start:start + INSERT_ROWS]
@@ -440,6 +488,39 @@ def _insert_versions(versions: list[ConfigVersion]) -> None:
                 f"INSERT INTO {quote(ConfigVersion._meta.db_table)} ({', '.join(map(quote, _VERSION_COLUMNS))}) "
                 f"VALUES {rows} RETURNING {quote(ConfigVersion._meta.pk.column)}, {quote('node_name')}", params)
             for pk, node_name in cursor.fetchall():  # RETURNING order is not guaranteed on SQLite: match by node
+                version = by_node[node_name]
+                version.pk = pk
+                version._state.adding, version._state.db = False, connection.alias  # as bulk_create leaves them
+
+
+def _document_text(version: ConfigVersion) -> str:
+    """The document's JSON text: its canonical encoding when its members were encoded here (``ENCODED_MEMBERS``)."""
+    members = getattr(version, ENCODED_MEMBERS, None)
+    if members is not None:
+        return signing.joined(members).decode("utf-8")
+    return signing.canonical_bytes(version.document).decode("utf-8")
+
+
+def _insert_versions_from_arrays(versions: list[ConfigVersion], now: datetime,
+                                 by_node: dict[str, ConfigVersion]) -> None:
+    """``_insert_versions`` on PostgreSQL: one ``INSERT ... SELECT FROM unnest(<one array per column>)`` per
+    ``INSERT_ROWS`` rows, the arrays bound by the server in binary (``%b``: no quoting of any element, each document
+    parsed once, as ``jsonb``). A multi-row ``VALUES`` of 6,000 placeholders cost psycopg a scan of the statement in
+    Python per call (its cache holds statements of at most 50 parameters): an eighth of the dashboard worker's CPU
+    in a 1,000-node push."""
+    quote = connection.ops.quote_name
+    table = quote(ConfigVersion._meta.db_table)
+    columns = ", ".join(map(quote, _VERSION_COLUMNS))
+    with _bound_cursor() as cursor:
+        for start in range(0, len(versions), INSERT_ROWS):
+            chunk = versions[start:start + INSERT_ROWS]
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT n, v, d, c, doc::jsonb, %s FROM unnest(%b::text[], "
+                f"%b::bigint[], %b::text[], %b::text[], %b::text[]) AS r(n, v, d, c, doc) "
+                f"RETURNING {quote(ConfigVersion._meta.pk.column)}, {quote('node_name')}",
+                [now, [v.node_name for v in chunk], [v.version for v in chunk], [v.digest for v in chunk],
+                 [v.content_digest for v in chunk], [_document_text(v) for v in chunk]])
+            for pk, node_name in cursor.fetchall():
                 version = by_node[node_name]
                 version.pk = pk
                 version._state.adding, version._state.db = False, connection.alias  # as bulk_create leaves them

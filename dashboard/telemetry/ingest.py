@@ -21,9 +21,12 @@ transaction:
   engine facts of new reports (``Report.instances``) go into ``InstanceStats``, one row per ``(node, instance)``,
   with one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE reported_at <= excluded.reported_at``, so a re-delivered
   or older report never moves a row back;
-* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)``, then one conditional UPDATE
-  per new ack (all sent as one pipelined ``executemany``) moves its node's state forward (versions never move
-  back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and folded once);
+* acks — ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` on ``(node, sequence)`` (on PostgreSQL one statement
+  reading the batch's rows from one JSON text), then a conditional UPDATE moves each new ack's node state forward
+  (versions never move back; an out-of-order older ack changes nothing; a re-delivered ack is stored once and
+  folded once): on PostgreSQL one ``UPDATE ... FROM json_array_elements(...)`` for every node with one new ack in
+  the batch (a config push: each node acks once), and a node's several new acks one statement each, in order, as
+  one pipelined ``executemany`` (SQLite: every ack so);
 * heartbeats — the newest per node updates its ``NodeState``.
 
 Node state rows touched by a batch are locked in name order before they are written
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -434,37 +438,71 @@ WHERE node_name = %(node)s
 """
 
 
+#: The fold of ``_ACK_UPDATE`` for many nodes at once (PostgreSQL): the same SET clause, each parameter read from
+#: the row ``a`` of its node (columns ``ack_<parameter>``, from one JSON text: ``_ACK_ROWS``). Only for nodes with one
+#: new ack in the batch: an UPDATE changes a row once, and a node's several acks fold in order (``_ACK_UPDATE``).
+_ACK_PARAMETERS = ("node", "applied", "version", "digest", "sent_at", "reason", "error", "raises_floor",
+                   "applied_version", "applied_digest")
+_ACK_TYPES = {"applied": "boolean", "raises_floor": "boolean", "version": "bigint", "applied_version": "bigint",
+              "sent_at": "timestamptz"}
+_ACK_ROWS = ", ".join(f"(e->>{i})::{_ACK_TYPES.get(name, 'text')} AS ack_{name}"
+                      for i, name in enumerate(_ACK_PARAMETERS))
+_ACK_UPDATE_MANY = (re.sub(r"%\((\w+)\)s", r"a.ack_\1", _ACK_UPDATE.rpartition("WHERE node_name")[0])
+                    + f"FROM (SELECT {_ACK_ROWS} FROM json_array_elements(%s::json) AS e) AS a "
+                      "WHERE node_name = a.ack_node")
+
+
+def _insert_acks(cursor, items: Sequence[Ack], now: datetime) -> set[tuple[str, int]]:
+    """Insert ``ConfigAck`` rows ``ON CONFLICT (node_name, sequence) DO NOTHING``; returns the ``(node, sequence)``
+    pairs that were new. PostgreSQL: one ``INSERT ... SELECT FROM json_array_elements(<the rows as one JSON
+    text>)`` (two parameters whatever the batch size; psycopg scans a statement of thousands of placeholders in
+    Python); elsewhere one multi-row ``VALUES`` per ``RECEIPT_CHUNK`` rows."""
+    ops = connection.ops
+    table = ops.quote_name(ConfigAck._meta.db_table)
+    columns = ", ".join(map(ops.quote_name, _ACK_COLUMNS))
+    new_keys: set[tuple[str, int]] = set()
+    if connection.vendor == "postgresql":
+        rows = msgspec.json.encode([(a.node, a.sequence, a.version, a.digest or "", a.status, a.reason, a.error,
+                                     a.applied_version, a.sent_at) for a in items]).decode()
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT e->>0, (e->>1)::bigint, (e->>2)::bigint, e->>3, e->>4, e->>5, "
+            f"e->>6, (e->>7)::bigint, (e->>8)::timestamptz, %s FROM json_array_elements(%s::json) AS e "
+            "ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence", [now, rows])
+        return {(name, int(sequence)) for name, sequence in cursor.fetchall()}
+    when = ops.adapt_datetimefield_value
+    for start in range(0, len(items), RECEIPT_CHUNK):
+        chunk = items[start:start + RECEIPT_CHUNK]
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) VALUES "
+            + ", ".join(["(" + ", ".join(["%s"] * len(_ACK_COLUMNS)) + ")"] * len(chunk))
+            + " ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
+            [value for a in chunk for value in (a.node, a.sequence, a.version, a.digest or "", a.status,
+                                                 a.reason, a.error, a.applied_version, when(a.sent_at),
+                                                 when(now))],
+        )
+        new_keys.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+    return new_keys
+
+
 def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None:
     """Store acks not seen before and fold each into its node's state (``_ACK_UPDATE``); must run inside a
     transaction.
 
-    The ack rows go in with one ``INSERT ... ON CONFLICT (node_name, sequence) DO NOTHING RETURNING`` per
-    ``RECEIPT_CHUNK``; only the acks that were new are folded (a re-delivered ack changes nothing), in
-    ``(node, sequence)`` order, as one ``executemany`` of ``_ACK_UPDATE`` (one round trip on PostgreSQL:
-    psycopg 3 pipelines it). Duplicates are counted in ``duplicate_acks``.
+    The ack rows go in with ``_insert_acks``; only the acks that were new are folded (a re-delivered ack changes
+    nothing): on PostgreSQL the nodes with one new ack by one ``_ACK_UPDATE_MANY``, the others' acks in
+    ``(node, sequence)`` order as one ``executemany`` of ``_ACK_UPDATE`` (one round trip: psycopg 3 pipelines
+    it); elsewhere every ack by the ``executemany``. Duplicates are counted in ``duplicate_acks``.
     """
     ops = connection.ops
-    table = ops.quote_name(ConfigAck._meta.db_table)
     when = ops.adapt_datetimefield_value
-    update = _ACK_UPDATE.format(table=ops.quote_name(NodeState._meta.db_table))
+    table = ops.quote_name(NodeState._meta.db_table)
     unique: dict[tuple[str, int], Ack] = {}
     for ack in acks:
         unique.setdefault((ack.node, ack.sequence), ack)
     items = list(unique.values())
-    new_keys: set[tuple[str, int]] = set()
     NodeState.objects.lock_in_name_order((node for node, _ in unique), only=["node_name"])
     with connection.cursor() as cursor:
-        for start in range(0, len(items), RECEIPT_CHUNK):
-            chunk = items[start:start + RECEIPT_CHUNK]
-            cursor.execute(
-                f"INSERT INTO {table} ({', '.join(map(ops.quote_name, _ACK_COLUMNS))}) VALUES "
-                + ", ".join(["(" + ", ".join(["%s"] * len(_ACK_COLUMNS)) + ")"] * len(chunk))
-                + " ON CONFLICT (node_name, sequence) DO NOTHING RETURNING node_name, sequence",
-                [value for a in chunk for value in (a.node, a.sequence, a.version, a.digest or "", a.status,
-                                                     a.reason, a.error, a.applied_version, when(a.sent_at),
-                                                     when(now))],
-            )
-            new_keys.update((name, int(sequence)) for name, sequence in cursor.fetchall())
+        new_keys = _insert_acks(cursor, items, now)
         fresh = [unique[key] for key in sorted(new_keys)]
         params = []
         for ack in fresh:
@@ -477,8 +515,15 @@ def store_acks(acks: Sequence[Ack], now: datetime, result: IngestResult) -> None
             if not applied:
                 log.warning("node %s rejected config version %s: %s: %s", ack.node, ack.version, ack.reason,
                             ack.error)
+        if connection.vendor == "postgresql" and params:
+            acks_of = Counter(param["node"] for param in params)
+            single = [param for param in params if acks_of[param["node"]] == 1]
+            params = [param for param in params if acks_of[param["node"]] > 1]  # folded one by one, in order
+            if single:
+                cursor.execute(_ACK_UPDATE_MANY.format(table=table), [msgspec.json.encode(
+                    [[param[name] for name in _ACK_PARAMETERS] for param in single]).decode()])
         if params:
-            cursor.executemany(update, params)
+            cursor.executemany(_ACK_UPDATE.format(table=table), params)
     result.acks += len(fresh)
     result.duplicate_acks += len(acks) - len(fresh)
     result.duplicate_nodes.update(a.node for a in acks)

@@ -150,3 +150,143 @@ def test_a_real_worker_stores_a_backlog_in_batches(queued, workers):
     assert "refused report message naming node 'node-01': unsigned" in worker.log()
     assert dict(MessageRejection.objects.values_list("reason", "count")) == {
         "duplicate": 1, "invalid": 1, "unsigned": 1}
+
+
+# --- batched taking and acknowledging on Redis (``drain.RedisQueue``) ---------------------------------------------
+
+
+def _channel(app):
+    """A kombu channel of the dashboard's broker (closed with the connection at the end of the test)."""
+    connection = app.connection_for_write()
+    return connection, connection.default_channel
+
+
+@pytest.mark.django_db
+def test_a_take_records_every_task_it_pops_as_unacknowledged_in_the_same_step(queued):
+    app, publish, client = queued
+    for i in range(5):
+        publish([report(f"node-{i:02d}", 1)])
+    connection, channel = _channel(app)
+    with connection:
+        taken, dropped = drain.take_queued(channel, accept=app.conf.accept_content, max_tasks=3)
+        assert (len(taken), dropped) == (3, 0)
+        assert len(_waiting(client)) == 2  # the bound on tasks is exact
+        # what was popped is held in kombu's unacked records, under the tags the batch acknowledges
+        assert {tag.decode() for tag in client.hkeys("unacked")} == {item.tag for item in taken}
+        assert client.zcard("unacked_index") == 3
+        assert [item.messages[0]["node"] for item in taken] == ["node-00", "node-01", "node-02"]  # queue order
+        drain.settle(taken)
+    assert _unacked(client) == 0 and client.zcard("unacked_index") == 0
+    assert len(_waiting(client)) == 2
+
+
+@pytest.mark.django_db
+def test_tasks_of_a_worker_that_died_before_the_commit_come_back_and_are_stored_once(queued):
+    from dashboard.telemetry.redeliver import restore_stale
+
+    app, publish, client = queued
+    for i in range(4):
+        publish([report(f"node-{i:02d}", 1), ack(f"node-{i:02d}", 2, version=1, digest="d" * 64)])
+    connection, channel = _channel(app)
+    with connection:
+        taken, _ = drain.take_queued(channel, accept=app.conf.accept_content)
+        assert len(taken) == 4 and _waiting(client) == []
+        # the worker dies here: nothing stored, nothing acknowledged; a live worker's redelivery check puts the
+        # tasks back in dashboard.ingest (the routing the unacked records name)
+        assert restore_stale(channel, older_than=0) == 4
+    assert _waiting(client) == ["dashboard.ingest"] * 4 and _unacked(client) == 0
+    result, taken_again = ingest_queued(app, [])
+    assert taken_again == 4 and (result.reports, result.acks, result.duplicate_reports) == (4, 4, 0)
+    assert Report.objects.count() == 4 and ConfigAck.objects.count() == 4
+    assert _waiting(client) == [] and _unacked(client) == 0
+
+
+@pytest.mark.django_db
+def test_tasks_of_a_worker_that_died_between_commit_and_acknowledgement_are_not_stored_twice(queued, monkeypatch):
+    from dashboard.telemetry.redeliver import restore_stale
+
+    app, publish, client = queued
+    for i in range(3):
+        publish([report(f"node-{i:02d}", 1)])
+
+    def killed(items, *, requeue=False):
+        raise SystemExit("killed after the commit")  # the acknowledgement never reaches Redis
+
+    monkeypatch.setattr(drain, "settle", killed)
+    with pytest.raises(SystemExit):
+        ingest_queued(app, [])
+    assert Report.objects.count() == 3 and _unacked(client) == 3  # stored, still held unacknowledged
+    monkeypatch.undo()
+    connection, channel = _channel(app)
+    with connection:
+        assert restore_stale(channel, older_than=0) == 3
+    result, taken = ingest_queued(app, [])
+    assert taken == 3 and (result.reports, result.duplicate_reports) == (0, 3)  # stored once, counted
+    assert Report.objects.count() == 3
+    assert _waiting(client) == [] and _unacked(client) == 0
+
+
+@pytest.mark.django_db
+def test_the_drain_stores_in_further_batches_what_arrives_while_a_batch_is_stored(queued, monkeypatch):
+    app, publish, client = queued
+    real = drain.ingest
+    batches: list[list[str]] = []
+
+    def storing(messages):
+        batches.append(sorted(m["node"] for m in messages))
+        if len(batches) < 3:  # two more agents send while this batch is stored
+            publish([report(f"node-{10 + len(batches)}", 1)])
+        return real(messages)
+
+    monkeypatch.setattr(drain, "ingest", storing)
+    publish([report("node-00", 1)])
+    result, taken = ingest_queued(app, [report("node-a", 1)], own_id="own-task")
+    assert batches == [["node-00", "node-a"], ["node-11"], ["node-12"]]
+    assert (taken, result.reports) == (3, 4)
+    assert _waiting(client) == [] and _unacked(client) == 0
+
+
+@pytest.mark.django_db
+def test_the_drain_stores_at_most_max_rounds_batches(queued, monkeypatch):
+    app, publish, client = queued
+    real = drain.ingest
+    calls = []
+
+    def storing(messages):  # an agent sends again during every batch: the queue never runs dry
+        calls.append(len(messages))
+        publish([report(f"node-{len(calls):02d}", 1)])
+        return real(messages)
+
+    monkeypatch.setattr(drain, "ingest", storing)
+    publish([report("node-00", 1)])
+    result, taken = ingest_queued(app, [], max_rounds=3)
+    assert len(calls) == 3 and taken == 3
+    assert len(_waiting(client)) == 1  # left to the next task
+
+
+@pytest.mark.django_db
+def test_a_restored_task_goes_back_to_the_ingest_queue_whatever_routing_its_payload_claims(queued):
+    from dashboard.telemetry.redeliver import restore_stale
+
+    app, publish, client = queued
+    publish([report("node-a", 1)])
+    payload = json.loads(client.rpop(INGEST_QUEUE))
+    payload["properties"]["delivery_info"] = {"exchange": "", "routing_key": "dashboard.control"}  # a forgery
+    client.lpush(INGEST_QUEUE, json.dumps(payload))
+    connection, channel = _channel(app)
+    with connection:
+        taken, _ = drain.take_queued(channel, accept=app.conf.accept_content)
+        assert len(taken) == 1
+        assert restore_stale(channel, older_than=0) == 1
+    assert _waiting(client) == ["dashboard.ingest"] and client.llen("dashboard.control") == 0
+
+
+@pytest.mark.django_db
+def test_a_payload_that_is_not_json_is_dropped_and_leaves_no_unacknowledged_record(queued):
+    app, publish, client = queued
+    publish([report("node-a", 1)])
+    client.lpush(INGEST_QUEUE, b"\xff not json")
+    publish([report("node-b", 1)])
+    result, taken = ingest_queued(app, [])
+    assert (taken, result.reports, result.invalid) == (2, 2, 1)
+    assert _waiting(client) == [] and _unacked(client) == 0 and client.zcard("unacked_index") == 0

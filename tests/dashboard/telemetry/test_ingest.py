@@ -145,3 +145,37 @@ def test_acks_and_heartbeats_of_many_nodes_in_one_batch():
     assert all(s.acked_version == 2 and s.applied_version == 2 and s.heartbeat_at == T0 + timedelta(seconds=1)
                and s.applied_seen_at == T0 + timedelta(seconds=1) and s.acked_digest == s.applied_digest
                for s in states.values())
+
+
+def test_acks_folded_in_one_batch_leave_the_states_acks_stored_one_at_a_time_leave():
+    """A batch folds nodes with one new ack together (one statement on PostgreSQL) and a node's several acks in
+    order: the node states must be those of the same acks ingested one by one."""
+    def acks_for(prefix: str) -> list[dict]:
+        return [
+            ack(f"{prefix}-1", sequence=3, version=4, digest="a" * 64, at=T0 + timedelta(seconds=2)),
+            ack(f"{prefix}-2", sequence=1, version=4, status="rejected", reason="stale", applied_version=7,
+                digest=""),
+            ack(f"{prefix}-3", sequence=1, version=3, digest="b" * 64, at=T0),  # three acks of one node
+            ack(f"{prefix}-3", sequence=2, version=4, status="rejected", reason="invalid", digest="",
+                applied_version=3, at=T0 + timedelta(seconds=1)),
+            ack(f"{prefix}-3", sequence=3, version=2, digest="c" * 64, at=T0 + timedelta(seconds=3)),
+            ack(f"{prefix}-4", sequence=9, version=None, status="rejected", reason="invalid", digest="",
+                applied_version=0, at=T0),
+        ]
+
+    register(*(f"{prefix}-{i}" for prefix in ("batch", "alone") for i in range(1, 5)))
+    for prefix in ("batch", "alone"):
+        NodeState.objects.bulk_create([NodeState(node_name=f"{prefix}-{i}", desired_version=4, acked_version=1)
+                                       for i in range(1, 5)])
+    assert ingest(acks_for("batch")).acks == 6
+    for message in acks_for("alone"):
+        assert ingest([message]).acks == 1
+    fields = ("acked_version", "acked_digest", "acked_at", "rejected_version", "rejection_reason", "rejected_at",
+              "version_floor", "applied_version", "applied_digest", "applied_seen_at")
+    for i in range(1, 5):
+        batch, alone = (NodeState.objects.values(*fields).get(node_name=f"{prefix}-{i}")
+                        for prefix in ("batch", "alone"))
+        assert batch == alone, i
+    state = NodeState.objects.get(node_name="batch-2")
+    assert (state.rejected_version, state.rejection_reason, state.version_floor) == (4, "stale", 7)
+    assert NodeState.objects.get(node_name="batch-1").acked_version == 4
