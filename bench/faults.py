@@ -208,7 +208,7 @@ class FaultDemo(Demo):
         self.redis_service = self.sup.start(Service("redis-server", [
             shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.var / "redis")],
-            os.environ, self.logs / "redis.log"))
+            os.environ, self.logs / "redis.log"), shared=True)
         self.broker_url = f"redis://127.0.0.1:{port}/0"
         self._redis = redis.Redis.from_url(self.broker_url, socket_connect_timeout=1)
         self.redis_service.wait_until(self.redis_up, 15, "redis-server to answer PING", interval=0.05)

@@ -222,7 +222,7 @@ class Demo:
             service = self.sup.start(Service("redis-server", [binary, "--port", str(port), "--bind", "127.0.0.1",
                                                               "--save", "", "--appendonly", "no",
                                                               "--dir", str(self.var / "redis")],
-                                             os.environ, self.logs / "redis.log"))
+                                             os.environ, self.logs / "redis.log"), shared=True)
             url = f"redis://127.0.0.1:{port}/0"
             client = redis.Redis.from_url(url, socket_connect_timeout=1)
 

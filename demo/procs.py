@@ -6,7 +6,8 @@ reaches the demo alone and the demo decides the order of shutdown) and with ``PR
 Linux, so a demo that dies without cleaning up (SIGKILL) still takes its children with it. :meth:`Service.stop`
 sends SIGTERM to the whole group, waits, then SIGKILLs what is left of the child's session and waits until it is
 gone (:func:`end_session`): no orphans, also of children that left the group (``setpgrp``, as vLLM's DP supervisor's
-API servers do) but not the session.
+API servers do) but not the session. :meth:`Supervisor.stop_all` signals the agents, the Celery worker and the web
+server together and then waits for each (the broker and the Store master stop after them, alone).
 
 A service started with ``restart=True`` (the agents) is restarted by :meth:`Supervisor.check_all` when it dies, as
 an init system would (at most ``MAX_RESTARTS`` times within ``RESTART_WINDOW_S``; then the demo stops with its log
@@ -64,6 +65,7 @@ class Service:
         self.log_path = Path(log_path)
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
+        self._stop_deadline: float | None = None  # set by begin_stop: when finish_stop escalates to SIGKILL
 
     def start(self) -> Service:
         """Start the process in a new session (process group).
@@ -128,14 +130,31 @@ class Service:
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL the group; then SIGKILL what is left
         of the session and wait until it is gone (:func:`end_session`)."""
+        self.begin_stop(grace)
+        self.finish_stop()
+
+    def begin_stop(self, grace: float = 15.0) -> None:
+        """First half of :meth:`stop`: SIGTERM the process group (when it runs) and start its ``grace`` seconds; it
+        does not wait, so :meth:`Supervisor.stop_all` signals several services before waiting for any."""
+        proc = self.proc
+        self._stop_deadline = time.monotonic() + grace
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+
+    def finish_stop(self) -> None:
+        """Second half of :meth:`stop`: wait until the grace started by :meth:`begin_stop` ends, then SIGKILL the
+        group; then end what is left of the session. Raises ``subprocess.TimeoutExpired`` when the process
+        outlives SIGKILL by 10 s."""
         proc = self.proc
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the child leads its own group
+        if self._stop_deadline is None:  # without begin_stop: the whole of stop()
+            self.begin_stop()
+        deadline, self._stop_deadline = self._stop_deadline or time.monotonic(), None
         if proc.poll() is None:
-            _signal_group(pgid, signal.SIGTERM)
             try:
-                proc.wait(timeout=grace)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(pgid, signal.SIGKILL)
                 proc.wait(timeout=10)
@@ -207,21 +226,32 @@ def end_session(sid: int, *, term_wait: float = 10.0, kill_wait: float = 10.0, i
 
 
 class Supervisor:
-    """The services of one demo run, stopped in reverse start order."""
+    """The services of one demo run, stopped in reverse start order, each run of services stopped together.
+
+    :meth:`stop_all` goes newest first. Consecutive services started without ``shared`` (the agents, the Celery
+    worker, the web server: none needs another of them to stop) are stopped together: each gets SIGTERM, then each
+    is waited for with its own grace and SIGKILL (:meth:`Service.begin_stop`, :meth:`Service.finish_stop`), so
+    stopping takes as long as the slowest of them, not their sum. A ``shared`` service (the broker, which the
+    agents' last outbox delivery needs) and an :meth:`on_stop` callable (the Store master, whose segments the
+    agents' store clients unmount on the way out) are each stopped alone, after every newer one is gone.
+    """
 
     def __init__(self) -> None:
         self.services: list[Service] = []
-        self._stoppers: list[tuple[str, Callable[[], None]]] = []
+        # (name, stop, the service when it may be stopped together with its neighbours)
+        self._stoppers: list[tuple[str, Callable[[], None], Service | None]] = []
 
-    def start(self, service: Service) -> Service:
-        """Start ``service`` and remember it for :meth:`stop_all`."""
+    def start(self, service: Service, *, shared: bool = False) -> Service:
+        """Start ``service`` and remember it for :meth:`stop_all`; ``shared``: services started later need it
+        while they stop (it is stopped after them, alone)."""
         self.services.append(service)
-        self._stoppers.append((service.name, service.stop))
+        self._stoppers.append((service.name, service.stop, None if shared else service))
         return service.start()
 
     def on_stop(self, name: str, stop: Callable[[], None]) -> None:
-        """Also run ``stop`` at :meth:`stop_all` (for things that are not a :class:`Service`, e.g. the master)."""
-        self._stoppers.append((name, stop))
+        """Also run ``stop`` at :meth:`stop_all` (for things that are not a :class:`Service`, e.g. the master), after
+        every service started later is gone."""
+        self._stoppers.append((name, stop, None))
 
     def check_all(self, report: Callable[[str], None] = lambda line: print(f"supervisor: {line}", flush=True)) -> None:
         """Restart every exited ``restart=True`` service (``report`` gets one line each); raise
@@ -241,14 +271,34 @@ class Supervisor:
             service.check()
 
     def stop_all(self, report: Callable[[str], None] = lambda _: None) -> list[str]:
-        """Stop everything, newest first; returns the names whose stop raised (each is still attempted)."""
+        """Stop everything, newest first, runs of non-``shared`` services together (see the class); ``report`` gets
+        each name as its stop begins. Returns the names whose stop raised (each is still attempted)."""
         failed: list[str] = []
         while self._stoppers:
-            name, stop = self._stoppers.pop()
-            report(name)
-            try:
-                stop()
-            except Exception as exc:  # keep stopping the rest
-                failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            group: list[tuple[str, Service]] = []
+            while self._stoppers and self._stoppers[-1][2] is not None:
+                name, _stop, service = self._stoppers.pop()
+                group.append((name, service))  # type: ignore[arg-type]
+            if not group:
+                name, stop, _ = self._stoppers.pop()
+                report(name)
+                try:
+                    stop()
+                except Exception as exc:  # keep stopping the rest
+                    failed.append(f"{name}: {type(exc).__name__}: {exc}")
+                continue
+            begun: list[tuple[str, Service]] = []
+            for name, service in group:
+                report(name)
+                try:
+                    service.begin_stop()
+                    begun.append((name, service))
+                except Exception as exc:
+                    failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            for name, service in begun:
+                try:
+                    service.finish_stop()
+                except Exception as exc:
+                    failed.append(f"{name}: {type(exc).__name__}: {exc}")
         self.services.clear()
         return failed

@@ -15,8 +15,11 @@ Send a token as ``Authorization: Token <token>``. ``manage.py create_api_token U
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth import authenticate, user_logged_in
 from django.http import Http404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from knox.models import AuthToken
 from knox.settings import knox_settings
@@ -30,10 +33,13 @@ from rest_framework.views import APIView
 from dashboard.views.accounts import lockout_detail
 
 
-def create_token(user) -> tuple[AuthToken, str]:
-    """A new API token of ``user`` expiring after ``REST_KNOX["TOKEN_TTL"]``: ``(stored row, token)``. The row
-    holds only the token's digest and first 15 characters; the token itself exists only in the return value."""
-    return AuthToken.objects.create(user=user, expiry=knox_settings.TOKEN_TTL)
+def create_token(user, ttl: timedelta | None = None) -> tuple[AuthToken, str]:
+    """A new API token of ``user`` expiring after ``ttl`` (default ``REST_KNOX["TOKEN_TTL"]``): ``(stored row,
+    token)``. The row holds only the token's digest and first 15 characters; the token itself exists only in the
+    return value. Deletes the user's expired tokens first (requests delete only the expired token they send, see
+    :class:`dashboard.api.authentication.TokenAuthentication`)."""
+    AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()
+    return AuthToken.objects.create(user=user, expiry=ttl if ttl is not None else knox_settings.TOKEN_TTL)
 
 
 class TokenRequestSerializer(serializers.Serializer):

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from knox.models import AuthToken
 from knox.settings import knox_settings
+
+from dashboard.api.tokens import create_token
 
 
 class Command(BaseCommand):
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         if hours is not None and hours < 1:
             raise CommandError(f"--hours must be at least 1, got {hours}.")
         ttl = timedelta(hours=hours) if hours is not None else knox_settings.TOKEN_TTL
-        instance, token = AuthToken.objects.create(user=user, expiry=ttl)
+        instance, token = create_token(user, ttl)
         self.stderr.write(f"API token {instance.token_key}... of {username}, expires {instance.expiry:%Y-%m-%d %H:%M} "
                           "UTC; it is not shown again:")
         self.stdout.write(token)

@@ -156,3 +156,18 @@ def test_token_rates(monkeypatch):
     assert env_rate("KVPOOL_AUTH_TOKEN_RATE", "10/min") == "10/min"
     monkeypatch.setenv("KVPOOL_AUTH_TOKEN_RATE", "100/hour")
     assert env_rate("KVPOOL_AUTH_TOKEN_RATE", "10/min") == "100/hour"
+
+
+def test_a_new_token_deletes_the_users_expired_ones_and_a_request_refuses_only_its_own(operator, superuser):
+    old, live = _obtain().json()["token"], _obtain().json()["token"]
+    admin_old = _obtain("root-admin", "admin-pw").json()["token"]
+    AuthToken.objects.filter(token_key__in=[old[:15], admin_old[:15]]).update(
+        expiry=timezone.now() - timedelta(seconds=1))
+    assert _with(live).get(f"{V1}/tenants/").status_code == 200  # the expired ones neither work nor matter here
+    assert _with(old).get(f"{V1}/tenants/").status_code == 401
+    assert not AuthToken.objects.filter(token_key=old[:15]).exists()  # refused and deleted
+    AuthToken.objects.filter(token_key=live[:15]).update(expiry=timezone.now() - timedelta(seconds=1))
+    fresh = _obtain().json()["token"]
+    assert sorted(AuthToken.objects.filter(user=operator).values_list("token_key", flat=True)) == [fresh[:15]]
+    assert AuthToken.objects.filter(token_key=admin_old[:15]).exists()  # another user's tokens stay
+    assert _with(admin_old).get(f"{V1}/tenants/").status_code == 401
