@@ -24,8 +24,11 @@ What is taken but not stored:
 * a queued message that is not a plain ``dashboard.ingest`` task (another task name, an ETA/countdown or an
   expiry, an unknown protocol) goes back to the queue, and draining stops: the Celery worker runs it (the tasks
   taken after it in the same take go back to the head of the queue, in their order);
-* a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of messages is
-  logged (WARNING, with the task id) and acknowledged — it can never be stored, as a worker would fail it too;
+* a queued payload over ``MAX_PAYLOAD_BYTES``, one that is not a JSON object (kombu's parser, in the worker: the
+  take script parses nothing), one with a ``compression`` header (kombu would inflate it, unbounded; agents never
+  compress), and a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of
+  messages are logged (WARNING, with the task id when known, never the content), counted as ``invalid`` and
+  acknowledged — they can never be stored;
 * agent messages inside a list that are unsigned, forged, replayed or invalid are logged, counted and skipped
   by ``ingest`` (``dashboard.telemetry.agent_auth``), message by message, as a task run on its own would.
 
