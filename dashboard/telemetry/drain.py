@@ -24,8 +24,11 @@ What is taken but not stored:
 * a queued message that is not a plain ``dashboard.ingest`` task (another task name, an ETA/countdown or an
   expiry, an unknown protocol) goes back to the queue, and draining stops: the Celery worker runs it (the tasks
   taken after it in the same take go back to the head of the queue, in their order);
-* a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of messages is
-  logged (WARNING, with the task id) and acknowledged — it can never be stored, as a worker would fail it too;
+* a queued payload over ``MAX_PAYLOAD_BYTES``, one that is not a JSON object (kombu's parser, in the worker: the
+  take script parses nothing), one with a ``compression`` header (kombu would inflate it, unbounded; agents never
+  compress), and a ``dashboard.ingest`` task whose body cannot be decoded or whose arguments are not one list of
+  messages are logged (WARNING, with the task id when known, never the content), counted as ``invalid`` and
+  acknowledged — they can never be stored;
 * agent messages inside a list that are unsigned, forged, replayed or invalid are logged, counted and skipped
   by ``ingest`` (``dashboard.telemetry.agent_auth``), message by message, as a task run on its own would.
 
@@ -48,13 +51,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from kombu import Queue
 from kombu.utils.objects import cached_property
 
 from agent.contract.messages import INGEST_QUEUE, INGEST_TASK
+from dashboard.broker_json import loads
 from dashboard.telemetry.agent_auth import count_refused
 from dashboard.telemetry.ingest import IngestResult, ingest
 
@@ -70,30 +73,44 @@ DRAIN_MAX_ROUNDS = 20
 #: Most tasks one Redis take (one script call) pops.
 TAKE_CHUNK = 100
 
+#: Largest queued payload (bytes, as queued: kombu's JSON envelope around the base64 task body) the drain takes;
+#: a larger one is popped, not recorded, and dropped (counted as ``invalid``). An agent's task carries at most
+#: ``agent.node.outbox.Outbox.deliver``'s 200 messages, far below it.
+MAX_PAYLOAD_BYTES = 8 << 20
+
 #: Redis Lua script: pop up to ARGV[1] messages from the lists KEYS[3..] (the queue's priority lists, consumed in
 #: that order, from the end kombu consumes) and, in the same atomic step, record each as unacknowledged as kombu's
 #: Redis transport does (hash KEYS[1]: tag -> ``[payload, exchange, routing_key]``, ARGV[4] is the text after the
-#: payload; sorted set KEYS[2]: tag -> ARGV[2], the time). Tags are ARGV[3] followed by the message's number. A
-#: payload that is not a JSON object or array is not recorded (tag ""): nothing could restore it. Returns a flat
-#: list, per message: the 0-based index of its list in KEYS[3..], its tag, its payload.
+#: payload; sorted set KEYS[2]: tag -> ARGV[2], the time). Tags are ARGV[3] followed by the message's number. The
+#: script never parses a payload (JSON parsing of agent-written text would block Redis for everyone: nesting,
+#: size): a payload that does not start with ``{`` or is longer than ARGV[5] bytes is not recorded (tag ""), and
+#: one longer than ARGV[5] is not returned either (its length is, as an integer). Whether a recorded payload is
+#: JSON is checked in Python, with kombu's parser (``_message``); one that is not is acknowledged there, or
+#: deleted by ``dashboard.telemetry.redeliver`` if the worker died first. Returns a flat list, per message: the
+#: 0-based index of its list in KEYS[3..], its tag, its payload (or its length).
 _TAKE_SCRIPT = """
 local limit = tonumber(ARGV[1])
+local cap = tonumber(ARGV[5])
 local out, n = {}, 0
 for k = 3, #KEYS do
   while n < limit do
     local payload = redis.call('RPOP', KEYS[k])
     if not payload then break end
     n = n + 1
-    local ok, decoded = pcall(cjson.decode, payload)
     local tag = ''
-    if ok and type(decoded) == 'table' then
+    local size = string.len(payload)
+    if size <= cap and string.byte(payload, 1) == 123 then
       tag = ARGV[3] .. n
       redis.call('HSET', KEYS[1], tag, '[' .. payload .. ARGV[4])
       redis.call('ZADD', KEYS[2], ARGV[2], tag)
     end
     out[#out + 1] = k - 3
     out[#out + 1] = tag
-    out[#out + 1] = payload
+    if size > cap then
+      out[#out + 1] = size
+    else
+      out[#out + 1] = payload
+    end
   end
 end
 return out
@@ -127,6 +144,8 @@ def _ingest_args(message) -> list[Any]:
         raise _Foreign(f"task {headers.get('task')!r}")
     if headers.get("eta") or headers.get("expires"):
         raise _Foreign("scheduled or expiring task")
+    if headers.get("compression") is not None:  # kombu decompressed it already (``Queue.get``): never store it
+        raise ValueError("the task names a compression (agents never compress)")
     body = message.decode()  # refuses content types outside the accepted ones (JSON)
     if not (isinstance(body, (list, tuple)) and len(body) == 3):
         raise ValueError("body is not [args, kwargs, embed] (Celery task protocol 2)")
@@ -168,14 +187,15 @@ class RedisQueue:
         with self.channel.conn_or_acquire() as client:
             return client.register_script(_TAKE_SCRIPT)
 
-    def take(self, limit: int) -> list[tuple[str, str, bytes]]:
+    def take(self, limit: int) -> list[tuple[str, str, bytes | int]]:
         """Pop up to ``limit`` messages, each recorded as unacknowledged in the same atomic step (``_TAKE_SCRIPT``).
-        Returns ``(list key, tag, payload)`` per message in queue order; tag "" for a payload that is not JSON
-        (popped, not recorded)."""
+        Returns ``(list key, tag, payload)`` per message in queue order; tag "" for a payload that does not start
+        with ``{`` (popped, not recorded), and tag "" with the payload's length (an ``int``) instead of the payload
+        for one over ``MAX_PAYLOAD_BYTES``."""
         prefix = f"drain.{uuid.uuid4().hex}."
         with self.channel.conn_or_acquire() as client:
             flat = self._script(keys=[self.unacked_key, self.index_key, *self.keys],
-                                args=[limit, repr(time.time()), prefix, self.tail], client=client)
+                                args=[limit, repr(time.time()), prefix, self.tail, MAX_PAYLOAD_BYTES], client=client)
         taken = []
         for i in range(0, len(flat), 3):
             tag = flat[i + 1]
@@ -206,12 +226,26 @@ class RedisQueue:
             pipe.execute()
 
 
-def _message(channel, raw: bytes, accept) -> Any:
-    """The kombu message of a queued ``payload`` (as ``Queue.get`` returns it). Raises ``ValueError`` for a payload
-    that is not a JSON object."""
-    payload = msgspec.json.decode(raw)
+def _message(channel, raw: bytes | int, accept) -> Any:
+    """The kombu message of a queued ``payload`` (as ``Queue.get`` returns it; ``raw`` is its length when the
+    take did not return it, see ``RedisQueue.take``). Raises ``ValueError`` for a payload over
+    ``MAX_PAYLOAD_BYTES``, one that kombu's parser (the one its restore uses, ``dashboard.broker_json.loads``)
+    refuses or that is not a JSON object, and one with a ``compression`` header (kombu would decompress it while
+    building the message, unbounded; agents never compress). Error texts never quote the payload."""
+    if isinstance(raw, int) or len(raw) > MAX_PAYLOAD_BYTES:
+        size = raw if isinstance(raw, int) else len(raw)
+        raise ValueError(f"the queued payload has {size} bytes, over {MAX_PAYLOAD_BYTES}")
+    try:
+        payload = loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise ValueError(f"the queued payload is not JSON ({type(exc).__name__})") from None
     if not isinstance(payload, dict):
         raise ValueError("the queued payload is not a JSON object")
+    headers = payload.get("headers")
+    if not isinstance(headers, dict):
+        raise ValueError("the queued payload has no headers object")
+    if headers.get("compression") is not None:
+        raise ValueError("the queued payload names a compression (agents never compress)")
     from kombu.message import Message
     from kombu.serialization import prepare_accept_content
 
@@ -258,15 +292,20 @@ def _take(channel, *, accept, max_tasks: int = DRAIN_MAX_TASKS, max_messages: in
             break
         for i, (key, tag, raw) in enumerate(items):
             task_id = "?"
+            payload = b""
             try:
                 if not tag:
-                    raise ValueError("the queued payload is not JSON")
+                    raise ValueError("the queued payload is not a JSON object" if isinstance(raw, bytes) else
+                                     f"the queued payload has {raw} bytes, over {MAX_PAYLOAD_BYTES}")
                 message = _message(channel, raw, accept)
-                task_id = (message.headers or {}).get("id", "?")
+                payload = raw if isinstance(raw, bytes) else b""  # always bytes here: _message refuses an int
+                task_id = str((message.headers or {}).get("id", "?"))[:64]
                 messages = _ingest_args(message)
             except _Foreign as exc:
+                rest = [(k, t, r) for k, t, r in items[i + 1:] if isinstance(r, bytes)]
+                malformed.extend("" for item in items[i + 1:] if not isinstance(item[2], bytes))  # oversized
                 try:  # it goes behind the queue, the ones taken after it back to its head: the worker runs it
-                    redis_queue.put_back(tail=[items[i]], head=items[i + 1:])
+                    redis_queue.put_back(tail=[(key, tag, payload)], head=rest)
                 except Exception as broker_exc:  # their unacked records stay: redelivered, nothing lost
                     log.warning("ingest drain: putting back %d taken tasks failed (%s: %s); they are delivered "
                                 "again later", len(items) - i, type(broker_exc).__name__, broker_exc)
@@ -278,7 +317,7 @@ def _take(channel, *, accept, max_tasks: int = DRAIN_MAX_TASKS, max_messages: in
                 log.warning("ingest: dropped malformed dashboard.ingest task %s: %s: %s", task_id,
                             type(exc).__name__, exc)
                 continue
-            taken.append(Taken(task_id, messages, message, tag, key, raw))
+            taken.append(Taken(task_id, messages, message, tag, key, payload))
             collected += len(messages)
         if len(items) < want:  # the queue is empty
             break

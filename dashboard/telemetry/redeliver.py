@@ -39,6 +39,7 @@ from celery import bootsteps
 from django.conf import settings
 
 from agent.contract.messages import INGEST_QUEUE
+from dashboard.telemetry.agent_auth import count_refused
 
 log = logging.getLogger("kvpool.dashboard.redeliver")
 
@@ -50,13 +51,15 @@ def restore_stale(channel: Any, *, older_than: float, queue: str = INGEST_QUEUE,
                   now: float | None = None) -> int:
     """Put back in ``queue`` the messages of ``queue`` taken more than ``older_than`` seconds ago and never
     acknowledged, on the kombu Redis ``channel``. Returns how many were restored (0 on a transport without the
-    unacked index)."""
+    unacked index). An entry of any queue that Python's ``json`` cannot parse as kombu's
+    ``[message, exchange, routing_key]`` is deleted (logged, counted as ``invalid``): kombu's restore would raise on
+    it at every pass and never restore the entries behind it."""
     qos = getattr(channel, "qos", None)
     index_key = getattr(channel, "unacked_index_key", None)
     if qos is None or index_key is None or not hasattr(qos, "restore_by_tag"):
         return 0
     ceiling = (time.time() if now is None else now) - older_than
-    restored = 0
+    restored = deleted = 0
     with channel.conn_or_acquire() as client:
         tags = client.zrange(index_key, 0, ceiling, byscore=True, offset=0, num=limit)  # oldest first
         for tag in tags:
@@ -65,12 +68,23 @@ def restore_stale(channel: Any, *, older_than: float, queue: str = INGEST_QUEUE,
                 continue  # acknowledged meanwhile
             try:
                 _message, _exchange, routing_key = json.loads(payload)
-            except (ValueError, TypeError):
-                continue  # not kombu's entry: leave it to the visibility timeout
+            except (ValueError, TypeError, RecursionError):
+                # kombu's restore (``restore_by_tag``, its visibility timeout too) would raise on it at every
+                # pass, and so never restore the entries behind it, of any queue: delete it
+                client.pipeline(transaction=False).zrem(index_key, tag).hdel(channel.unacked_key, tag).execute()
+                deleted += 1
+                continue
             if routing_key != queue:
                 continue
             qos.restore_by_tag(tag, client)  # at the consuming end: the oldest go first
             restored += 1
+    if deleted:
+        log.warning("ingest: deleted %d unacknowledged broker record(s) that are not kombu's JSON "
+                    "[message, exchange, routing key] (nothing could restore them)", deleted)
+        try:
+            count_refused("invalid", "unacknowledged broker record that is not JSON", n=deleted)
+        except Exception as exc:  # the database is away: the log line stays
+            log.warning("ingest: counting the deleted records failed (%s: %s)", type(exc).__name__, exc)
     if restored:
         log.warning("ingest: put back %d %s task(s) unacknowledged for more than %.0f s (a worker died holding "
                     "them); they are stored again by a live worker", restored, queue, older_than)

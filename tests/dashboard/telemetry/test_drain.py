@@ -290,3 +290,98 @@ def test_a_payload_that_is_not_json_is_dropped_and_leaves_no_unacknowledged_reco
     result, taken = ingest_queued(app, [])
     assert (taken, result.reports, result.invalid) == (2, 2, 1)
     assert _waiting(client) == [] and _unacked(client) == 0 and client.zcard("unacked_index") == 0
+
+
+# --- hostile payloads: bounded work in Redis and in the worker ----------------------------------------------------
+
+
+def _padded(client, publish, node: str, size: int) -> bytes:
+    """A real ``dashboard.ingest`` payload of ``node`` (queued by ``publish``), padded to at least ``size`` bytes
+    with a header the drain ignores; popped from the queue and returned."""
+    publish([report(node, 1)])
+    payload = json.loads(client.rpop(INGEST_QUEUE))
+    payload["headers"]["padding"] = "x" * size
+    return json.dumps(payload).encode()
+
+
+@pytest.mark.django_db
+def test_a_payload_over_the_size_bound_is_dropped_unrecorded_and_the_others_are_stored(queued, monkeypatch, caplog):
+    app, publish, client = queued
+    # the real bound is megabytes; the rule is the same
+    monkeypatch.setattr(drain, "MAX_PAYLOAD_BYTES", 4096, raising=False)
+    huge = _padded(client, publish, "node-c", 5000)
+    publish([report("node-a", 1)])
+    client.lpush(INGEST_QUEUE, huge)
+    publish([report("node-b", 1)])
+    connection, channel = _channel(app)
+    with connection, caplog.at_level(logging.WARNING, logger="kvpool.dashboard.drain"):
+        taken, dropped = drain.take_queued(channel, accept=app.conf.accept_content)
+        # popped but never recorded as unacknowledged: nothing would ever restore (or parse) it
+        assert dropped == 1 and _unacked(client) == 2 and client.zcard("unacked_index") == 2
+        assert [item.messages[0]["node"] for item in taken] == ["node-a", "node-b"]
+        drain.settle(taken)
+    assert _waiting(client) == [] and _unacked(client) == 0
+    assert "over 4096" in caplog.text and "xxxx" not in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_compressed_task_is_dropped_before_kombu_inflates_it(queued, caplog):
+    import base64
+    import zlib
+
+    app, publish, client = queued
+    publish([report("node-c", 1)])
+    payload = json.loads(client.rpop(INGEST_QUEUE))
+    body = base64.b64decode(payload["body"])
+    # a valid task once inflated: kombu's Message() would decompress it (unbounded) and the drain store it
+    payload["body"] = base64.b64encode(zlib.compress(body)).decode()
+    payload["headers"]["compression"] = "application/x-gzip"
+    client.lpush(INGEST_QUEUE, json.dumps(payload))
+    publish([report("node-a", 1)])
+    with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.drain"):
+        result, taken = ingest_queued(app, [])
+    assert (taken, result.reports, result.invalid) == (1, 1, 1)
+    assert "compression" in caplog.text and payload["body"] not in caplog.text
+    assert not Report.objects.filter(node_name="node-c").exists()
+    assert _waiting(client) == [] and _unacked(client) == 0 and client.zcard("unacked_index") == 0
+
+
+@pytest.mark.django_db
+def test_an_unparsable_unacked_record_left_by_a_dead_worker_is_deleted_and_restores_resume(queued, monkeypatch,
+                                                                                              caplog):
+    from dashboard.telemetry.redeliver import restore_stale
+
+    app, publish, client = queued
+    # a dead worker's dashboard.control task, unacknowledged since long ago (kombu's record)
+    control = {"body": "", "headers": {"task": "dashboard.push_nodes"},
+               "properties": {"delivery_tag": "control-tag", "delivery_info": {}}}
+    client.hset("unacked", "control-tag", json.dumps([control, "", "dashboard.control"]))
+    client.zadd("unacked_index", {"control-tag": 1})
+    # an agent's payload that is an object to a lenient parser (a hex number), not JSON to Python's
+    client.lpush(INGEST_QUEUE, '{"headers": {"task": "dashboard.ingest"}, "x": 0x10}')
+    publish([report("node-a", 1)])
+    real, calls = drain._message, []
+
+    def dying(*args):  # the worker is killed (OOM) while taking: the records of this take stay
+        calls.append(1)
+        if len(calls) == 2:
+            raise SystemExit("killed")
+        return real(*args)
+
+    monkeypatch.setattr(drain, "_message", dying)
+    connection, channel = _channel(app)
+    with connection:
+        with pytest.raises(SystemExit):
+            drain.take_queued(channel, accept=app.conf.accept_content)
+        assert _unacked(client) == 3
+        client.zadd("unacked_index", {tag: 2 for tag in client.hkeys("unacked") if tag != b"control-tag"})
+        with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.redeliver"):
+            assert restore_stale(channel, older_than=0) == 1  # node-a's task; the unparsable record is deleted
+        assert "0x10" not in caplog.text and "deleted 1" in caplog.text
+        assert {tag.decode() for tag in client.hkeys("unacked")} == {"control-tag"}
+        assert MessageRejection.objects.get(reason="invalid").count == 1
+        # kombu's visibility-timeout restore no longer meets it: the other queue's task comes back
+        channel.qos.visibility_timeout = 0
+        channel.qos.restore_visible(num=10)
+    assert client.llen("dashboard.control") == 1 and _unacked(client) == 0
+    assert _waiting(client) == ["dashboard.ingest"]
