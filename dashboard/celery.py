@@ -5,10 +5,11 @@ Run the workers with the Django settings:
     celery -A dashboard.celery beat            # periodic re-push, rollups, master quota sync/sampling
 
 Queues: ``dashboard.ingest`` (agents' acks, reports, heartbeats — task ``dashboard.ingest`` — and purge results),
-``dashboard.control`` (everything else the dashboard runs; agents cannot write it). On ``dashboard.ingest`` the
-worker runs only the agents' tasks (``dashboard.task_queues``). Config documents go out to ``agent.<node>``.
-Configuration comes from ``CELERY_*`` settings in ``dashboard/settings.py``. JSON task bodies are decoded by
-``dashboard.broker_json`` (msgspec where it returns what kombu would).
+``dashboard.control`` (everything else the dashboard runs; agents cannot write it). The worker runs only the
+agents' tasks and tasks the dashboard signed when it sent them (``dashboard.task_queues``), from either queue.
+Config documents go out to ``agent.<node>``. Configuration comes from ``CELERY_*`` settings in
+``dashboard/settings.py``. JSON task bodies are decoded by ``dashboard.broker_json`` (msgspec where it returns what
+kombu would).
 
 Database connections: Celery's Django fixup closes every database connection before and after each task
 unless ``CELERY_DB_REUSE_MAX`` is set, which makes each task open a new PostgreSQL connection (a backend
@@ -29,7 +30,8 @@ from dashboard.env import load_settings_or_exit
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dashboard.settings")
 load_settings_or_exit()  # unusable settings: one line "Error: improperly configured: …", exit 2
 
-app = Celery("dashboard", task_cls="dashboard.task_queues:QueueCheckedTask")  # agents' queue runs agents' tasks
+# Tasks the dashboard sends are signed; the worker runs only those and the agents' own (dashboard.task_queues).
+app = Celery("dashboard", task_cls="dashboard.task_queues:QueueCheckedTask", amqp="dashboard.task_queues:SigningAMQP")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["dashboard"])
 broker_json.use_for_json()  # task bodies decoded by msgspec where it reads them as kombu does (ingest batches)

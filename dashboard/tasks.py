@@ -1,8 +1,8 @@
 """Celery tasks of the dashboard: thin wrappers around plain functions (JSON arguments and results).
 
 Queue ``dashboard.ingest``: ``dashboard.ingest`` (which also stores the ingest tasks queued behind it, see
-``dashboard.telemetry.drain``) and the agents' ``dashboard.purge_result``; no other task runs from it
-(``dashboard.task_queues``).
+``dashboard.telemetry.drain``) and the agents' ``dashboard.purge_result``; any other task runs only when the
+dashboard signed it (``dashboard.task_queues``), whichever queue it came from.
 
 Queue ``dashboard.control``: everything else.
 Periodic (``CELERY_BEAT_SCHEDULE``): reconcile_configs, rollup_occupancy, sync_master_quotas,

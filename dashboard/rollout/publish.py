@@ -15,6 +15,8 @@ from typing import Any
 from celery import signals
 from celery.utils import uuid
 
+from dashboard.task_queues import sign
+
 
 class TaskBatch:
     """Publishes tasks through ``producer`` (usually inside ``producer.batch()``: one Redis pipeline).
@@ -66,6 +68,8 @@ class TaskBatch:
             declare = [declared]
         delivery_mode = declared.exchange.delivery_mode or self.app.conf.task_default_delivery_mode
         exchange, routing_key = "", queue
+        if name in self.app.tasks:  # a task the dashboard's worker runs: signed as send_task signs it
+            sign(headers, name)
         signals.before_task_publish.send(
             sender=name, body=body, exchange=exchange, routing_key=routing_key, declare=declare, headers=headers,
             properties=properties, retry_policy=self.retry_policy)

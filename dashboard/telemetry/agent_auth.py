@@ -61,7 +61,7 @@ REASONS = {
     "expired": "ack or report older than the dashboard keeps receipts (KVPOOL_ROLLUP_MINUTE_AFTER_SECONDS)",
     "invalid": "not a message of the schema",
     "duplicate": "an ack or report already stored (re-delivered or replayed)",
-    "task_not_allowed": "a task other than the agents' own delivered from the agents' queue (dashboard.task_queues)",
+    "task_not_allowed": "a task other than the agents' own not signed by the dashboard (dashboard.task_queues)",
     # Rows of an accepted report (counted per row; the report's other rows are stored): see
     # dashboard.telemetry.report_scope.
     "scope_not_in_document": "report rows of cache scopes the node's applied config document does not carry",
