@@ -99,8 +99,11 @@ NonNegative = Annotated[int, Field(ge=0)]
 #: checked by both validation paths (pydantic, and msgspec for report rows: ``ScopeRow`` is built from the same
 #: annotations). The dashboard sums these columns over many rows in 64-bit SQL integers (SQLite ``sum`` raises
 #: "integer overflow", PostgreSQL ``CAST(sum(..) AS BIGINT)`` likewise): one signed node reporting ``2**63 - 1``
-#: would break the overview, the series and every rollup for the whole fleet. Chosen so that a sum of up to
-#: 2**15 rows at the bound still fits in 2**63: ``MAX_BYTES`` = 2**48 B = 256 TiB per cache scope per node (far
+#: would break the overview, the series and every rollup for the whole fleet. Chosen so that a sum of fewer than
+#: 2**15 rows at the bound still fits in 2**63 - 1 (a node reports only its document's scopes, a few hundred at most,
+#: and an honest fleet's rows are orders of magnitude below the bounds; SQLite's weighted rollup sums of one key
+#: would still overflow if one node sent 2**15 reports at the bound within one hour, PostgreSQL's ``sum(bigint)`` is
+#: ``numeric`` and does not): ``MAX_BYTES`` = 2**48 B = 256 TiB per cache scope per node (far
 #: above the DRAM + SSD any one node lends Mooncake), ``MAX_COUNT`` = 2**48 for block, event, key, token and
 #: message counters and the other gauges (8.9 years at a million per second since the agent started; the agent
 #: clamps at its report builder, :func:`clamped`, so it never sends more), ``MAX_SEQUENCE`` = 2**53 for message
@@ -117,8 +120,9 @@ SequenceNumber = Annotated[int, Field(ge=1, le=MAX_SEQUENCE)]
 #: A document version an agent names: 0..``MAX_SEQUENCE`` (0: none applied yet).
 VersionNumber = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
 #: Characters refused in agent-sent text shown in pages and stored: C0 controls but tab, newline and carriage
-#: return, and DEL (NUL is refused by PostgreSQL ``text`` outright).
-CONTROL_CHARACTERS = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
+#: return, and DEL (NUL is refused by PostgreSQL ``text`` outright); regex character-class ranges, escaped, so a
+#: refusal's text (naming the pattern) carries none of them.
+CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
 #: Agent-sent text: no ``CONTROL_CHARACTERS``.
 Text = Annotated[str, Field(pattern=f"^[^{CONTROL_CHARACTERS}]*$")]
 _CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
@@ -571,7 +575,7 @@ class ConfigDocument(Message):
     schema_: int = Field(DOCUMENT_SCHEMA_VERSION, alias="schema")
     kind: Literal["config"] = "config"
     node: NodeName
-    version: Annotated[int, Field(ge=1)]
+    version: Annotated[int, Field(ge=1, le=MAX_SEQUENCE)]  # an ack names it: ``Ack`` bounds
     issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
     sent_at: str = ""  # ISO-8601 UTC of this delivery ("" from older dashboards)
     store: StoreEndpoints
