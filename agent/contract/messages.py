@@ -31,6 +31,7 @@ canonical JSON encoding is the same from any encoder (see ``agent.contract.signi
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal
@@ -93,6 +94,74 @@ def node_queue(node: str) -> str:
 
 NodeName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 NonNegative = Annotated[int, Field(ge=0)]
+
+#: Upper bounds of the integers agents send (``Ack``, ``Report`` with its rows, ``Heartbeat``, ``PurgeResult``),
+#: checked by both validation paths (pydantic, and msgspec for report rows: ``ScopeRow`` is built from the same
+#: annotations). The dashboard sums these columns over many rows in 64-bit SQL integers (SQLite ``sum`` raises
+#: "integer overflow", PostgreSQL ``CAST(sum(..) AS BIGINT)`` likewise): one signed node reporting ``2**63 - 1``
+#: would break the overview, the series and every rollup for the whole fleet. Chosen so that a sum of fewer than
+#: 2**15 rows at the bound still fits in 2**63 - 1 (a node reports only its document's scopes, a few hundred at most,
+#: and an honest fleet's rows are orders of magnitude below the bounds; SQLite's weighted rollup sums of one key
+#: would still overflow if one node sent 2**15 reports at the bound within one hour, PostgreSQL's ``sum(bigint)`` is
+#: ``numeric`` and does not): ``MAX_BYTES`` = 2**48 B = 256 TiB per cache scope per node (far
+#: above the DRAM + SSD any one node lends Mooncake), ``MAX_COUNT`` = 2**48 for block, event, key, token and
+#: message counters and the other gauges (8.9 years at a million per second since the agent started; the agent
+#: clamps at its report builder, :func:`clamped`, so it never sends more), ``MAX_SEQUENCE`` = 2**53 for message
+#: sequence numbers and document versions (grow by one per message / change; exact in a JSON double).
+MAX_BYTES = 2 ** 48
+MAX_COUNT = 2 ** 48
+MAX_SEQUENCE = 2 ** 53
+#: A byte gauge of an agent message: 0..``MAX_BYTES``.
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+#: A counter or non-byte gauge of an agent message: 0..``MAX_COUNT``.
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+#: A message sequence number: 1..``MAX_SEQUENCE``.
+SequenceNumber = Annotated[int, Field(ge=1, le=MAX_SEQUENCE)]
+#: A document version an agent names: 0..``MAX_SEQUENCE`` (0: none applied yet).
+VersionNumber = Annotated[int, Field(ge=0, le=MAX_SEQUENCE)]
+#: Characters refused in agent-sent text shown in pages and stored: C0 controls but tab, newline and carriage
+#: return, and DEL (NUL is refused by PostgreSQL ``text`` outright); regex character-class ranges, escaped, so a
+#: refusal's text (naming the pattern) carries none of them.
+CONTROL_CHARACTERS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
+#: Agent-sent text: no ``CONTROL_CHARACTERS``.
+Text = Annotated[str, Field(pattern=f"^[^{CONTROL_CHARACTERS}]*$")]
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+#: A document digest an agent names (hex SHA-256: 64 characters; the dashboard's columns hold no more).
+DigestText = Annotated[str, Field(max_length=64, pattern=f"^[^{CONTROL_CHARACTERS}]*$")]
+
+
+def printable(text: str, limit: int = 2000) -> str:
+    """``text`` with each of ``CONTROL_CHARACTERS`` replaced by U+FFFD, cut to ``limit`` characters: what the agent
+    puts into a ``Text`` field."""
+    return _CONTROL.sub("\ufffd", text[:limit])
+
+
+def clamped(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (fields of ``model``) with every integer over its field's upper bound (``le``) lowered to it,
+    also in ``dict[str, int]`` fields: what the agent's report builder sends for a counter that grew past
+    ``MAX_COUNT``. Other values unchanged."""
+    out = dict(values)
+    for name, info in model.model_fields.items():
+        bound = next((item.le for item in _bounds_of(info) if isinstance(item, annotated_types.Le)), None)
+        if not isinstance(bound, int) or name not in out:
+            continue
+        value = out[name]
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[name] = min(value, bound)
+        elif isinstance(value, dict):
+            out[name] = {key: min(item, bound) if isinstance(item, int) and not isinstance(item, bool) else item
+                         for key, item in value.items()}
+    return out
+
+
+def _bounds_of(info: Any) -> list[Any]:
+    """The ``annotated_types`` constraints of a field, or of its ``dict`` values."""
+    if info.metadata:
+        return list(info.metadata)
+    args = typing.get_args(info.annotation)
+    if typing.get_origin(info.annotation) is dict and len(args) == 2:
+        return [item for arg in typing.get_args(args[1])[1:] for item in getattr(arg, "metadata", [arg])]
+    return []
 
 #: Reason codes an ``Ack`` carries when ``status`` is ``rejected``.
 REJECT_REASONS = (
@@ -506,7 +575,7 @@ class ConfigDocument(Message):
     schema_: int = Field(DOCUMENT_SCHEMA_VERSION, alias="schema")
     kind: Literal["config"] = "config"
     node: NodeName
-    version: Annotated[int, Field(ge=1)]
+    version: Annotated[int, Field(ge=1, le=MAX_SEQUENCE)]  # an ack names it: ``Ack`` bounds
     issued_at: str = Field(min_length=1)  # ISO-8601 UTC, a string so the canonical encoding is exact
     sent_at: str = ""  # ISO-8601 UTC of this delivery ("" from older dashboards)
     store: StoreEndpoints
@@ -560,15 +629,15 @@ class Ack(AgentMessage):
     """
 
     kind: Literal["ack"] = "ack"
-    sequence: Annotated[int, Field(ge=1)]
+    sequence: SequenceNumber
     sent_at: datetime
     status: Literal["applied", "rejected"]
-    version: int | None = None
-    digest: str | None = None
-    reason: str = ""
-    error: str = ""
-    applied_version: NonNegative = 0
-    applied_digest: str = ""
+    version: Annotated[int, Field(ge=-MAX_SEQUENCE, le=MAX_SEQUENCE)] | None = None
+    digest: DigestText | None = None
+    reason: Annotated[str, Field(max_length=32, pattern=f"^[^{CONTROL_CHARACTERS}]*$")] = ""
+    error: Text = ""
+    applied_version: VersionNumber = 0
+    applied_digest: DigestText = ""
 
 
 class ScopeOccupancy(BaseModel):
@@ -592,18 +661,18 @@ class ScopeOccupancy(BaseModel):
     served_model_name: str = ""
     namespace: str = ""
     request_group: str = ""
-    blocks: NonNegative = 0
-    bytes: NonNegative = 0
-    puts: NonNegative = 0
-    gets: NonNegative = 0
-    hit_blocks: NonNegative = 0
-    miss_blocks: NonNegative = 0
-    evicted_blocks: NonNegative = 0
-    orphaned_bytes: NonNegative = 0
-    in_flight_requests: NonNegative = 0
-    store_evicted_blocks: NonNegative = 0
-    budget_evicted_blocks: NonNegative = 0
-    orphan_removed_blocks: NonNegative = 0
+    blocks: Count = 0
+    bytes: Bytes = 0
+    puts: Count = 0
+    gets: Count = 0
+    hit_blocks: Count = 0
+    miss_blocks: Count = 0
+    evicted_blocks: Count = 0
+    orphaned_bytes: Bytes = 0
+    in_flight_requests: Count = 0
+    store_evicted_blocks: Count = 0
+    budget_evicted_blocks: Count = 0
+    orphan_removed_blocks: Count = 0
 
     @property
     def scope(self) -> CacheScope:
@@ -659,41 +728,41 @@ class InstanceStats(BaseModel):
     namespace: str = ""
     observed_since: datetime
     last_event_at: datetime | None = None
-    messages: NonNegative = 0
-    events: NonNegative = 0
-    blocks_seen: NonNegative = 0
-    attributed: NonNegative = 0
-    unknown_salt: NonNegative = 0
-    unknown_adapter: NonNegative = 0
-    hash_mismatch: NonNegative = 0
-    unresolved_parent: NonNegative = 0
-    unverifiable: NonNegative = 0
-    decode_errors: NonNegative = 0
-    seq_gaps: NonNegative = 0
-    seq_resets: NonNegative = 0
-    attributed_by_group: dict[str, NonNegative] = Field(default_factory=dict)
-    last_error: str = ""
-    confirmed: NonNegative = 0
-    unconfirmed: NonNegative = 0
-    pending: NonNegative = 0
-    pending_overflow: NonNegative = 0
-    dropped_messages: NonNegative = 0
-    unknown_namespace_keys: dict[Annotated[str, Field(max_length=512)], NonNegative] = Field(default_factory=dict)
-    unknown_namespace_bytes: dict[Annotated[str, Field(max_length=512)], NonNegative] = Field(default_factory=dict)
-    prefix_cache_queries: NonNegative = 0
-    prefix_cache_hits: NonNegative = 0
-    external_prefix_cache_queries: NonNegative = 0
-    external_prefix_cache_hits: NonNegative = 0
-    store_keys: dict[str, NonNegative] = Field(default_factory=dict)
-    store_failed_keys: dict[str, NonNegative] = Field(default_factory=dict)
-    metrics_scrapes: NonNegative = 0
-    metrics_errors: NonNegative = 0
-    metrics_error: str = ""
-    events_endpoint: str = ""
+    messages: Count = 0
+    events: Count = 0
+    blocks_seen: Count = 0
+    attributed: Count = 0
+    unknown_salt: Count = 0
+    unknown_adapter: Count = 0
+    hash_mismatch: Count = 0
+    unresolved_parent: Count = 0
+    unverifiable: Count = 0
+    decode_errors: Count = 0
+    seq_gaps: Count = 0
+    seq_resets: Count = 0
+    attributed_by_group: dict[str, Count] = Field(default_factory=dict)
+    last_error: Text = ""
+    confirmed: Count = 0
+    unconfirmed: Count = 0
+    pending: Count = 0
+    pending_overflow: Count = 0
+    dropped_messages: Count = 0
+    unknown_namespace_keys: dict[Annotated[str, Field(max_length=512)], Count] = Field(default_factory=dict)
+    unknown_namespace_bytes: dict[Annotated[str, Field(max_length=512)], Bytes] = Field(default_factory=dict)
+    prefix_cache_queries: Count = 0
+    prefix_cache_hits: Count = 0
+    external_prefix_cache_queries: Count = 0
+    external_prefix_cache_hits: Count = 0
+    store_keys: dict[str, Count] = Field(default_factory=dict)
+    store_failed_keys: dict[str, Count] = Field(default_factory=dict)
+    metrics_scrapes: Count = 0
+    metrics_errors: Count = 0
+    metrics_error: Text = ""
+    events_endpoint: Text = ""
     events_status: Literal["", "connected", "waiting", "refused", "insecure", "unobserved"] = ""
-    events_problem: str = ""
-    events_refusals: NonNegative = 0
-    topic_mismatch: NonNegative = 0
+    events_problem: Text = ""
+    events_refusals: Count = 0
+    topic_mismatch: Count = 0
 
     #: ``events_status`` values that the Checks page shows as failing (nobody can vouch for the events' sender).
     UNTRUSTED_EVENTS: ClassVar[tuple[str, ...]] = ("refused", "insecure", "unobserved")
@@ -714,14 +783,14 @@ class Report(AgentMessage):
     schema_version: ClassVar[int] = REPORT_SCHEMA_VERSION
     schema_: int = Field(REPORT_SCHEMA_VERSION, alias="schema")
     kind: Literal["report"] = "report"
-    sequence: Annotated[int, Field(ge=1)]
+    sequence: SequenceNumber
     sent_at: datetime
     started_at: datetime
-    applied_version: NonNegative = 0
+    applied_version: VersionNumber = 0
     scopes: list[ScopeOccupancy] = Field(default_factory=list)
     instances: list[InstanceStats] = Field(default_factory=list)
-    unknown_topic_messages: NonNegative = 0
-    unknown_topic_blocks: NonNegative = 0
+    unknown_topic_messages: Count = 0
+    unknown_topic_blocks: Count = 0
 
 
 class Heartbeat(AgentMessage):
@@ -736,12 +805,12 @@ class Heartbeat(AgentMessage):
     kind: Literal["heartbeat"] = "heartbeat"
     sent_at: datetime
     started_at: datetime
-    applied_version: NonNegative = 0
-    applied_digest: str = ""
-    hostname: str = ""
-    pid: NonNegative = 0
-    outbox_pending: NonNegative = 0
-    outbox_dropped: NonNegative = 0
+    applied_version: VersionNumber = 0
+    applied_digest: DigestText = ""
+    hostname: Annotated[str, Field(max_length=255, pattern=f"^[^{CONTROL_CHARACTERS}]*$")] = ""
+    pid: Count = 0
+    outbox_pending: Count = 0
+    outbox_dropped: Count = 0
     single_user: StrictBool = False
 
 
@@ -758,8 +827,8 @@ def parse_ingest(raw: Any) -> Ack | Report | Heartbeat:
 
 
 def _struct_of(model: type[BaseModel], name: str, base: type[msgspec.Struct]) -> type[msgspec.Struct]:
-    """A frozen msgspec Struct with the fields of ``model`` (same names, order, defaults, ``min_length`` / ``ge``
-    bounds; unknown fields refused) and the methods of ``base``, for models of ``str`` and ``int`` fields only
+    """A frozen msgspec Struct with the fields of ``model`` (same names, order, defaults, ``min_length`` / ``ge`` /
+    ``le`` bounds; unknown fields refused) and the methods of ``base``, for models of ``str`` and ``int`` fields only
     (raises ``TypeError`` for another field type or constraint, so a new field cannot slip past it)."""
     fields: list[tuple[str, Any, Any] | tuple[str, Any]] = []
     for field_name, info in model.model_fields.items():
@@ -771,6 +840,8 @@ def _struct_of(model: type[BaseModel], name: str, base: type[msgspec.Struct]) ->
                 bounds["min_length"] = item.min_length
             elif isinstance(item, annotated_types.Ge) and isinstance(item.ge, int):
                 bounds["ge"] = item.ge
+            elif isinstance(item, annotated_types.Le) and isinstance(item.le, int):
+                bounds["le"] = item.le
             else:
                 raise TypeError(f"{model.__name__}.{field_name}: constraint {item!r} has no Struct equivalent")
         kind = Annotated[info.annotation, msgspec.Meta(**bounds)] if bounds else info.annotation
@@ -866,8 +937,8 @@ class PurgeResult(AgentMessage):
     kind: Literal["purge_result"] = "purge_result"
     purge_id: str = Field(min_length=1, max_length=64)
     node: NodeName
-    removed: Annotated[int, Field(ge=0)] = 0
-    error: str = ""
+    removed: Count = 0
+    error: Text = ""
     sent_at: datetime
 
 

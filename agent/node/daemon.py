@@ -52,6 +52,7 @@ from typing import Any
 from agent.contract import sealing, signing
 from agent.contract.messages import (
     DOCUMENT_SCHEMAS,
+    MAX_SEQUENCE,
     NEWER_AGENT_FIELDS,
     Ack,
     ConfigDocument,
@@ -60,7 +61,9 @@ from agent.contract.messages import (
     MessageError,
     Report,
     ScopeOccupancy,
+    clamped,
     parse_document,
+    printable,
     utcnow,
 )
 from agent.contract.scope import NO_REQUEST_GROUP, CacheScope, instance_scopes
@@ -279,7 +282,8 @@ class Daemon:
                     raise Rejected("invalid", f"expected a JSON object, got {type(raw).__name__}")
                 raw = self._unsealed(raw)
                 number = raw.get("version")
-                version = number if isinstance(number, int) and not isinstance(number, bool) else None
+                in_bounds = isinstance(number, int) and not isinstance(number, bool) and abs(number) <= MAX_SEQUENCE
+                version = number if in_bounds else None  # Ack.version's bounds: an absurd number is not echoed
                 try:
                     signing.verify(raw, self._secret)
                 except signing.SignatureError as exc:
@@ -380,7 +384,7 @@ class Daemon:
 
         def build(sequence: int) -> dict[str, Any]:
             built.append(Ack(node=self.node, sequence=sequence, sent_at=utcnow(), status=status,
-                             version=version, digest=digest, reason=reason, error=error[:2000],
+                             version=version, digest=digest, reason=reason, error=printable(error, 2000),
                              applied_version=self.applied_version,
                              applied_digest=self.applied_digest).to_wire())
             return built[-1]
@@ -417,7 +421,7 @@ class Daemon:
                 allowed |= set(self._launched_scopes())
         if self._snapshot is not None:
             for row in self._snapshot():
-                item = ScopeOccupancy.model_validate(dict(row))
+                item = ScopeOccupancy.model_validate(clamped(ScopeOccupancy, dict(row)))  # counters past MAX_COUNT
                 if item.scope in allowed:
                     entries[item.scope] = item.model_dump()
         return [ScopeOccupancy.model_validate(entry).model_dump() for entry in entries.values()]

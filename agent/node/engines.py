@@ -65,7 +65,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.contract.messages import ConfigDocument, InstanceStats, StoreEndpoints
+from agent.contract.messages import ConfigDocument, InstanceStats, Report, StoreEndpoints, clamped, printable
 from agent.contract.scope import ENGINE_LOOKUPS, CacheScope
 from agent.datapath.maintenance import (
     DEFAULT_FOREIGN_CHECK_INTERVAL,
@@ -115,6 +115,12 @@ def tune_gc() -> None:
     import gc
 
     gc.set_threshold(*ENGINE_GC_THRESHOLD)
+
+
+def _instance_stats(**fields: Any) -> InstanceStats:
+    """``InstanceStats`` of ``fields`` with each counter clamped to its contract bound (``MAX_COUNT``: a counter of
+    a long-running agent is reported at the bound rather than refused by the dashboard)."""
+    return InstanceStats.model_validate(clamped(InstanceStats, fields))
 
 
 def _utc(seconds: float | None) -> datetime | None:
@@ -612,7 +618,7 @@ class NodeEngines:
             instance = instances.get(iid)
             metrics = row.get("metrics") or {}
             totals = metrics.get("totals") or {}
-            out.append(InstanceStats(
+            out.append(_instance_stats(
                 instance_id=iid, engine="vllm",
                 tenant_id=instance.tenant_id if instance is not None else "",
                 served_model_name=instance.served_model_name if instance is not None else "",
@@ -624,7 +630,7 @@ class NodeEngines:
                 unknown_adapter=row["unknown_adapter"], hash_mismatch=row["hash_mismatch"],
                 unresolved_parent=row["unresolved_parent"], unverifiable=row["unverifiable"],
                 decode_errors=row["decode_errors"], seq_gaps=row["seq_gaps"], seq_resets=row["seq_resets"],
-                attributed_by_group=row.get("by_group", {}), last_error=row.get("last_error", "")[:2000],
+                attributed_by_group=row.get("by_group", {}), last_error=printable(row.get("last_error", "")),
                 confirmed=row.get("confirmed", 0), unconfirmed=row.get("unconfirmed", 0),
                 pending=row.get("pending", 0), pending_overflow=row.get("pending_overflow", 0),
                 dropped_messages=row.get("dropped_messages", 0),
@@ -637,9 +643,9 @@ class NodeEngines:
                 store_keys=_ints(totals.get("store_keys", {})),
                 store_failed_keys=_ints(totals.get("store_failed_keys", {})),
                 metrics_scrapes=metrics.get("scrapes", 0), metrics_errors=metrics.get("failures", 0),
-                metrics_error=(metrics.get("last_error") or "")[:2000],
-                events_endpoint=row.get("events_endpoint", "")[:2000], events_status=row.get("events_status", ""),
-                events_problem=row.get("events_problem", "")[:2000], events_refusals=row.get("events_refusals", 0),
+                metrics_error=printable(metrics.get("last_error") or ""),
+                events_endpoint=printable(row.get("events_endpoint", "")), events_status=row.get("events_status", ""),
+                events_problem=printable(row.get("events_problem", "")), events_refusals=row.get("events_refusals", 0),
                 topic_mismatch=row.get("topic_mismatch", 0)))
         return out
 
@@ -652,8 +658,8 @@ class NodeEngines:
         if observer is None:
             return {"instances": []}
         snap = observer.snapshot()
-        return {"instances": self.instance_stats(), "unknown_topic_messages": snap["unknown_topic"],
-                "unknown_topic_blocks": snap["unknown_topic_blocks"]}
+        return {"instances": self.instance_stats(), **clamped(Report, {
+            "unknown_topic_messages": snap["unknown_topic"], "unknown_topic_blocks": snap["unknown_topic_blocks"]})}
 
     def status(self) -> dict[str, Any]:
         """What runs now, JSON-ready: ``instance_dirs`` (paths), ``store_client`` (pid or None), ``observer``

@@ -10,7 +10,16 @@ import msgspec
 import pytest
 
 from agent.contract import signing
-from agent.contract.messages import MessageError, Report, ScopeOccupancy, ScopeRow, parse_ingest, parse_report_rows
+from agent.contract.messages import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MessageError,
+    Report,
+    ScopeOccupancy,
+    ScopeRow,
+    parse_ingest,
+    parse_report_rows,
+)
 from tests.support.messages import heartbeat, report
 
 
@@ -68,6 +77,9 @@ ROW = {"tenant_id": "acme", "served_model_name": "m", "namespace": "ns", "reques
 @pytest.mark.parametrize("change", [
     {}, {"blocks": -1}, {"tenant_id": ""}, {"unknown": 1}, {"blocks": "5"}, {"blocks": 5.0}, {"blocks": 5.5},
     {"blocks": True}, {"blocks": 2 ** 70}, {"blocks": None}, {"namespace": 3}, {"tenant_id": None},
+    {"bytes": MAX_BYTES}, {"bytes": MAX_BYTES + 1}, {"bytes": 2 ** 63 - 1}, {"bytes": str(MAX_BYTES)},
+    {"bytes": str(MAX_BYTES + 1)}, {"bytes": float(MAX_BYTES)}, {"bytes": float(2 ** 62)},
+    {"blocks": MAX_COUNT}, {"hit_blocks": MAX_COUNT + 1}, {"orphan_removed_blocks": 2 ** 63},
 ])
 def test_parse_report_rows_accepts_and_refuses_what_parse_ingest_does(change):
     raw = {**report(), "scopes": [{**ROW, **change}, ROW]}

@@ -439,3 +439,51 @@ def test_node_engines_single_user_is_the_agent_not_being_privileged(tmp_path):
             assert engines.single_user is not privileged
         finally:
             engines.close()
+
+
+def test_reports_clamp_counters_past_the_contract_bounds(tmp_path, broker):
+    """A ledger counter that grew past ``MAX_COUNT`` (or a byte gauge past ``MAX_BYTES``) is sent at the bound, so
+    the dashboard never refuses the node's report for it."""
+    from agent.contract.messages import MAX_BYTES, MAX_COUNT
+
+    ledger = [{"tenant_id": "acme", "served_model_name": "qwen3-8b", "namespace": "prod-2026-07",
+               "request_group": "app-a", "blocks": 4, "bytes": 2 ** 63 - 1, "hit_blocks": MAX_COUNT + 5}]
+    d = Daemon("node-a", "s3cret", tmp_path / "s", publish=broker.publish, snapshot=lambda: ledger)
+    try:
+        d.handle_document(document(version=1))
+        d.report_now()
+        d.flush()
+        [rep] = broker.messages("report")
+        parse_ingest(rep)
+        row = next(row for row in rep["scopes"] if row["request_group"] == "app-a")
+        assert (row["bytes"], row["hit_blocks"], row["blocks"]) == (MAX_BYTES, MAX_COUNT, 4)
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("version", [2 ** 70, -(2 ** 70)])
+def test_an_absurd_document_version_is_not_echoed(daemon, broker, version):
+    from agent.contract import signing
+
+    doc = document(version=1, secret=None)
+    doc["version"] = version
+    ack = daemon.handle_document(signing.signed(doc, "s3cret"))
+    assert ack["reason"] == "invalid" and ack["version"] is None
+    daemon.flush()
+    [sent] = broker.messages("ack")
+    assert parse_ingest(sent).version is None  # what the dashboard accepts
+
+
+def test_an_error_with_control_characters_is_acked_printable(daemon, broker, monkeypatch):
+    """An error text built from what the agent met (an exception's message) may hold any character."""
+    from agent.node.daemon import Rejected
+
+    def failing(raw):
+        raise Rejected("apply_failed", "OSError: bad\x00path\x1b[2J")
+
+    monkeypatch.setattr(daemon, "_validate", failing)
+    ack = daemon.handle_document(document(version=1))
+    assert ack["reason"] == "apply_failed" and ack["error"] == "OSError: bad\ufffdpath\ufffd[2J"
+    daemon.flush()
+    [sent] = broker.messages("ack")
+    assert parse_ingest(sent).error == ack["error"]

@@ -408,3 +408,15 @@ def test_the_maintenance_thread_wakes_for_the_eviction_signal_between_ticks(tmp_
         assert engines.signal_tick() == {"checked": 0, "missing": 0}  # no document: no tenant, nothing checked
     finally:
         engines.close()
+
+
+def test_instance_stats_clamp_counters_to_the_contract_bounds():
+    from datetime import UTC, datetime
+
+    from agent.contract.messages import MAX_BYTES, MAX_COUNT
+    from agent.node.engines import _instance_stats
+
+    stats = _instance_stats(instance_id="1", observed_since=datetime(2026, 1, 1, tzinfo=UTC), messages=2 ** 60,
+                            events=3, attributed_by_group={"g": 2 ** 64}, unknown_namespace_bytes={"p@m": 2 ** 63})
+    assert (stats.messages, stats.events) == (MAX_COUNT, 3)
+    assert stats.attributed_by_group == {"g": MAX_COUNT} and stats.unknown_namespace_bytes == {"p@m": MAX_BYTES}

@@ -11,8 +11,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agent.contract.messages import MAX_BYTES, Report, ScopeOccupancy
 from agent.contract.messages import InstanceStats as Stats
-from agent.contract.messages import Report, ScopeOccupancy
 from dashboard.models import InstanceStats, MessageRejection, OccupancySample
 from dashboard.models import Report as Receipt
 from dashboard.rollout.push import ensure_version
@@ -25,7 +25,7 @@ from tests.support.ui import ui  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
-PETABYTE = 1 << 50
+HUGE = MAX_BYTES  # the most bytes a row may carry
 #: Names of the other tenant and of the tenant that does not exist: none may appear in what ingest writes or logs.
 FOREIGN = ("globex", "llama-70b", "globex-prod", "ghost")
 
@@ -63,8 +63,8 @@ def test_rows_of_another_tenants_namespace_and_of_no_tenant_are_refused_and_the_
         registry, caplog, operator, ui):  # noqa: F811
     forged = _report(registry["applied"], [
         _row("acme", "qwen3-8b", "prod-2026-07", 4096),
-        _row("globex", "llama-70b", "globex-prod", PETABYTE),  # a tenant with no instance on node-a
-        _row("ghost", "qwen3-8b", "prod-2026-07", PETABYTE),  # a tenant that does not exist
+        _row("globex", "llama-70b", "globex-prod", HUGE),  # a tenant with no instance on node-a
+        _row("ghost", "qwen3-8b", "prod-2026-07", HUGE),  # a tenant that does not exist
     ], unknown_topic_messages=2, unknown_topic_blocks=7)
     with caplog.at_level(logging.WARNING, logger="kvpool.dashboard.ingest"):
         result = ingest([forged])
@@ -83,7 +83,7 @@ def test_rows_of_another_tenants_namespace_and_of_no_tenant_are_refused_and_the_
 
     text = metrics.render().decode()
     assert 'kvpool_agent_messages_rejected_total{node="node-a",reason="scope_not_in_document"} 2.0' in text
-    assert str(float(PETABYTE)) not in text
+    assert str(float(HUGE)) not in text
     rows = token_client(operator).get("/api/v1/telemetry/occupancy/").json()["results"]
     assert {(row["tenant_id"], row["bytes"]) for row in rows} == {("acme", 4096)}
     node_page = ui.get(f"/nodes/{registry['node'].pk}/").content.decode()
@@ -156,9 +156,9 @@ def test_rows_of_the_nodes_own_tenant_and_model_under_an_unregistered_namespace_
     result = ingest([_report(registry["applied"], [
         _row("acme", "qwen3-8b", "prod-2026-07", 4096),
         _row("acme", "qwen3-8b", "prod-2026-7", 2048),  # the mistyped namespace: kept
-        _row("acme", "qwen3-8b", "prod-2026-08", PETABYTE),  # registered elsewhere: refused
-        _row("acme", "qwen3-8b", "prod-2026-7", PETABYTE, group="no-such-group"),  # a group the node lacks
-        _row("globex", "llama-70b", "typo", PETABYTE),  # a tenant with no instance on node-a
+        _row("acme", "qwen3-8b", "prod-2026-08", HUGE),  # registered elsewhere: refused
+        _row("acme", "qwen3-8b", "prod-2026-7", HUGE, group="no-such-group"),  # a group the node lacks
+        _row("globex", "llama-70b", "typo", HUGE),  # a tenant with no instance on node-a
     ])])
     assert (result.samples, result.refused_scopes) == (2, 3)
     assert set(OccupancySample.objects.values_list("namespace", "bytes")) == {("prod-2026-07", 4096),
