@@ -294,9 +294,8 @@ def _take(channel, *, accept, max_tasks: int = DRAIN_MAX_TASKS, max_messages: in
             task_id = "?"
             payload = b""
             try:
-                if not tag:
-                    raise ValueError("the queued payload is not a JSON object" if isinstance(raw, bytes) else
-                                     f"the queued payload has {raw} bytes, over {MAX_PAYLOAD_BYTES}")
+                if not tag and isinstance(raw, bytes):  # refused by the take script (an oversize one: _message)
+                    raise ValueError("the queued payload is not a JSON object")
                 message = _message(channel, raw, accept)
                 payload = raw if isinstance(raw, bytes) else b""  # always bytes here: _message refuses an int
                 task_id = str((message.headers or {}).get("id", "?"))[:64]
